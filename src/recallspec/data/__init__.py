@@ -1,0 +1,1 @@
+"""Benchmark data and corpora: locating ../shared/data and reading its formats."""

@@ -1,0 +1,127 @@
+"""Per-sequence KV cache ("unpadded KV cache", EMS-SD).
+
+Storage is one preallocated tensor per K and V with layout
+``[layers, slots, kv_heads, max_len, head_dim]``. Each sequence owns one slot and
+its own length, so sequences of different lengths share the cache without padding,
+and ``k[layer, slot, :, :n]`` is a strided view that attention reads without a copy.
+
+Invariant: positions ``[0, length(slot))`` of a slot hold the keys/values of the
+sequence's committed tokens, in order. A forward may write speculative rows past the
+length; ``commit`` then keeps the accepted ones (compacting a tree path) and the rest
+is garbage that later writes overwrite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class KVCacheFullError(RuntimeError):
+    """Raised when a slot or the cache as a whole has no room for a request."""
+
+
+class KVCache:
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_slots: int,
+        max_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_slots < 1 or max_len < 1:
+            raise ValueError("KV cache needs at least one slot and one position")
+        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, N, D]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, N, D]
+        self.max_len = max_len
+        self.num_slots = num_slots
+        self._lengths = [0] * num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    # ---- slot lifecycle -------------------------------------------------
+    def allocate(self) -> int:
+        """Take a free slot (length 0)."""
+        if not self._free:
+            raise KVCacheFullError(f"all {self.num_slots} KV-cache slots are in use")
+        slot = self._free.pop()
+        self._lengths[slot] = 0
+        return slot
+
+    def release(self, slot: int) -> None:
+        self._check_slot(slot)
+        if slot in self._free:
+            raise ValueError(f"slot {slot} is not allocated")
+        self._lengths[slot] = 0
+        self._free.append(slot)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def length(self, slot: int) -> int:
+        self._check_slot(slot)
+        return self._lengths[slot]
+
+    def bytes_per_token(self) -> int:
+        """K+V bytes one token occupies across all layers."""
+        _, _, h, _, d = self.k.shape
+        return 2 * self.k.shape[0] * h * d * self.k.element_size()
+
+    # ---- writes ------------------------------------------------------------
+    def write(
+        self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
+        k: torch.Tensor, v: torch.Tensor,
+    ) -> None:
+        """Write rows at arbitrary (slot, position) pairs of one layer.
+
+        slots, positions: [T] int64; k, v: [T, Hkv, D].
+        """
+        self.k[layer, slots, :, positions] = k
+        self.v[layer, slots, :, positions] = v
+
+    def reserve(self, slot: int, n_new: int) -> None:
+        """Check that ``n_new`` rows fit after the slot's committed length."""
+        need = self._lengths[slot] + n_new
+        if need > self.max_len:
+            raise KVCacheFullError(
+                f"slot {slot} needs {need} positions but the cache holds {self.max_len}"
+            )
+
+    def commit(self, slot: int, start: int, keep: Sequence[int]) -> None:
+        """Make ``keep`` (offsets from ``start`` of rows written by the last forward)
+        the slot's next committed tokens, in order, and set the length accordingly.
+
+        ``start`` must equal the committed length before the forward. Rows not kept
+        (rejected draft tokens) are dropped; a tree path is compacted so that its
+        nodes become contiguous.
+        """
+        self._check_slot(slot)
+        if start != self._lengths[slot]:
+            raise ValueError(f"commit at {start} but slot {slot} has length {self._lengths[slot]}")
+        m = len(keep)
+        if start + m > self.max_len:
+            raise KVCacheFullError(f"slot {slot} overflows the cache ({start + m} > {self.max_len})")
+        if any(o != i for i, o in enumerate(keep)):
+            src = torch.tensor([start + o for o in keep], dtype=torch.int64)
+            dst = torch.arange(start, start + m, dtype=torch.int64)
+            # Gather first (advanced indexing copies), then scatter: safe when ranges overlap.
+            self.k[:, slot, :, dst] = self.k[:, slot, :, src]
+            self.v[:, slot, :, dst] = self.v[:, slot, :, src]
+        self._lengths[slot] = start + m
+
+    def rollback(self, slot: int, length: int) -> None:
+        """Forget everything after ``length`` committed tokens."""
+        self._check_slot(slot)
+        if not 0 <= length <= self._lengths[slot]:
+            raise ValueError(f"cannot roll slot {slot} back to {length} (has {self._lengths[slot]})")
+        self._lengths[slot] = length
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.num_slots:
+            raise IndexError(f"KV-cache slot {slot} out of range [0, {self.num_slots})")
