@@ -1,0 +1,88 @@
+"""The drafter interface and its registry.
+
+A drafter proposes a draft tree for each active request every step. Lifecycle of a
+request, all calls keyed by a request id the engine chooses:
+
+  start(rid, prompt)            once, with the prompt's token ids
+  propose(rid, max_nodes)       each step: a DraftTree of at most max_nodes nodes
+                                continuing the committed text (empty = no draft)
+  observe(rid, accepted, ...)   after verification: the newly committed tokens
+                                (accepted draft tokens followed by the bonus token),
+                                plus the tree and, if ``needs_logits``, the
+                                verification logits of the root and every node
+  stop(rid)                     once, when the request ends (free its state)
+
+Invariant: after start and each observe, the drafter's view of request rid is
+exactly prompt + all committed tokens, the same text the engine holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from recallspec.errors import UnknownNameError
+from recallspec.spec.tree import DraftTree
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+    needs_logits: bool  # observe() wants the verification logits of every tree node
+
+    def start(self, rid: int, prompt: Sequence[int]) -> None: ...
+
+    def propose(self, rid: int, max_nodes: int) -> DraftTree: ...
+
+    def observe(
+        self,
+        rid: int,
+        accepted: Sequence[int],
+        tree: DraftTree,
+        logits: torch.Tensor | None,  # [len(tree) + 1, vocab]: root row first, then nodes
+    ) -> None: ...
+
+    def stop(self, rid: int) -> None: ...
+
+
+DrafterFactory = Callable[..., Drafter]
+_REGISTRY: dict[str, DrafterFactory] = {}
+
+
+def register_drafter(name: str) -> Callable[[DrafterFactory], DrafterFactory]:
+    """Class decorator: make a drafter constructible by name (``create_drafter``)."""
+
+    def deco(factory: DrafterFactory) -> DrafterFactory:
+        if name in _REGISTRY:
+            raise ValueError(f"drafter {name!r} registered twice")
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def available_drafters() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def create_drafter(name: str, **options: Any) -> Drafter:
+    """Instantiate a registered drafter. Options are the drafter's constructor arguments."""
+    _load_builtin()
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise UnknownNameError(
+            f"unknown drafter {name!r}; available: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+    try:
+        return factory(**options)
+    except TypeError as e:
+        raise UnknownNameError(f"bad options for drafter {name!r}: {e}") from None
+
+
+def _load_builtin() -> None:
+    # Importing the modules runs their @register_drafter decorators.
+    import recallspec.drafters.lookup  # noqa: F401

@@ -1,0 +1,1 @@
+"""Speculative decoding primitives: draft trees, sampling parameters and verification."""

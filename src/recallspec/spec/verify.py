@@ -1,0 +1,113 @@
+"""Verification of a draft tree against the target model's logits: pure functions.
+
+Inputs are the draft tree (``DraftTree``: node i has token ``tokens[i]`` and parent
+``parents[i]``, -1 = the root) and the target logits of one verification forward,
+``logits[0]`` for the root (the last committed token) and ``logits[i + 1]`` for node i.
+
+Definitions used throughout:
+  * accepted tokens: the draft tokens on one root-to-node path that the target
+    accepts, in order; ``accepted_nodes`` are their node indices.
+  * bonus token: one more token chosen from the target's distribution at the end of
+    the accepted path. Each step therefore commits ``len(accepted) + 1`` tokens,
+    which is the step's *accept length*.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from recallspec.spec.sampling import SamplingParams, probabilities
+from recallspec.spec.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted_nodes: tuple[int, ...]  # node indices of the accepted path, root side first
+    tokens: tuple[int, ...]  # committed tokens: accepted draft tokens + the bonus token
+
+    @property
+    def accept_length(self) -> int:
+        return len(self.tokens)
+
+
+def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
+    """Greedy verification: the longest root-to-node path whose every token equals the
+    target's argmax at its parent; the bonus token is the argmax at the path's end.
+
+    The committed tokens are exactly what plain greedy decoding would produce next.
+    """
+    _check(tree, logits)
+    best = logits.argmax(dim=-1).tolist()  # [n + 1]
+    children = tree.children()
+    toks = tree.tokens.tolist()
+    path: list[int] = []
+    row = 0  # logits row of the current node (0 = root)
+    node = -1
+    while True:
+        want = best[row]
+        nxt = next((c for c in children[node + 1] if toks[c] == want), None)
+        if nxt is None:
+            break
+        path.append(nxt)
+        node, row = nxt, nxt + 1
+    return Verdict(tuple(path), tuple(toks[i] for i in path) + (best[row],))
+
+
+def verify_sampling(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Lossless sampling verification of a deterministic draft tree.
+
+    At the current node with target distribution p (``probabilities``), the children
+    are tried in order: child x is accepted with probability p(x) under the current
+    residual; if rejected, p(x) is set to 0 and p renormalised before the next child
+    (multi-draft rejection with point-mass drafts). If a child is accepted, the walk
+    continues from it with its own fresh distribution; if none is, the bonus token
+    is sampled from the residual. Every committed token is thus distributed exactly
+    as sampling from the model one token at a time.
+    """
+    _check(tree, logits)
+    if params.greedy:
+        return verify_greedy(tree, logits)
+    children = tree.children()
+    toks = tree.tokens.tolist()
+    path: list[int] = []
+    node = -1
+    while True:
+        p = probabilities(logits[node + 1], params).clone()
+        accepted = None
+        for c in children[node + 1]:
+            x = toks[c]
+            px = float(p[x])
+            if px <= 0.0:
+                continue
+            u = float(torch.rand((), generator=generator))
+            if u < px:
+                accepted = c
+                break
+            p[x] = 0.0
+            p /= p.sum()
+        if accepted is None:
+            bonus = int(torch.multinomial(p, 1, generator=generator))
+            return Verdict(tuple(path), tuple(toks[i] for i in path) + (bonus,))
+        path.append(accepted)
+        node = accepted
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from a single row of logits (argmax when greedy)."""
+    if params.greedy:
+        return int(logits.argmax())
+    return int(torch.multinomial(probabilities(logits, params), 1, generator=generator))
+
+
+def _check(tree: DraftTree, logits: torch.Tensor) -> None:
+    if logits.ndim != 2 or logits.shape[0] != len(tree) + 1:
+        raise ValueError(
+            f"need logits [{len(tree) + 1}, vocab] for a {len(tree)}-node tree, got {tuple(logits.shape)}"
+        )

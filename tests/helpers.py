@@ -1,0 +1,55 @@
+"""Test doubles: a bigram 'model' whose logits depend only on the current token.
+
+It implements the same forward contract as the real model (BatchMetadata + KVCache
+in, logits for ``meta.logits_indices`` out), so the engine's drafting, verification,
+KV bookkeeping and stop handling can be tested exhaustively and fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from recallspec.runtime.batch import BatchMetadata
+from recallspec.runtime.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    vocab_size: int
+    max_position: int
+
+
+class BigramModel:
+    """logits(row) = table[token(row)]; writes position ids into the KV cache so tests
+    can check that the cache holds exactly the committed text."""
+
+    def __init__(self, table: torch.Tensor, max_position: int = 512) -> None:
+        self.table = table.float()
+        self.config = _Cfg(vocab_size=int(table.shape[0]), max_position=max_position)
+        self.calls = 0
+
+    def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
+        return KVCache(num_layers=1, num_slots=num_slots, max_len=max_len, num_kv_heads=1,
+                       head_dim=1, dtype=torch.float32)
+
+    def __call__(self, meta: BatchMetadata, cache: KVCache) -> torch.Tensor:
+        self.calls += 1
+        tok = meta.input_ids.float()[:, None, None]  # [T, 1, 1]
+        cache.write(0, meta.cache_slot_per_row, meta.cache_pos, tok, tok)
+        return self.table[meta.input_ids[meta.logits_indices]]
+
+
+class ByteTokenizer:
+    """Token id = byte value; id 0 is EOS."""
+
+    eos_token_ids = frozenset({0})
+    has_chat_template = False
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i).decode(errors="replace")

@@ -1,0 +1,134 @@
+"""Engine behaviour on a bigram test model: losslessness, batching, stops, sampling."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import pytest
+import torch
+
+from helpers import BigramModel, ByteTokenizer
+from recallspec.engine import Engine, EngineConfig, GenerationResult
+from recallspec.errors import ContextLengthError, DataError, UnknownNameError
+from recallspec.spec.sampling import SamplingParams
+from test_verify import chi2_pvalue
+
+
+def make_engine(v: int = 256, seed: int = 0, **cfg: object) -> Engine:
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(v, v, generator=g) * 3
+    return Engine(BigramModel(table), ByteTokenizer(), EngineConfig(**cfg))  # type: ignore[arg-type]
+
+
+PROMPTS = [b"abcabcabcab", b"hello hello hello", b"xyz", b"the cat sat on the mat; the cat"]
+
+
+@pytest.mark.parametrize("drafter", ["pld", "llma"])
+def test_greedy_identical_to_ar(drafter: str) -> None:
+    eng = make_engine()
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    for p in PROMPTS:
+        ar = eng.generate(list(p), params, drafter="none")
+        sp = eng.generate(list(p), params, drafter=drafter)
+        assert isinstance(ar, GenerationResult) and isinstance(sp, GenerationResult)
+        assert sp.token_ids == ar.token_ids
+        assert sp.new_tokens == 1 + sum(sp.accept_lengths)
+        assert ar.mean_accepted_tokens == 1.0
+
+
+def test_speculation_takes_fewer_steps_on_repetitive_text() -> None:
+    eng = make_engine()
+    params = SamplingParams(max_new_tokens=60, ignore_eos=True)
+    ar = eng.generate(list(b"abcabcabc"), params, drafter="none")
+    sp = eng.generate(list(b"abcabcabc"), params, drafter="pld")
+    assert isinstance(ar, GenerationResult) and isinstance(sp, GenerationResult)
+    assert sp.steps < ar.steps  # a bigram greedy chain cycles, so lookup drafts hit
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_batches_identical_to_single(batch: int) -> None:
+    eng = make_engine(max_batch_size=batch)
+    prompts = [list(p) for p in PROMPTS] * 2
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (5, 30, 12, 44, 3, 20, 9, 27)]
+    single = make_engine()
+    want = [single.generate(p, sp, drafter="none") for p, sp in zip(prompts, params, strict=True)]
+    got = eng.generate(prompts, params, drafter="pld")
+    assert isinstance(got, list)
+    for w, g in zip(want, got, strict=True):
+        assert isinstance(w, GenerationResult)
+        assert g.token_ids == w.token_ids
+    assert eng.cache.free_slots == batch  # every slot returned
+
+
+def test_eos_and_stop_strings() -> None:
+    v = 8
+    table = torch.full((v, v), -10.0)
+    for a, b in [(1, 2), (2, 3), (3, 4), (4, 0)]:  # 1 -> 2 -> 3 -> 4 -> EOS
+        table[a, b] = 10.0
+    eng = Engine(BigramModel(table), ByteTokenizer())  # type: ignore[arg-type]
+    r = eng.generate([1], SamplingParams(max_new_tokens=50), drafter="pld")
+    assert isinstance(r, GenerationResult)
+    assert r.token_ids == [2, 3, 4] and r.finish_reason == "eos"
+    r = eng.generate([1], SamplingParams(max_new_tokens=2))
+    assert isinstance(r, GenerationResult)
+    assert r.token_ids == [2, 3] and r.finish_reason == "length"
+    r = eng.generate([1], SamplingParams(max_new_tokens=50, stop=("\x03",)))
+    assert isinstance(r, GenerationResult)
+    assert r.finish_reason == "stop" and r.text == "\x02"
+
+
+def test_context_limit_truncates_not_crashes() -> None:
+    eng = make_engine(max_len=32)
+    r = eng.generate(list(b"abcabcabc"), SamplingParams(max_new_tokens=100, ignore_eos=True),
+                     drafter="pld")
+    assert isinstance(r, GenerationResult)
+    assert r.finish_reason == "context"
+    # The cache holds 32 positions; the last committed token never needs caching.
+    assert len(b"abcabcabc") + r.new_tokens == 32 + 1
+
+
+def test_bad_requests() -> None:
+    eng = make_engine(max_len=32, max_batch_size=2)
+    with pytest.raises(DataError):
+        eng.generate("")
+    with pytest.raises(ContextLengthError):
+        eng.generate(list(b"x" * 40))
+    with pytest.raises(UnknownNameError):
+        eng.generate([1, 2], drafter="nope")
+    # In a batch, a bad request fails alone; the others complete.
+    out = eng.generate([list(b"abc"), list(b"y" * 40), list(b"abcd")],
+                       SamplingParams(max_new_tokens=4, ignore_eos=True), drafter="pld")
+    assert isinstance(out, list)
+    assert [r.finish_reason for r in out] == ["length", "error", "length"]
+    assert out[1].error and "KV cache" in out[1].error
+
+
+def test_sampling_distribution_end_to_end() -> None:
+    """With temperature 1 the 3 generated tokens follow the bigram chain's exact
+    distribution, with and without drafts."""
+    v = 4
+    g = torch.Generator().manual_seed(7)
+    table = torch.randn(v, v, generator=g)
+    table[:, 0] = -30.0  # keep EOS (id 0) out of reach
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    p = torch.softmax(table, -1)
+    exact = {}
+    for seq in itertools.product(range(v), repeat=3):
+        pr, prev = 1.0, prompt[-1]
+        for t in seq:
+            pr *= float(p[prev, t])
+            prev = t
+        exact[seq] = pr
+    keys = sorted(exact)
+    probs = torch.tensor([exact[k] for k in keys])
+    for drafter in ("none", "pld"):
+        eng = Engine(BigramModel(table), ByteTokenizer())  # type: ignore[arg-type]
+        counts: collections.Counter[int] = collections.Counter()
+        n = 4000
+        for i in range(n):
+            r = eng.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=3, seed=i),
+                             drafter=drafter)
+            assert isinstance(r, GenerationResult)
+            counts[keys.index(tuple(r.token_ids))] += 1
+        assert chi2_pvalue(counts, probs, n) > 1e-3, drafter

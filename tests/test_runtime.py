@@ -1,0 +1,90 @@
+"""Ragged batch metadata, KV-cache bookkeeping and attention masks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from recallspec.runtime.attention import ancestor_matrix, build_attention_masks
+from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.runtime.kv_cache import KVCache, KVCacheFullError
+
+
+def test_build_batch_ragged_layout() -> None:
+    meta = build_batch([
+        SequenceInput(slot=2, cache_len=5, tokens=[7, 8, 9]),
+        SequenceInput(slot=0, cache_len=1, tokens=[1, 2, 3, 4], parents=[-1, 0, 0, 2], logits="last"),
+    ])
+    assert meta.query_start == (0, 3, 7)
+    assert meta.positions.tolist() == [5, 6, 7, 1, 2, 2, 3]  # tree depth, not row index
+    assert meta.cache_pos.tolist() == [5, 6, 7, 1, 2, 3, 4]
+    assert meta.cache_slot_per_row.tolist() == [2, 2, 2, 0, 0, 0, 0]
+    assert meta.logits_indices.tolist() == [0, 1, 2, 6]
+    assert meta.is_chain == (True, False)
+    assert meta.kv_len(1) == 5
+
+
+def test_build_batch_rejects_bad_trees() -> None:
+    with pytest.raises(ValueError):
+        build_batch([SequenceInput(0, 0, [1, 2], parents=[1, -1])])
+    with pytest.raises(ValueError):
+        build_batch([SequenceInput(0, 0, [])])
+
+
+def test_ancestor_matrix() -> None:
+    anc = ancestor_matrix(torch.tensor([-1, 0, 0, 2]))
+    assert anc.int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]
+
+
+def test_masks_tree_and_window() -> None:
+    meta = build_batch([
+        SequenceInput(0, 3, [1], logits="last"),
+        SequenceInput(1, 2, [1, 2, 3], parents=[-1, 0, 0]),
+    ])
+    masks = build_attention_masks(meta, windows={2})
+    assert masks.full[0] is None
+    m = masks.full[1]
+    assert m is not None and m.shape == (3, 5)
+    assert m.int().tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]
+    w = masks.for_layer(2)[1]
+    assert w is not None
+    # positions of the new rows are 2, 3, 3: window 2 keeps keys at pos_q-1 and pos_q
+    assert w.int().tolist() == [[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 0, 1]]
+
+
+def cache_with_rows(n: int) -> tuple[KVCache, int]:
+    c = KVCache(num_layers=2, num_slots=2, max_len=16, num_kv_heads=1, head_dim=1)
+    s = c.allocate()
+    vals = torch.arange(n, dtype=torch.float32)[:, None, None]
+    for layer in range(2):
+        c.write(layer, torch.full((n,), s), torch.arange(n), vals, -vals)
+    return c, s
+
+
+def test_commit_compacts_tree_path() -> None:
+    c, s = cache_with_rows(8)
+    c.commit(s, 0, range(3))  # rows 0..2 committed
+    c.commit(s, 3, [0, 2, 4])  # from the rows written at 3.., keep offsets 0, 2, 4
+    assert c.length(s) == 6
+    for layer in range(2):
+        assert c.k[layer, s, 0, :6, 0].tolist() == [0, 1, 2, 3, 5, 7]
+        assert c.v[layer, s, 0, :6, 0].tolist() == [0, -1, -2, -3, -5, -7]
+
+
+def test_rollback_and_slots() -> None:
+    c, s = cache_with_rows(4)
+    c.commit(s, 0, range(4))
+    c.rollback(s, 2)
+    assert c.length(s) == 2
+    with pytest.raises(ValueError):
+        c.rollback(s, 3)
+    with pytest.raises(ValueError):
+        c.commit(s, 3, [0])  # commit must start at the committed length
+    s2 = c.allocate()
+    with pytest.raises(KVCacheFullError):
+        c.allocate()
+    c.release(s2)
+    with pytest.raises(ValueError):
+        c.release(s2)
+    with pytest.raises(KVCacheFullError):
+        c.commit(s, 2, range(15))
