@@ -1,0 +1,118 @@
+"""MatchCursor: SAM-Decoding's Algorithm 1 over a static index or a dynamic automaton.
+
+The cursor holds the state and length of the longest suffix of the text fed to
+it (``advance``) that occurs in the automaton. A step is O(1) amortized; a whole
+batch of tokens is one C++ call. Drafts read from the current match:
+
+* ``draft_chain(n)`` - the tokens that follow the earliest occurrence (min_endpos)
+  of the matched string (static: up to the end of that document; dynamic: climbing
+  suffix links when fewer than ``n`` tokens follow).
+* ``draft_tree(max_nodes)`` - the most frequent continuations, best first by
+  occurrence count.
+
+For a request matching *its own* text use ``DynamicAutomaton.match_length`` /
+``draft_*`` instead: they report the longest suffix that occurs *earlier*.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from recallspec import _core
+from recallspec.index._arrays import as_tokens, check_out
+from recallspec.spec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from recallspec.index.dynamic import DynamicAutomaton
+    from recallspec.index.static import StaticIndex
+
+
+class MatchCursor:
+    """Longest-suffix match of a token stream against an automaton."""
+
+    def __init__(self, automaton: StaticIndex | DynamicAutomaton) -> None:
+        from recallspec.index.dynamic import DynamicAutomaton
+        from recallspec.index.static import StaticIndex
+
+        self._vocab: int | None
+        if isinstance(automaton, StaticIndex):
+            self._c: Any = _core.StaticCursor(automaton._sam)
+            self._vocab = automaton.vocab_size
+        elif isinstance(automaton, DynamicAutomaton):
+            self._c = _core.DynamicCursor(automaton._sam)
+            self._vocab = None
+        else:
+            raise TypeError(
+                "MatchCursor needs a StaticIndex or DynamicAutomaton, "
+                f"got {type(automaton).__name__}"
+            )
+        self.automaton = automaton
+
+    def advance(self, tokens: Any) -> int:
+        """Feed tokens (one int or a 1-D array); return the match length afterwards.
+
+        Token ids outside the vocabulary simply match nothing, so they are allowed here
+        (a generated token can never be a separator: ids must be < 2^32-1).
+        """
+        if isinstance(tokens, int | np.integer):
+            tokens = [int(tokens)]
+        self._c.advance(as_tokens(tokens))
+        return int(self._c.length)
+
+    def advance_lengths(self, tokens: Any) -> npt.NDArray[np.int64]:
+        """Feed tokens; return the match length after each one (int64 array)."""
+        arr = as_tokens(tokens)
+        out = np.empty(arr.shape[0], np.int64)
+        self._c.advance_lengths(arr, out)
+        return out
+
+    def reset(self) -> None:
+        self._c.reset()
+
+    @property
+    def match_length(self) -> int:
+        return int(self._c.length)
+
+    @property
+    def state(self) -> int:
+        return int(self._c.state)
+
+    def draft_chain_into(self, out: npt.NDArray[np.int64]) -> int:
+        """Write up to ``len(out)`` chain-draft tokens into ``out``; return how many."""
+        return int(self._c.draft_chain(check_out(out)))
+
+    def draft_chain(self, n: int) -> npt.NDArray[np.int64]:
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        out = np.empty(n, np.int64)
+        return out[: self.draft_chain_into(out)]
+
+    def draft_tree_counts(
+        self, max_nodes: int, max_depth: int | None = None
+    ) -> tuple[DraftTree, npt.NDArray[np.int64]]:
+        """Best-first tree draft and each node's occurrence count."""
+        tokens, parents, counts = _tree_buffers(max_nodes, max_depth)
+        n = int(self._c.draft_tree(_depth(max_depth), tokens, parents, counts))
+        return DraftTree(tokens[:n].copy(), parents[:n].copy()), counts[:n].copy()
+
+    def draft_tree(self, max_nodes: int, max_depth: int | None = None) -> DraftTree:
+        return self.draft_tree_counts(max_nodes, max_depth)[0]
+
+
+def _depth(max_depth: int | None) -> int:
+    if max_depth is None:
+        return 1 << 62
+    if max_depth < 0:
+        raise ValueError(f"max_depth must be >= 0, got {max_depth}")
+    return max_depth
+
+
+def _tree_buffers(
+    max_nodes: int, max_depth: int | None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    if max_nodes < 0:
+        raise ValueError(f"max_nodes must be >= 0, got {max_nodes}")
+    return tuple(np.empty(max_nodes, np.int64) for _ in range(3))  # type: ignore[return-value]
