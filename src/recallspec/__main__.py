@@ -1,0 +1,5 @@
+import sys
+
+from recallspec.cli import main
+
+sys.exit(main())

