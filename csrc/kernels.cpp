@@ -31,6 +31,9 @@ namespace {
 
 // ---- a tiny persistent thread pool: the caller runs part 0, workers the rest ----
 class Pool {
+  static constexpr int kSpinRounds = 256;
+  static constexpr int kPollRounds = 20000;
+
  public:
   explicit Pool(unsigned n_workers) {
     for (unsigned i = 0; i < n_workers; ++i) workers_.emplace_back([this, i] { loop(i + 1); });
@@ -57,16 +60,22 @@ class Pool {
     }
     cv_.notify_all();
     fn(0);
-    while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+    // Never spin blindly on a worker that may not be scheduled: yield after a moment.
+    for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
+      if (i < kSpinRounds) _mm_pause(); else std::this_thread::yield();
+    }
   }
 
  private:
   void loop(unsigned part) {
     uint64_t seen = 0;
     for (;;) {
-      // Spin briefly (decode steps issue many back-to-back calls), then sleep.
-      int spins = 0;
-      while (gen_.load(std::memory_order_acquire) == seen && spins < 200000) { _mm_pause(); ++spins; }
+      // Decode steps issue many back-to-back calls, so poll for the next job: a short
+      // busy spin, then sched_yield (which hands the core to any other runnable thread,
+      // so an oversubscribed machine does not stall), then sleep on the condition.
+      for (int i = 0; gen_.load(std::memory_order_acquire) == seen && i < kPollRounds; ++i) {
+        if (i < kSpinRounds) _mm_pause(); else std::this_thread::yield();
+      }
       if (gen_.load(std::memory_order_acquire) == seen) {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [&] { return gen_.load() != seen; });

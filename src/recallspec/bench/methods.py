@@ -1,0 +1,265 @@
+"""Benchmark methods: one way of generating a turn from prompt token ids.
+
+Names:
+  ``ar``                      our engine, no drafter (the run's reference)
+  any registered drafter      our engine with that drafter (``pld``, ``llma``, ...)
+  ``hf-greedy`` / ``hf-pld``  transformers ``generate`` on the same weights, dtype and
+                              prompt ids (``prompt_lookup_num_tokens=10``)
+  ``llamacpp-greedy`` / ``llamacpp-pld``   llama-cpp-python on the GGUF file, when
+                              importable (its own quantised kernels: NOT the same
+                              arithmetic, so only its speedup vs its own greedy counts)
+
+Every method's ``baseline`` is its own plain greedy decoding: a peer's speedup and
+token identity are measured against that, and ours against ``ar``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from recallspec.errors import DataError, UnknownNameError
+from recallspec.spec.sampling import SamplingParams
+
+HF_METHODS = ("hf-greedy", "hf-pld")
+LLAMACPP_METHODS = ("llamacpp-greedy", "llamacpp-pld")
+HF_PLD_TOKENS = 10
+
+
+@dataclass(frozen=True)
+class TurnOutput:
+    token_ids: list[int]  # generated ids, EOS excluded
+    text: str
+    accept_lengths: list[int]  # committed tokens per decoding step after the prefill token
+    wall_time: float  # seconds, prefill included
+    prompt_tokens: int
+    finish_reason: str
+
+
+class Method(Protocol):
+    name: str
+    baseline: str
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> TurnOutput: ...
+
+
+def baseline_of(name: str) -> str:
+    if name.startswith("hf-"):
+        return "hf-greedy"
+    if name.startswith("llamacpp-"):
+        return "llamacpp-greedy"
+    return "ar"
+
+
+def llamacpp_available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def check_method_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(runnable names, skip messages); unknown names raise UnknownNameError."""
+    from recallspec.drafters import available_drafters
+
+    drafters = available_drafters()
+    known = ["ar", *[d for d in drafters if d != "none"], *HF_METHODS, *LLAMACPP_METHODS]
+    unknown = [n for n in names if n not in known and n != "none"]
+    if unknown:
+        raise UnknownNameError(
+            f"unknown method(s) {', '.join(unknown)}; available: {', '.join(known)}"
+        )
+    if len(set(names)) != len(names):
+        raise DataError("a method is listed twice")
+    run, skipped = [], []
+    for n in names:
+        if n in LLAMACPP_METHODS and not llamacpp_available():
+            skipped.append(
+                f"skipping {n}: llama-cpp-python is not installed (pip install llama-cpp-python)"
+            )
+            continue
+        if n in HF_METHODS and importlib.util.find_spec("transformers") is None:
+            raise DataError(f"method {n} needs transformers: pip install 'recallspec[hf]'")
+        run.append("ar" if n == "none" else n)
+    return run, skipped
+
+
+# ---- our engine ------------------------------------------------------------------
+
+
+class EngineMethod:
+    def __init__(self, engine: Any, name: str) -> None:
+        self.engine = engine
+        self.name = name
+        self.baseline = "ar"
+        self._drafter = "none" if name == "ar" else name
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> TurnOutput:
+        res = self.engine.generate(prompt_ids, params, drafter=self._drafter)
+        return TurnOutput(
+            list(res.token_ids), res.text, list(res.accept_lengths), float(res.wall_time),
+            int(res.prompt_tokens), str(res.finish_reason),
+        )
+
+
+# ---- transformers --------------------------------------------------------------
+
+
+class HFMethod:
+    """transformers ``generate``; accept lengths come from counting its forwards."""
+
+    def __init__(self, hf_model: Any, tokenizer: Any, name: str) -> None:
+        self.model = hf_model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.baseline = "hf-greedy"
+        self._pld = name == "hf-pld"
+        self._starts: list[int] = []
+
+    def _record(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        # Cache length before each forward = committed tokens - 1 (the last committed
+        # token is fed, not cached), so consecutive differences are accept lengths.
+        cp = kwargs.get("cache_position")
+        if cp is not None and cp.numel():
+            self._starts.append(int(cp[0]))
+        else:
+            pkv = kwargs.get("past_key_values")
+            self._starts.append(int(pkv.get_seq_length()) if pkv is not None else 0)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> TurnOutput:
+        import torch
+
+        eos = sorted(self.tokenizer.eos_token_ids)
+        ids = torch.tensor([prompt_ids], dtype=torch.long)
+        kw: dict[str, Any] = {
+            "max_new_tokens": params.max_new_tokens,
+            "eos_token_id": eos if not params.ignore_eos else None,
+            "pad_token_id": eos[0] if eos else 0,
+        }
+        if params.greedy:
+            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            torch.manual_seed(params.seed if params.seed is not None else 0)
+            kw.update(
+                do_sample=True, temperature=params.temperature,
+                top_k=params.top_k or None, top_p=params.top_p,
+            )
+        if self._pld:
+            kw["prompt_lookup_num_tokens"] = HF_PLD_TOKENS
+        self._starts = []
+        # The hook lives only during this call: hf-greedy and hf-pld share the model.
+        hook = self.model.register_forward_pre_hook(self._record, with_kwargs=True)
+        try:
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+            wall = time.perf_counter() - t0
+        finally:
+            hook.remove()
+        gen = [int(t) for t in out[0, len(prompt_ids) :].tolist()]
+        finish = "length"
+        eos_set = set(eos) if not params.ignore_eos else set()
+        for i, t in enumerate(gen):  # cut at the first EOS, as our engine stops there
+            if t in eos_set:
+                gen, finish = gen[: i + 1], "eos"
+                break
+        committed = len(gen)
+        if finish == "eos":
+            gen = gen[:-1]
+        accepts = _accepts(self._starts, len(prompt_ids), committed)
+        return TurnOutput(
+            gen, self.tokenizer.decode(gen), accepts, wall, len(prompt_ids), finish
+        )
+
+
+def _accepts(starts: list[int], prompt_len: int, committed: int) -> list[int]:
+    """Per-step accept lengths from the cache lengths before each forward.
+
+    ``starts[0]`` is the prefill; decode forward k starts at ``starts[k]`` = committed
+    tokens - 1, so it committed ``starts[k + 1] - starts[k]``; the last one ends at the
+    output's end (``prompt_len + committed - 1`` cached after it).
+    """
+    if len(starts) < 2 or committed <= 1:
+        return []
+    steps = [b - a for a, b in itertools.pairwise(starts[1:])]
+    steps.append(prompt_len + committed - 1 - starts[-1])
+    # Tokens generated past an EOS / the length cap inside the last step are not committed.
+    out, total = [], 0
+    for s in steps:
+        s = min(s, committed - 1 - total)
+        if s <= 0:
+            break
+        out.append(s)
+        total += s
+    return out
+
+
+# ---- llama.cpp -----------------------------------------------------------------
+
+
+class LlamaCppMethod:
+    def __init__(self, gguf_path: str, tokenizer: Any, name: str, n_ctx: int = 4096) -> None:
+        import torch
+        from llama_cpp import Llama
+
+        draft = None
+        if name == "llamacpp-pld":
+            from llama_cpp.llama_speculative import (
+                LlamaPromptLookupDecoding,
+            )
+
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=HF_PLD_TOKENS)
+        self.llm = Llama(
+            model_path=gguf_path, n_ctx=n_ctx, logits_all=True, draft_model=draft,
+            n_threads=torch.get_num_threads(), verbose=False,
+        )
+        self.tokenizer = tokenizer
+        self.name = name
+        self.baseline = "llamacpp-greedy"
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> TurnOutput:
+        eos = set(self.tokenizer.eos_token_ids)
+        self.llm.reset()
+        gen: list[int] = []
+        finish = "length"
+        t0 = time.perf_counter()
+        temp = params.temperature
+        for tok in self.llm.generate(
+            prompt_ids, temp=temp, top_k=params.top_k if temp > 0 else 1,
+            top_p=params.top_p, reset=True,
+        ):
+            if tok in eos and not params.ignore_eos:
+                finish = "eos"
+                break
+            gen.append(int(tok))
+            if len(gen) + 0 >= params.max_new_tokens:
+                break
+        wall = time.perf_counter() - t0
+        # llama-cpp-python does not expose per-step acceptance: leave it empty.
+        return TurnOutput(gen, self.tokenizer.decode(gen), [], wall, len(prompt_ids), finish)
+
+
+# ---- construction ------------------------------------------------------------------
+
+
+class MethodFactory:
+    """Builds methods for one engine, sharing the transformers model between hf-*."""
+
+    def __init__(self, engine: Any, model_spec: str | None) -> None:
+        self.engine = engine
+        self.model_spec = model_spec
+        self._hf: Any = None
+
+    def create(self, name: str) -> Method:
+        if name in HF_METHODS:
+            from recallspec.bench.hf import hf_model_from_engine
+
+            if self._hf is None:
+                self._hf = hf_model_from_engine(self.engine)
+            return HFMethod(self._hf, self.engine.tokenizer, name)
+        if name in LLAMACPP_METHODS:
+            from recallspec.bench.hf import gguf_path_for
+
+            return LlamaCppMethod(gguf_path_for(self.model_spec), self.engine.tokenizer, name)
+        return EngineMethod(self.engine, name)

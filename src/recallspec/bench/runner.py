@@ -1,0 +1,258 @@
+"""Running a suite: every method answers every question, one flushed answer line each.
+
+Order per method: build it, warm it up (untimed), then answer the questions in suite
+order. A multi-turn question is answered turn by turn, each turn's prompt built from
+the method's own earlier answers. With ``repeats > 1`` the whole question is answered
+``repeats`` times and each turn's wall time is the median; the tokens of the first
+repeat are kept (under greedy decoding every repeat yields the same tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recallspec.bench.answers import AnswerWriter, answers_path, read_answers
+from recallspec.bench.methods import Method, MethodFactory, TurnOutput, check_method_names
+from recallspec.bench.prompting import conversation_ids
+from recallspec.bench.suites import Question, SuiteSelection, load_suite
+from recallspec.errors import DataError, RecallspecError
+from recallspec.spec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    suite: str
+    methods: tuple[str, ...]
+    model: str | None = None
+    selection: SuiteSelection = field(default_factory=SuiteSelection)
+    max_new_tokens: int = 128
+    repeats: int = 1
+    temperature: float = 0.0
+    max_draft_nodes: int = 16
+    dtype: str = "float32"
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise DataError("--repeats must be >= 1")
+        if self.max_new_tokens < 1:
+            raise DataError("--max-new-tokens must be >= 1")
+        if self.temperature < 0:
+            raise DataError("--temperature must be >= 0")
+        if not self.methods:
+            raise DataError("no methods given")
+
+    def comparable(self) -> dict[str, Any]:
+        """Settings that must match between a run and its --resume."""
+        return {
+            "suite": self.suite, "model": self.model, "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature, "max_draft_nodes": self.max_draft_nodes,
+            "dtype": self.dtype,
+        }
+
+
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def question_seed(qid: int | str) -> int:
+    """A fixed per-question sampling seed, so that sampled runs are reproducible."""
+    return zlib.crc32(str(qid).encode())
+
+
+def _check_run_file(out: Path, cfg: BenchConfig, resume: bool) -> None:
+    path = out / "run.json"
+    if path.is_file() and resume:
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: corrupt ({e.msg})") from None
+        mismatch = {
+            k: (old.get("settings", {}).get(k), v)
+            for k, v in cfg.comparable().items()
+            if old.get("settings", {}).get(k) != v
+        }
+        if mismatch:
+            desc = ", ".join(f"{k}: was {a!r}, now {b!r}" for k, (a, b) in mismatch.items())
+            raise DataError(f"--resume with different settings than {path} ({desc})")
+    from recallspec.bench.report import _machine
+
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"settings": cfg.comparable(), "config": _jsonable(asdict(cfg)),
+            "machine_at_start": _machine()}
+    path.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+
+
+def _jsonable(x: Any) -> Any:
+    return json.loads(json.dumps(x, default=str))
+
+
+@dataclass(frozen=True)
+class Answered:
+    outs: list[TurnOutput]  # per turn, first repeat
+    prompts: list[list[int]]  # prompt ids per turn, first repeat
+    times: list[list[float]]  # wall time [turn][repeat]
+    agree: bool  # every repeat produced the same tokens
+
+
+def answer_question(
+    method: Method, tokenizer: Any, q: Question, params: SamplingParams, repeats: int
+) -> Answered:
+    first: list[TurnOutput] = []
+    prompts: list[list[int]] = []
+    times: list[list[float]] = [[] for _ in q.turns]
+    agree = True
+    for r in range(repeats):
+        answers: list[str] = []
+        outs: list[TurnOutput] = []
+        for t in range(len(q.turns)):
+            ids = conversation_ids(tokenizer, q.turns[: t + 1], answers)
+            if r == 0:
+                prompts.append(ids)
+            o = method.generate(ids, params)
+            outs.append(o)
+            answers.append(o.text)
+            times[t].append(o.wall_time)
+        if r == 0:
+            first = outs
+        elif [o.token_ids for o in outs] != [o.token_ids for o in first]:
+            agree = False
+    return Answered(first, prompts, times, agree)
+
+
+def make_record(
+    method: Method, model_id: str, q: Question, a: Answered, eos_token_ids: Sequence[int]
+) -> dict[str, Any]:
+    outs, times = a.outs, a.times
+    return {
+        "question_id": q.question_id,
+        "category": q.category,
+        "subcategory": q.subcategory,
+        "answer_id": f"{method.name}-{q.question_id}",
+        "model_id": model_id,
+        "method": method.name,
+        "baseline": method.baseline,
+        "eos_token_ids": sorted(int(e) for e in eos_token_ids),
+        "choices": [
+            {
+                "index": 0,
+                "turns": [o.text for o in outs],
+                "decoding_steps": [len(o.accept_lengths) for o in outs],
+                "new_tokens": [len(o.token_ids) for o in outs],
+                "wall_time": [statistics.median(ts) for ts in times],
+                "accept_lengths": [a for o in outs for a in o.accept_lengths],
+                "token_ids": [o.token_ids for o in outs],
+                "prompt_tokens": [o.prompt_tokens for o in outs],
+                "prompt_ids": a.prompts,
+                "finish_reason": [o.finish_reason for o in outs],
+                "wall_time_repeats": times,
+                "repeats_agree": a.agree,
+            }
+        ],
+        "tstamp": time.time(),
+    }
+
+
+def run_bench(
+    cfg: BenchConfig, out: Path, *, resume: bool = False, overwrite: bool = False,
+    engine: Any = None, log: Log = _stderr, progress: bool = True,
+) -> list[str]:
+    """Run (or resume) a suite into ``out``; returns the methods that ran."""
+    questions = load_suite(cfg.suite, cfg.selection, cfg.data_dir)
+    methods, skipped = check_method_names(cfg.methods)
+    for msg in skipped:
+        log(msg)
+    # Refuse to touch completed answers unless told: read (and validate) every file
+    # first, so a corrupt one fails before any model is loaded.
+    done: dict[str, set[str]] = {}
+    for m in methods:
+        p = answers_path(out, m)
+        if p.exists() and p.stat().st_size > 0:
+            if overwrite:
+                p.unlink()
+            elif not resume:
+                raise DataError(
+                    f"{p} already holds answers; pass --resume to continue it, "
+                    "--overwrite to start over, or another --out"
+                )
+            else:
+                done[m] = {str(r["question_id"]) for r in read_answers(p)}
+    _check_run_file(out, cfg, resume)
+    if engine is None:
+        from recallspec.engine import Engine
+
+        log(f"loading model {cfg.model or '(default)'} ({cfg.dtype})")
+        engine = Engine.load(cfg.model, dtype=cfg.dtype, max_draft_nodes=cfg.max_draft_nodes)
+    model_id = _model_id(cfg.model)
+    factory = MethodFactory(engine, cfg.model)
+    for name in methods:
+        todo = [q for q in questions if str(q.question_id) not in done.get(name, set())]
+        if not todo:
+            log(f"{name}: all {len(questions)} questions already answered")
+            continue
+        try:
+            method = factory.create(name)
+        except RecallspecError:
+            raise
+        except ImportError as e:
+            log(f"skipping {name}: {e}")
+            continue
+        _warm_up(method, engine.tokenizer, questions[0], cfg)
+        _run_method(method, engine.tokenizer, todo, cfg, answers_path(out, name), model_id,
+                    log, progress)
+    return methods
+
+
+def _params(cfg: BenchConfig, q: Question) -> SamplingParams:
+    return SamplingParams(
+        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
+        seed=question_seed(q.question_id) if cfg.temperature > 0 else None,
+    )
+
+
+def _warm_up(method: Method, tokenizer: Any, q: Question, cfg: BenchConfig) -> None:
+    # Untimed: first-call costs (allocator growth, lazy init, kernel selection).
+    ids = conversation_ids(tokenizer, q.turns[:1], [])
+    method.generate(ids, SamplingParams(max_new_tokens=min(16, cfg.max_new_tokens)))
+
+
+def _run_method(
+    method: Method, tokenizer: Any, todo: Sequence[Question], cfg: BenchConfig, path: Path,
+    model_id: str, log: Log, progress: bool,
+) -> None:
+    from tqdm import tqdm
+
+    tokens, seconds = 0, 0.0
+    with AnswerWriter(path) as w, tqdm(
+        total=len(todo), desc=method.name, unit="q", file=sys.stderr, disable=not progress,
+        dynamic_ncols=True,
+    ) as bar:
+        for q in todo:
+            try:
+                answered = answer_question(method, tokenizer, q, _params(cfg, q), cfg.repeats)
+            except RecallspecError as e:  # e.g. a prompt longer than the context
+                log(f"{method.name}: question {q.question_id} skipped: {e}")
+                bar.update(1)
+                continue
+            rec = make_record(method, model_id, q, answered, tokenizer.eos_token_ids)
+            w.write(rec)
+            c = rec["choices"][0]
+            tokens += sum(c["new_tokens"])
+            seconds += sum(c["wall_time"])
+            bar.set_postfix(tok_s=f"{tokens / seconds:.1f}" if seconds else "-")
+            bar.update(1)
+
+
+def _model_id(spec: str | None) -> str:
+    return Path(spec).name if spec else "SmolLM2-135M-Instruct"

