@@ -39,6 +39,12 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(VENV)/bin/pytest -q
 
+# Headline comparison (about an hour on this CPU; --resume continues an interrupted run).
+bench: $(VENV)/.installed-dev
+	$(VENV)/bin/recallspec bench runtime --out bench_out/runtime
+	$(VENV)/bin/recallspec bench --suite spec_bench --methods ar,pld,llma,hf-greedy,hf-pld \
+		--per-category 20 --max-new-tokens 128 --out bench_out/spec_bench --resume
+
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests scripts
 	$(VENV)/bin/mypy

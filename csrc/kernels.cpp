@@ -49,9 +49,11 @@ class Pool {
   }
   unsigned parts() const { return unsigned(workers_.size()) + 1; }
 
-  // Run fn(part) for part in [0, parts()) and wait for all.
-  void run(const std::function<void(unsigned)>& fn) {
-    if (workers_.empty()) { fn(0); return; }
+  // Run fn(part) for part in [0, n_parts) (n_parts <= parts()) and wait for all.
+  // Workers beyond n_parts wake up and find nothing to do.
+  void run(unsigned n_parts, const std::function<void(unsigned)>& fn) {
+    if (workers_.empty() || n_parts <= 1) { fn(0); return; }
+    active_ = n_parts;
     job_ = &fn;
     pending_.store(unsigned(workers_.size()), std::memory_order_relaxed);
     {
@@ -82,7 +84,7 @@ class Pool {
       }
       seen = gen_.load(std::memory_order_acquire);
       if (stop_) return;
-      (*job_)(part);
+      if (part < active_) (*job_)(part);
       pending_.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
@@ -92,6 +94,7 @@ class Pool {
   std::atomic<uint64_t> gen_{0};
   std::atomic<unsigned> pending_{0};
   const std::function<void(unsigned)>* job_ = nullptr;
+  unsigned active_ = 1;
   bool stop_ = false;
 };
 
@@ -235,13 +238,13 @@ void rows_range(const typename L::T* x, const typename L::T* w, typename L::T* o
 
 template <class L>
 void linear(const typename L::T* x, const typename L::T* w, typename L::T* out,
-            int64_t M, int64_t K, int64_t N) {
+            int64_t M, int64_t K, int64_t N, unsigned threads) {
   Pool& p = pool();
-  const int64_t parts = p.parts();
+  const int64_t parts = std::max(1u, std::min(threads, p.parts()));
   // Split output rows evenly in multiples of 4 so that each thread streams its own
   // contiguous slice of W.
   const int64_t per = ((N + parts - 1) / parts + 3) / 4 * 4;
-  p.run([&](unsigned part) {
+  p.run(unsigned(parts), [&](unsigned part) {
     const int64_t n0 = std::min<int64_t>(N, int64_t(part) * per);
     const int64_t n1 = std::min<int64_t>(N, n0 + per);
     if (n0 < n1) rows_range<L>(x, w, out, M, K, N, n0, n1);
@@ -252,12 +255,13 @@ template <class T>
 using Mat = nb::ndarray<T, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
 template <class L>
-void bind_linear(Mat<const typename L::T> x, Mat<const typename L::T> w, Mat<typename L::T> out) {
+void bind_linear(Mat<const typename L::T> x, Mat<const typename L::T> w, Mat<typename L::T> out,
+                 unsigned threads) {
   const int64_t M = x.shape(0), K = x.shape(1), N = w.shape(0);
   if (w.shape(1) != size_t(K) || out.shape(0) != size_t(M) || out.shape(1) != size_t(N))
     throw std::invalid_argument("linear_small: shapes must be x[M,K], w[N,K], out[M,N]");
   nb::gil_scoped_release release;
-  linear<L>(x.data(), w.data(), out.data(), M, K, N);
+  linear<L>(x.data(), w.data(), out.data(), M, K, N, threads);
 }
 
 }  // namespace
@@ -269,8 +273,9 @@ NB_MODULE(_kernels, m) {
                 __builtin_cpu_supports("avx512vl"));
   });
   m.def("has_avx512_bf16", [] { return bool(__builtin_cpu_supports("avx512bf16")); });
-  m.def("num_threads", [] { return pool().parts(); });
-  m.def("linear_f32", &bind_linear<F32>, nb::arg("x").noconvert(), nb::arg("w").noconvert(), nb::arg("out").noconvert());
+  m.def("max_threads", [] { return pool().parts(); });
+  m.def("linear_f32", &bind_linear<F32>, nb::arg("x").noconvert(), nb::arg("w").noconvert(), nb::arg("out").noconvert(),
+        nb::arg("threads") = 1);
   m.def("linear_bf16", &bind_linear<BF16>, nb::arg("x").noconvert(), nb::arg("w").noconvert(), nb::arg("out").noconvert(),
-        "bf16 data passed as int16/uint16 views");
+        nb::arg("threads") = 1, "bf16 data passed as int16/uint16 views");
 }

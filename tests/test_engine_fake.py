@@ -7,12 +7,12 @@ import itertools
 
 import pytest
 import torch
-
 from helpers import BigramModel, ByteTokenizer
+from test_verify import chi2_pvalue
+
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import ContextLengthError, DataError, UnknownNameError
 from recallspec.spec.sampling import SamplingParams
-from test_verify import chi2_pvalue
 
 
 def make_engine(v: int = 256, seed: int = 0, **cfg: object) -> Engine:
@@ -50,7 +50,8 @@ def test_speculation_takes_fewer_steps_on_repetitive_text() -> None:
 def test_batches_identical_to_single(batch: int) -> None:
     eng = make_engine(max_batch_size=batch)
     prompts = [list(p) for p in PROMPTS] * 2
-    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (5, 30, 12, 44, 3, 20, 9, 27)]
+    lengths = (5, 30, 12, 44, 3, 20, 9, 27)
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths]
     single = make_engine()
     want = [single.generate(p, sp, drafter="none") for p, sp in zip(prompts, params, strict=True)]
     got = eng.generate(prompts, params, drafter="pld")

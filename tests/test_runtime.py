@@ -13,7 +13,8 @@ from recallspec.runtime.kv_cache import KVCache, KVCacheFullError
 def test_build_batch_ragged_layout() -> None:
     meta = build_batch([
         SequenceInput(slot=2, cache_len=5, tokens=[7, 8, 9]),
-        SequenceInput(slot=0, cache_len=1, tokens=[1, 2, 3, 4], parents=[-1, 0, 0, 2], logits="last"),
+        SequenceInput(slot=0, cache_len=1, tokens=[1, 2, 3, 4], parents=[-1, 0, 0, 2],
+                      logits="last"),
     ])
     assert meta.query_start == (0, 3, 7)
     assert meta.positions.tolist() == [5, 6, 7, 1, 2, 2, 3]  # tree depth, not row index

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -23,6 +23,7 @@ from recallspec.drafters.base import Drafter, create_drafter
 from recallspec.errors import ContextLengthError, DataError, RecallspecError
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.kv_cache import KVCache
+from recallspec.runtime.threads import decode_threads
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree, limit_depth
 from recallspec.spec.verify import Verdict, sample, verify_greedy, verify_sampling
@@ -38,6 +39,7 @@ class EngineConfig:
     max_len: int | None = None  # KV positions per sequence; default min(context, 4096)
     prefill_chunk: int = 512  # prompt tokens per prefill forward
     max_draft_nodes: int = 16  # cap on draft-tree nodes per sequence and step
+    threads: int | None = None  # cores for decoding; default torch.get_num_threads()
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -106,6 +108,7 @@ class Engine:
         self.cache: KVCache = model.new_cache(self.config.max_batch_size, self.max_len)
         self._drafters: dict[tuple[str, tuple[tuple[str, Any], ...]], Drafter] = {}
         self._rids = count()
+        self.threads = self.config.threads or torch.get_num_threads()
 
     @classmethod
     def load(cls, model: str | None = None, **config: Any) -> Engine:
@@ -132,13 +135,34 @@ class Engine:
         with learned state (e.g. token recycling) stay warm."""
         key = (name, tuple(sorted(options.items())))
         if key not in self._drafters:
-            self._drafters[key] = create_drafter(name, **options)
+            d = create_drafter(name, **options)
+            # Drafters that run (part of) the target model or check its tokenizer
+            # (draft-model, a static SAM index) take what they need from the engine.
+            bind = getattr(d, "bind_engine", None)
+            if callable(bind):
+                bind(self)
+            self._drafters[key] = d
         return self._drafters[key]
 
     # ---- generation ---------------------------------------------------------
+    @overload
+    def generate(
+        self, prompts: str | Sequence[int], params: SamplingParams | None = None, *,
+        drafter: str | Drafter = "none", drafter_options: dict[str, Any] | None = None,
+        chat: bool = False, progress: Progress | None = None,
+    ) -> GenerationResult: ...
+
+    @overload
+    def generate(
+        self, prompts: list[str] | list[list[int]] | list[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+        drafter: str | Drafter = "none", drafter_options: dict[str, Any] | None = None,
+        chat: bool = False, progress: Progress | None = None,
+    ) -> list[GenerationResult]: ...
+
     def generate(
         self,
-        prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+        prompts: Any,
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         drafter: str | Drafter = "none",
@@ -150,25 +174,34 @@ class Engine:
 
         A single prompt returns one result and raises on bad input; a list returns a
         result per prompt, in order, where a bad request gets ``finish_reason ==
-        "error"`` and the others complete.
+        "error"`` and the others complete. Up to ``max_batch_size`` requests decode
+        together; a waiting request takes the slot of one that finishes.
         """
         single = isinstance(prompts, str) or (
             len(prompts) > 0 and all(isinstance(t, int) for t in prompts)
         )
-        plist: list[str | Sequence[int]] = [prompts] if single else list(prompts)  # type: ignore[list-item]
+        plist: list[str | Sequence[int]] = [prompts] if single else list(prompts)
         if not plist:
             return []
         if params is None:
             params = SamplingParams()
-        plist_params = [params] * len(plist) if isinstance(params, SamplingParams) else list(params)
+        plist_params = (
+            [params] * len(plist) if isinstance(params, SamplingParams) else list(params)
+        )
         if len(plist_params) != len(plist):
             raise ValueError("need one SamplingParams per prompt")
-        d = drafter if not isinstance(drafter, str) else self.drafter(drafter, **(drafter_options or {}))
+        d = (
+            drafter if not isinstance(drafter, str)
+            else self.drafter(drafter, **(drafter_options or {}))
+        )
         results: list[GenerationResult | None] = [None] * len(plist)
         waiting: list[_Request] = []
         for i, (p, sp) in enumerate(zip(plist, plist_params, strict=True)):
             try:
-                ids = self.encode_prompt(p, chat=chat) if isinstance(p, str) else [int(t) for t in p]
+                ids = (
+                    self.encode_prompt(p, chat=chat) if isinstance(p, str)
+                    else [int(t) for t in p]
+                )
                 self._check_prompt(ids)
             except RecallspecError as e:
                 if single:
@@ -177,25 +210,29 @@ class Engine:
                 continue
             gen = None
             if not sp.greedy:
-                gen = torch.Generator().manual_seed(sp.seed if sp.seed is not None else torch.seed())
+                seed = sp.seed if sp.seed is not None else torch.seed()
+                gen = torch.Generator().manual_seed(seed)
             waiting.append(_Request(next(self._rids), i, ids, sp, gen))
         waiting.reverse()  # pop() admits in the caller's order
         active: list[_Request] = []
-        with torch.inference_mode():
-            while waiting or active:
-                while waiting and len(active) < self.config.max_batch_size:
-                    req = waiting.pop()
-                    self._admit(req, d, progress)
-                    if req.finish_reason is None:
+        try:
+            with torch.inference_mode():
+                while waiting or active:
+                    while waiting and len(active) < self.config.max_batch_size:
+                        req = waiting.pop()
                         active.append(req)
-                    else:
+                        self._admit(req, d, progress)
+                    with decode_threads(self.threads):
+                        self._step([r for r in active if r.finish_reason is None], d, progress)
+                    for req in [r for r in active if r.finish_reason is not None]:
+                        active.remove(req)
                         results[req.index] = self._finish(req, d)
-                if not active:
-                    continue
-                self._step(active, d, progress)
-                for req in [r for r in active if r.finish_reason is not None]:
-                    active.remove(req)
-                    results[req.index] = self._finish(req, d)
+        finally:
+            # On an exception (or Ctrl-C) give every slot back so the engine stays usable.
+            for req in active:
+                if req.slot >= 0:
+                    self.cache.release(req.slot)
+                    d.stop(req.rid)
         out = [r for r in results if r is not None]
         assert len(out) == len(plist)
         return out[0] if single else out
@@ -235,12 +272,15 @@ class Engine:
         assert logits is not None
         first = sample(logits, req.params, req.generator)
         d.start(req.rid, req.prompt)
-        self._commit_tokens(req, [first], d, DraftTree.empty(), logits[None] if d.needs_logits else None)
+        row = logits[None] if d.needs_logits else None
+        self._commit_tokens(req, [first], d, DraftTree.empty(), row)
         req.prefill_time = time.perf_counter() - req.t_start
         if progress:
             progress(1)
 
     def _step(self, active: list[_Request], d: Drafter, progress: Progress | None) -> None:
+        if not active:
+            return
         inputs: list[SequenceInput] = []
         trees: list[DraftTree] = []
         for req in active:
@@ -272,7 +312,9 @@ class Engine:
             start = meta.cache_lens[b]
             self.cache.commit(req.slot, start, [0, *(n + 1 for n in verdict.accepted_nodes)])
             before = len(req.generated)
-            self._commit_tokens(req, list(verdict.tokens), d, tree, rows if d.needs_logits else None)
+            self._commit_tokens(
+                req, list(verdict.tokens), d, tree, rows if d.needs_logits else None
+            )
             req.accept_lengths.append(len(req.generated) - before)
             if progress:
                 progress(len(req.generated) - before)
@@ -302,10 +344,7 @@ class Engine:
     def _hit_stop(self, req: _Request) -> bool:
         # Decode a tail long enough to contain any stop string plus the new tokens.
         text = self.tokenizer.decode(req.generated)
-        for s in req.params.stop:
-            if s in text:
-                return True
-        return False
+        return any(s in text for s in req.params.stop)
 
     def _finish(self, req: _Request, d: Drafter) -> GenerationResult:
         if req.slot >= 0:

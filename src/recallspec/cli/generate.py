@@ -12,10 +12,15 @@ from recallspec.errors import DataError
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt")
-    p.add_argument("--model", default=None, help="GGUF file, HF directory or alias (default: SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "--model", default=None,
+        help="GGUF file, HF directory or alias (default: SmolLM2-135M-Instruct)",
+    )
     p.add_argument("--drafter", default="pld", help="drafter name (none, pld, llma, ...)")
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads stdin)")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -72,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
         assert isinstance(base, GenerationResult)
         out["lossless"] = base.token_ids == res.token_ids if params.greedy else None
         out["ar_tokens_per_s"] = round(base.tokens_per_s, 3)
-        out["speedup"] = round(res.tokens_per_s / base.tokens_per_s, 4) if base.tokens_per_s else None
+        out["speedup"] = (
+            round(res.tokens_per_s / base.tokens_per_s, 4) if base.tokens_per_s else None
+        )
     if args.json:
         print(json.dumps(out))
     else:

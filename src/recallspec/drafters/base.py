@@ -85,4 +85,7 @@ def create_drafter(name: str, **options: Any) -> Drafter:
 
 def _load_builtin() -> None:
     # Importing the modules runs their @register_drafter decorators.
-    import recallspec.drafters.lookup  # noqa: F401
+    import recallspec.drafters.draft_model
+    import recallspec.drafters.lookup
+    import recallspec.drafters.recycling
+    import recallspec.drafters.sam  # noqa: F401

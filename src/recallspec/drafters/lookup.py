@@ -103,7 +103,9 @@ class LookupDrafter:
 
 @register_drafter("pld")
 def make_pld(*, max_ngram: int = 3, min_ngram: int = 1, max_tokens: int = 10) -> LookupDrafter:
-    return LookupDrafter(max_ngram=max_ngram, min_ngram=min_ngram, max_tokens=max_tokens, name="pld")
+    return LookupDrafter(
+        max_ngram=max_ngram, min_ngram=min_ngram, max_tokens=max_tokens, name="pld"
+    )
 
 
 @register_drafter("llma")

@@ -42,11 +42,11 @@ class BatchMetadata:
     input_ids: torch.Tensor  # [T] int64: new token ids, sequences concatenated
     positions: torch.Tensor  # [T] int64: absolute position = cache_len + depth in the tree
     seq_index: torch.Tensor  # [T] int64: which sequence (0..B-1) each row belongs to
-    cache_pos: torch.Tensor  # [T] int64: KV-cache position each row is written to (cache_len + local index)
+    cache_pos: torch.Tensor  # [T] int64: KV-cache position of each row (cache_len + local index)
     cache_slot_per_row: torch.Tensor  # [T] int64: KV-cache slot each row is written to
     parents: torch.Tensor  # [T] int64: local parent index within the sequence's run, -1 = none
     logits_indices: torch.Tensor  # [R] int64: rows whose logits the forward returns, in order
-    query_start: tuple[int, ...]  # [B+1]: row offsets; sequence b owns rows query_start[b]:query_start[b+1]
+    query_start: tuple[int, ...]  # [B+1]: sequence b owns rows query_start[b]:query_start[b+1]
     cache_slots: tuple[int, ...]  # [B]: KV-cache slot of each sequence
     cache_lens: tuple[int, ...]  # [B]: cached tokens of each sequence before this forward
     is_chain: tuple[bool, ...]  # [B]: True when the sequence's run is a plain chain (causal mask)

@@ -103,10 +103,14 @@ class KVCache:
         """
         self._check_slot(slot)
         if start != self._lengths[slot]:
-            raise ValueError(f"commit at {start} but slot {slot} has length {self._lengths[slot]}")
+            raise ValueError(
+                f"commit at {start} but slot {slot} has length {self._lengths[slot]}"
+            )
         m = len(keep)
         if start + m > self.max_len:
-            raise KVCacheFullError(f"slot {slot} overflows the cache ({start + m} > {self.max_len})")
+            raise KVCacheFullError(
+                f"slot {slot} overflows the cache ({start + m} > {self.max_len})"
+            )
         if any(o != i for i, o in enumerate(keep)):
             src = torch.tensor([start + o for o in keep], dtype=torch.int64)
             dst = torch.arange(start, start + m, dtype=torch.int64)
@@ -119,7 +123,9 @@ class KVCache:
         """Forget everything after ``length`` committed tokens."""
         self._check_slot(slot)
         if not 0 <= length <= self._lengths[slot]:
-            raise ValueError(f"cannot roll slot {slot} back to {length} (has {self._lengths[slot]})")
+            raise ValueError(
+                f"cannot roll slot {slot} back to {length} (has {self._lengths[slot]})"
+            )
         self._lengths[slot] = length
 
     def _check_slot(self, slot: int) -> None:

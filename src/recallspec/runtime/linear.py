@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from recallspec import _kernels
+from recallspec.runtime.threads import kernel_threads
 
 # Up to this many rows the kernel beats MKL here (measured: fp32 M=1 20 ms vs 46 ms for
 # SmolLM2's weights; M=16 43 ms vs 61 ms).
@@ -32,7 +33,10 @@ def kernel_supports(x: torch.Tensor, w: torch.Tensor) -> bool:
         and x.dtype == w.dtype
         and x.device.type == "cpu"
         and w.device.type == "cpu"
-        and ((x.dtype == torch.float32 and _HAS_AVX512) or (x.dtype == torch.bfloat16 and _HAS_BF16))
+        and (
+            (x.dtype == torch.float32 and _HAS_AVX512)
+            or (x.dtype == torch.bfloat16 and _HAS_BF16)
+        )
     )
 
 
@@ -46,10 +50,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
         raise ValueError("linear: weights must be contiguous (store them so at load time)")
     x = x.contiguous()
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype)
+    threads = kernel_threads()
     if x.dtype == torch.float32:
-        _kernels.linear_f32(x, w, out)
+        _kernels.linear_f32(x, w, out, threads)
     else:
-        _kernels.linear_bf16(x.view(torch.int16), w.view(torch.int16), out.view(torch.int16))
+        _kernels.linear_bf16(
+            x.view(torch.int16), w.view(torch.int16), out.view(torch.int16), threads
+        )
     if bias is not None:
         out += bias
     return out

@@ -41,7 +41,9 @@ class DraftTree:
     @staticmethod
     def chain(tokens: Sequence[int]) -> DraftTree:
         n = len(tokens)
-        return DraftTree(np.asarray(tokens, np.int64).reshape(n), np.arange(-1, n - 1, dtype=np.int64))
+        return DraftTree(
+            np.asarray(tokens, np.int64).reshape(n), np.arange(-1, n - 1, dtype=np.int64)
+        )
 
     @staticmethod
     def from_lists(tokens: Sequence[int], parents: Sequence[int]) -> DraftTree:

@@ -52,7 +52,7 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
             break
         path.append(nxt)
         node, row = nxt, nxt + 1
-    return Verdict(tuple(path), tuple(toks[i] for i in path) + (best[row],))
+    return Verdict(tuple(path), (*(toks[i] for i in path), best[row]))
 
 
 def verify_sampling(
@@ -94,7 +94,7 @@ def verify_sampling(
             p /= p.sum()
         if accepted is None:
             bonus = int(torch.multinomial(p, 1, generator=generator))
-            return Verdict(tuple(path), tuple(toks[i] for i in path) + (bonus,))
+            return Verdict(tuple(path), (*(toks[i] for i in path), bonus))
         path.append(accepted)
         node = accepted
 
@@ -109,5 +109,6 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 def _check(tree: DraftTree, logits: torch.Tensor) -> None:
     if logits.ndim != 2 or logits.shape[0] != len(tree) + 1:
         raise ValueError(
-            f"need logits [{len(tree) + 1}, vocab] for a {len(tree)}-node tree, got {tuple(logits.shape)}"
+            f"need logits [{len(tree) + 1}, vocab] for a {len(tree)}-node tree, "
+            f"got {tuple(logits.shape)}"
         )

@@ -1,0 +1,300 @@
+"""Model drafters: ``draft-model`` and ``sam+draft-model``.
+
+An auxiliary causal LM drafts ``gamma`` tokens greedily, one forward per token, as a
+chain. It is either
+
+* a self-draft: the target's first ``layers`` layers + its final norm and head
+  (early exit, ``model(meta, cache, num_layers=layers)``), or
+* a separate model (``path=...``) whose tokenizer must match the target's
+  (fingerprint check), run in full.
+
+Either way the drafter owns its KV cache (``KVCache`` with one slot per concurrent
+request, ``layers`` layers deep). Invariant per request: the slot holds
+``text[:cached]`` for a prefix of the committed text; tokens past ``cached`` are fed
+at the next proposal. Drafted tokens are cached tentatively; after verification the
+slot is rolled back to the longest prefix that the committed tokens confirm.
+
+The drafter needs the model. Through the engine nothing is to be passed: the engine
+calls ``bind_engine(engine)`` on drafters that have it, which supplies the target
+model (for the self-draft), its tokenizer (for the fingerprint check), the batch size
+and the context length. Outside an engine pass ``model=`` (a ``CausalLM``-like
+object) explicitly::
+
+    engine.generate(ids, params, drafter="draft-model", drafter_options={"layers": 8})
+    engine.generate(ids, params, drafter="draft-model",
+                    drafter_options={"path": "/models/draft-dir"})
+    create_drafter("draft-model", model=engine.model, layers=8)
+
+``sam+draft-model``: the automaton draft (as in ``sam``) when
+``max(l_d, l_s - delta) >= tau``, else the draft model's chain.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from recallspec.drafters.base import register_drafter
+from recallspec.drafters.sam import SamDrafter, SamOptions, _options
+from recallspec.errors import DataError
+from recallspec.index import StaticIndex
+from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.runtime.kv_cache import KVCache, KVCacheFullError
+from recallspec.spec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from recallspec.engine import Engine
+
+MODEL = "model"  # SamStep.source of a draft-model proposal
+
+
+@dataclass(frozen=True)
+class DraftModelOptions:
+    gamma: int = 4  # draft tokens per step
+    layers: int | None = None  # self-draft depth; None = run the whole draft model
+    path: str | None = None  # separate draft model (loaded at bind time)
+    slots: int = 8  # concurrent requests (the engine's batch size when bound)
+    max_len: int = 4096  # KV positions per request (the engine's when bound)
+
+    def __post_init__(self) -> None:
+        if self.gamma < 1:
+            raise ValueError("gamma must be >= 1")
+        if self.layers is not None and self.layers < 1:
+            raise ValueError("layers must be >= 1")
+        if self.slots < 1 or self.max_len < 2:
+            raise ValueError("slots must be >= 1 and max_len >= 2")
+        if self.path is not None and self.layers is not None:
+            raise ValueError("give either a separate draft model (path) or a self-draft depth "
+                             "(layers), not both")
+
+
+@dataclass
+class _Request:
+    slot: int
+    text: list[int]  # prompt + committed tokens
+    cached: int = 0  # text[:cached] is in the slot
+    drafted: list[int] = field(default_factory=list)  # cached tentatively after text[:cached]
+
+
+class ModelDraft:
+    """Greedy autoregressive drafting with a model and a private KV cache."""
+
+    def __init__(self, options: DraftModelOptions, model: Any = None) -> None:
+        self.options = options
+        self.model = model
+        self._cache: KVCache | None = None
+        self._slots = options.slots
+        self._max_len = options.max_len
+        self._requests: dict[int, _Request] = {}
+
+    def bind_engine(self, engine: Engine) -> None:
+        self._slots = max(self._slots, int(engine.config.max_batch_size))
+        self._max_len = int(engine.max_len)
+        if self.options.path is not None:
+            from recallspec.models import load_model
+
+            model, tok = load_model(self.options.path,
+                                    dtype=getattr(engine.model, "dtype", torch.float32))
+            if tok.fingerprint != engine.tokenizer.fingerprint:
+                raise DataError(
+                    f"draft model {self.options.path} uses a different tokenizer than the "
+                    "target (fingerprint mismatch); drafts would be in another vocabulary"
+                )
+            self.model = model
+        elif self.model is None:
+            self.model = engine.model  # self-draft from the target
+        if self.options.layers is not None and self.options.layers > _num_layers(self.model):
+            raise ValueError(f"layers={self.options.layers} exceeds the model's depth")
+
+    def _kv(self) -> KVCache:
+        if self._cache is None:
+            if self.model is None:
+                raise ValueError(
+                    "draft-model has no model: use it through an Engine or pass model=..."
+                )
+            if self.options.layers is None:
+                self._cache = self.model.new_cache(self._slots, self._max_len)
+            else:
+                c = self.model.config
+                self._cache = KVCache(
+                    num_layers=self.options.layers, num_slots=self._slots,
+                    max_len=self._max_len, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                    dtype=getattr(self.model, "dtype", torch.float32),
+                )
+        return self._cache
+
+    def start(self, rid: int, prompt: Sequence[int]) -> None:
+        try:
+            slot = self._kv().allocate()
+        except KVCacheFullError:
+            slot = -1  # more concurrent requests than slots: this one gets no drafts
+        self._requests[rid] = _Request(slot, [int(t) for t in prompt])
+
+    def stop(self, rid: int) -> None:
+        req = self._requests.pop(rid, None)
+        if req is not None and req.slot >= 0 and self._cache is not None:
+            self._cache.release(req.slot)
+
+    def observe(self, rid: int, accepted: Sequence[int]) -> None:
+        req = self._requests[rid]
+        if req.slot < 0 or not accepted:
+            req.text.extend(int(t) for t in accepted)
+            return
+        # Keep the tentatively cached draft tokens the committed text confirms.
+        keep = 0
+        while keep < min(len(req.drafted), len(accepted)) and req.drafted[keep] == accepted[keep]:
+            keep += 1
+        # The newest committed token stays uncached: the next proposal needs its logits.
+        keep = min(keep, len(accepted) - 1)
+        base = len(req.text)
+        req.text.extend(int(t) for t in accepted)
+        if req.drafted:
+            assert req.cached == base, "drafted tokens are cached right after the text"
+            req.cached = base + keep
+            self._kv().rollback(req.slot, req.cached)
+            req.drafted = []
+
+    def propose(self, rid: int, n: int) -> list[int]:
+        """Up to ``n`` greedy draft tokens continuing the request's text."""
+        req = self._requests[rid]
+        cache = self._kv()
+        if req.slot < 0:
+            return []
+        # Feeding the pending text and n - 1 drafts needs len(text) + n - 1 positions.
+        n = min(n, self.options.gamma, self._max_len - len(req.text) + 1)
+        if n <= 0:
+            return []
+        pending = req.text[req.cached :]
+        assert pending, "the last committed token is never cached before a proposal"
+        out: list[int] = []
+        feed = pending
+        while True:
+            start = cache.length(req.slot)
+            meta = build_batch([SequenceInput(req.slot, start, feed, logits="last")])
+            logits = self._forward(meta, cache)
+            cache.commit(req.slot, start, range(len(feed)))
+            tok = int(torch.argmax(logits[-1]))
+            out.append(tok)
+            if len(out) == n:
+                break
+            feed = [tok]
+        req.cached = len(req.text)
+        req.drafted = out[:-1]  # the last draft token was never fed
+        return out
+
+    def _forward(self, meta: Any, cache: KVCache) -> torch.Tensor:
+        assert self.model is not None
+        if self.options.layers is None:
+            return self.model(meta, cache)
+        return self.model(meta, cache, num_layers=self.options.layers)
+
+
+def _num_layers(model: Any) -> int:
+    return int(getattr(model.config, "num_layers", 0))
+
+
+class DraftModelDrafter:
+    """``draft-model``: a chain of ``gamma`` greedy tokens from an auxiliary model."""
+
+    name = "draft-model"
+    needs_logits = False
+
+    def __init__(self, options: DraftModelOptions, model: Any = None) -> None:
+        self.draft = ModelDraft(options, model)
+
+    def bind_engine(self, engine: Engine) -> None:
+        self.draft.bind_engine(engine)
+
+    def start(self, rid: int, prompt: Sequence[int]) -> None:
+        self.draft.start(rid, prompt)
+
+    def propose(self, rid: int, max_nodes: int) -> DraftTree:
+        return DraftTree.chain(self.draft.propose(rid, max_nodes))
+
+    def observe(
+        self, rid: int, accepted: Sequence[int], tree: DraftTree, logits: torch.Tensor | None
+    ) -> None:
+        self.draft.observe(rid, accepted)
+
+    def stop(self, rid: int) -> None:
+        self.draft.stop(rid)
+
+
+class SamDraftModelDrafter(SamDrafter):
+    """``sam+draft-model``: automaton drafts for long matches, the draft model otherwise.
+
+    The draft model's cache follows the committed text even on steps the automaton
+    drafts (its pending tokens are fed at its next proposal).
+    """
+
+    name = "sam+draft-model"
+    needs_logits = False
+
+    def __init__(self, options: SamOptions, draft: DraftModelOptions, *, tau: int = 5,
+                 model: Any = None, static: StaticIndex | None = None) -> None:
+        super().__init__(options, static)
+        if tau < 0:
+            raise ValueError("tau must be >= 0")
+        self.tau = tau
+        self.draft = ModelDraft(draft, model)
+
+    def bind_engine(self, engine: Engine) -> None:
+        super().bind_engine(engine)
+        self.draft.bind_engine(engine)
+
+    def start(self, rid: int, prompt: Sequence[int]) -> None:
+        super().start(rid, prompt)
+        self.draft.start(rid, prompt)
+
+    def propose(self, rid: int, max_nodes: int) -> DraftTree:
+        st = self._states[rid]
+        l_d, l_s = self._lengths(st)
+        if max(l_d, l_s - self.options.delta) >= self.tau:
+            tree, source = self._automaton_draft(st, max_nodes)
+            if len(tree):
+                return self._record(st, tree, source)
+        return self._record(st, DraftTree.chain(self.draft.propose(rid, max_nodes)), MODEL)
+
+    def observe(
+        self, rid: int, accepted: Sequence[int], tree: DraftTree, logits: torch.Tensor | None
+    ) -> None:
+        super().observe(rid, accepted, tree, logits)
+        self.draft.observe(rid, accepted)
+
+    def stop(self, rid: int) -> None:
+        super().stop(rid)
+        self.draft.stop(rid)
+
+
+@register_drafter("draft-model")
+def make_draft_model(
+    *, model: Any = None, layers: int | None = None, path: str | os.PathLike[str] | None = None,
+    gamma: int = 4, slots: int = 8, max_len: int = 4096,
+) -> DraftModelDrafter:
+    if model is None and path is None and layers is None:
+        layers = 8  # through the engine with no options: an 8-layer self-draft
+    opts = DraftModelOptions(gamma=gamma, layers=layers,
+                             path=None if path is None else os.fspath(path),
+                             slots=slots, max_len=max_len)
+    return DraftModelDrafter(opts, model)
+
+
+@register_drafter("sam+draft-model")
+def make_sam_draft_model(
+    *, model: Any = None, layers: int | None = None, path: str | os.PathLike[str] | None = None,
+    gamma: int = 4, slots: int = 8, max_len: int = 4096,
+    index: str | os.PathLike[str] | StaticIndex | None = None, max_tokens: int = 40,
+    delta: int = 5, tau: int = 5, tree: bool = False, tokenizer_fingerprint: str | None = None,
+) -> SamDraftModelDrafter:
+    if model is None and path is None and layers is None:
+        layers = 8
+    sam_opts, static = _options(index, max_tokens=max_tokens, delta=delta, tree=tree,
+                                tokenizer_fingerprint=tokenizer_fingerprint)
+    draft = DraftModelOptions(gamma=gamma, layers=layers,
+                              path=None if path is None else os.fspath(path),
+                              slots=slots, max_len=max_len)
+    return SamDraftModelDrafter(sam_opts, draft, tau=tau, model=model, static=static)

@@ -1,0 +1,241 @@
+"""SAM-Decoding drafters: ``sam`` and ``sam+recycling`` (SAM-Decoding[T]).
+
+Per request the drafter keeps a dynamic suffix automaton over prompt + committed
+text and, with a corpus index (``index=path``), a match cursor over the static
+automaton; both advance on every committed token, so each step's match lengths are
+O(1) to read:
+
+* ``l_d`` - the longest suffix of the text that occurred *earlier* in the text,
+* ``l_s`` - the longest suffix of the text that occurs in the corpus.
+
+``sam`` drafts from the static automaton only when ``l_s > l_d + delta`` (the corpus
+match must be clearly longer to beat the request's own text), else from the dynamic
+one; a draft is a chain of up to ``max_tokens`` tokens (or, with ``tree=True``, the
+static automaton's most frequent continuations as a tree).
+
+``sam+recycling`` (Algorithm 2 of SAM-Decoding): when ``max(l_d, l_s - delta) >= tau``
+the automaton's draft as above, else the Token Recycling tree. The recycling table is
+refreshed from every verification, whichever source drafted.
+
+``last_step(rid)`` / ``last_source(rid)`` report the latest proposal's match lengths
+and source; ``source_counts`` counts proposals per source over the instance's life.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from recallspec.drafters.base import register_drafter
+from recallspec.drafters.recycling import TOPK, RecyclingDrafter
+from recallspec.index import DynamicAutomaton, MatchCursor, StaticIndex
+from recallspec.spec.tree import DraftTree
+
+if TYPE_CHECKING:
+    from recallspec.engine import Engine
+
+# Where a proposal came from.
+NONE, DYNAMIC, STATIC, RECYCLING = "none", "dynamic", "static", "recycling"
+
+
+@dataclass(frozen=True)
+class SamOptions:
+    index: str | None = None  # static corpus index file; None = dynamic automaton only
+    max_tokens: int = 40  # draft size cap (chain length or tree nodes)
+    delta: int = 5  # static draft only if l_s > l_d + delta
+    tree: bool = False  # static drafts as the corpus frequency tree instead of a chain
+    tokenizer_fingerprint: str | None = None  # expected by the index (else from the engine)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.delta < 0:
+            raise ValueError("delta must be >= 0")
+
+
+@dataclass(frozen=True)
+class SamStep:
+    """One proposal's statistics."""
+
+    source: str  # NONE | DYNAMIC | STATIC | RECYCLING
+    dynamic_length: int  # l_d
+    static_length: int  # l_s (0 without an index)
+    draft_nodes: int
+
+
+@dataclass
+class _State:
+    dyn: DynamicAutomaton  # invariant: holds exactly prompt + committed tokens
+    cursor: MatchCursor | None  # static match of the same text
+    last: SamStep
+
+
+class SamDrafter:
+    """Suffix-automaton drafts (see the module docstring)."""
+
+    name = "sam"
+    needs_logits = False
+
+    def __init__(self, options: SamOptions, static: StaticIndex | None = None) -> None:
+        self.options = options
+        self.static = static
+        self._states: dict[int, _State] = {}
+        self.source_counts: Counter[str] = Counter()
+
+    # -- the static index: opened once, checked against the target's tokenizer ----
+    def bind_engine(self, engine: Engine) -> None:
+        """Engine hook: open the index with the target tokenizer's fingerprint check."""
+        if self.options.index is not None and self.static is None:
+            own = getattr(engine.tokenizer, "fingerprint", None)
+            fp = own or self.options.tokenizer_fingerprint
+            if fp is None:
+                raise ValueError(f"index {self.options.index!r}: the tokenizer has no fingerprint")
+            self.static = StaticIndex.open(
+                self.options.index,
+                expected_fingerprint=fp,
+                expected_vocab_size=int(engine.model.config.vocab_size),
+            )
+
+    def _static_index(self) -> StaticIndex | None:
+        if self.static is None and self.options.index is not None:
+            fp = self.options.tokenizer_fingerprint
+            if fp is None:
+                raise ValueError(
+                    f"index {self.options.index!r}: pass tokenizer_fingerprint=... or create "
+                    "the drafter through an Engine so the index can be checked"
+                )
+            self.static = StaticIndex.open(self.options.index, expected_fingerprint=fp)
+        return self.static
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self, rid: int, prompt: Sequence[int]) -> None:
+        static = self._static_index()
+        cursor = static.cursor() if static is not None else None
+        if cursor is not None:
+            cursor.advance(list(prompt))
+        self._states[rid] = _State(DynamicAutomaton(list(prompt)), cursor, SamStep(NONE, 0, 0, 0))
+
+    def propose(self, rid: int, max_nodes: int) -> DraftTree:
+        st = self._states[rid]
+        tree, source = self._automaton_draft(st, max_nodes)
+        return self._record(st, tree, source)
+
+    def observe(
+        self, rid: int, accepted: Sequence[int], tree: DraftTree, logits: torch.Tensor | None
+    ) -> None:
+        if not accepted:
+            return
+        st = self._states[rid]
+        st.dyn.extend(list(accepted))
+        if st.cursor is not None:
+            st.cursor.advance(list(accepted))
+
+    def stop(self, rid: int) -> None:
+        self._states.pop(rid, None)
+
+    # -- statistics --------------------------------------------------------------
+    def last_step(self, rid: int) -> SamStep:
+        return self._states[rid].last
+
+    def last_source(self, rid: int) -> str:
+        return self._states[rid].last.source
+
+    # -- drafting ----------------------------------------------------------------
+    def _lengths(self, st: _State) -> tuple[int, int]:
+        return st.dyn.match_length, (st.cursor.match_length if st.cursor is not None else 0)
+
+    def _automaton_draft(self, st: _State, max_nodes: int) -> tuple[DraftTree, str]:
+        """The static draft if ``l_s > l_d + delta``, else the dynamic one."""
+        n = min(self.options.max_tokens, max_nodes)
+        l_d, l_s = self._lengths(st)
+        if n <= 0:
+            return DraftTree.empty(), NONE
+        if st.cursor is not None and l_s > l_d + self.options.delta:
+            if self.options.tree:
+                return st.cursor.draft_tree(n), STATIC
+            return DraftTree.chain(st.cursor.draft_chain(n).tolist()), STATIC
+        if l_d > 0:  # length 0 = no earlier occurrence: nothing to copy
+            return DraftTree.chain(st.dyn.draft_chain(n).tolist()), DYNAMIC
+        return DraftTree.empty(), NONE
+
+    def _record(self, st: _State, tree: DraftTree, source: str) -> DraftTree:
+        l_d, l_s = self._lengths(st)
+        if len(tree) == 0:
+            source = NONE
+        st.last = SamStep(source, l_d, l_s, len(tree))
+        self.source_counts[source] += 1
+        return tree
+
+
+class SamRecyclingDrafter(SamDrafter):
+    """SAM-Decoding[T]: automaton drafts for long matches, Token Recycling otherwise."""
+
+    name = "sam+recycling"
+    needs_logits = True  # the recycling table learns from every verification
+
+    def __init__(
+        self, options: SamOptions, *, tau: int = 5, template: str = "sam60", k: int = TOPK,
+        static: StaticIndex | None = None,
+    ) -> None:
+        super().__init__(options, static)
+        if tau < 0:
+            raise ValueError("tau must be >= 0")
+        self.tau = tau
+        self.recycling = RecyclingDrafter(template=template, k=k)
+
+    def start(self, rid: int, prompt: Sequence[int]) -> None:
+        super().start(rid, prompt)
+        self.recycling.start(rid, prompt)
+
+    def propose(self, rid: int, max_nodes: int) -> DraftTree:
+        st = self._states[rid]
+        l_d, l_s = self._lengths(st)
+        if max(l_d, l_s - self.options.delta) >= self.tau:
+            tree, source = self._automaton_draft(st, max_nodes)
+            if len(tree):
+                return self._record(st, tree, source)
+        return self._record(st, self.recycling.propose(rid, max_nodes), RECYCLING)
+
+    def observe(
+        self, rid: int, accepted: Sequence[int], tree: DraftTree, logits: torch.Tensor | None
+    ) -> None:
+        super().observe(rid, accepted, tree, logits)
+        self.recycling.observe(rid, accepted, tree, logits)
+
+    def stop(self, rid: int) -> None:
+        super().stop(rid)
+        self.recycling.stop(rid)
+
+
+def _options(index: str | os.PathLike[str] | StaticIndex | None, **kw: Any) -> tuple[
+    SamOptions, StaticIndex | None
+]:
+    if isinstance(index, StaticIndex):
+        return SamOptions(index=index.path, **kw), index
+    return SamOptions(index=None if index is None else os.fspath(index), **kw), None
+
+
+@register_drafter("sam")
+def make_sam(
+    *, index: str | os.PathLike[str] | StaticIndex | None = None, max_tokens: int = 40,
+    delta: int = 5, tree: bool = False, tokenizer_fingerprint: str | None = None,
+) -> SamDrafter:
+    opts, static = _options(index, max_tokens=max_tokens, delta=delta, tree=tree,
+                            tokenizer_fingerprint=tokenizer_fingerprint)
+    return SamDrafter(opts, static)
+
+
+@register_drafter("sam+recycling")
+def make_sam_recycling(
+    *, index: str | os.PathLike[str] | StaticIndex | None = None, max_tokens: int = 40,
+    delta: int = 5, tau: int = 5, tree: bool = False, template: str = "sam60", k: int = TOPK,
+    tokenizer_fingerprint: str | None = None,
+) -> SamRecyclingDrafter:
+    opts, static = _options(index, max_tokens=max_tokens, delta=delta, tree=tree,
+                            tokenizer_fingerprint=tokenizer_fingerprint)
+    return SamRecyclingDrafter(opts, tau=tau, template=template, k=k, static=static)
