@@ -152,6 +152,7 @@ def _rates(t_n: float, t_1: float, n: int) -> dict[str, float]:
 
 def _our_cost_curve(engine: Any, cfg: RuntimeConfig) -> dict[str, float]:
     from recallspec.runtime.batch import SequenceInput, build_batch
+    from recallspec.runtime.threads import decode_threads
 
     model, cache = engine.model, engine.cache
     vocab = int(model.config.vocab_size)
@@ -171,7 +172,9 @@ def _our_cost_curve(engine: Any, cfg: RuntimeConfig) -> dict[str, float]:
                 meta = build_batch([SequenceInput(slot, cfg.cached, chain)])
 
                 def fwd(m: Any = meta) -> Any:
-                    return model(m, cache)
+                    # Same thread set-up as the engine's decode steps.
+                    with decode_threads(engine.threads):
+                        return model(m, cache)
 
                 out[str(k)] = 1000 * _median_time(fwd, cfg.repeats, 2)
     finally:
