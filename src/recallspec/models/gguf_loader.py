@@ -208,7 +208,7 @@ def _gguf_tokenizer_files(path: Path, reader: Any) -> tuple[str, dict[str, Any]]
     except ImportError:
         raise ModelLoadError(
             "converting a GGUF tokenizer the first time needs transformers "
-            "(pip install 'recallspec[hf]'); later loads use the cached tokenizer.json"
+            "(a dependency of recallspec: reinstall it); later loads use the cached tokenizer.json"
         ) from None
     try:
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
