@@ -53,3 +53,23 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i).decode(errors="replace")
+
+
+def chain_distribution(
+    table: torch.Tensor, last: int, length: int
+) -> tuple[list[tuple[int, ...]], torch.Tensor]:
+    """Exact probabilities of every ``length``-token continuation of a bigram chain that
+    starts after token ``last`` (temperature 1): (sorted sequences, probabilities)."""
+    import itertools
+
+    p = torch.softmax(table.float(), -1)
+    v = int(table.shape[0])
+    keys = sorted(itertools.product(range(v), repeat=length))
+    probs = []
+    for seq in keys:
+        pr, prev = 1.0, last
+        for t in seq:
+            pr *= float(p[prev, t])
+            prev = t
+        probs.append(pr)
+    return keys, torch.tensor(probs)

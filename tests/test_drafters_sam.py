@@ -5,13 +5,12 @@ model, source selection, static-index handling, draft-model KV-cache sync."""
 from __future__ import annotations
 
 import collections
-import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import BigramModel, ByteTokenizer
+from helpers import BigramModel, ByteTokenizer, chain_distribution
 from test_verify import chi2_pvalue
 
 from recallspec.drafters import create_drafter
@@ -203,16 +202,7 @@ def test_sampling_distribution_sam_draft_model() -> None:
     table = torch.randn(v, v, generator=g)
     table[:, 0] = -30.0  # keep EOS (id 0) out of reach
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-    p = torch.softmax(table, -1)
-    exact = {}
-    for seq in itertools.product(range(v), repeat=3):
-        pr, prev = 1.0, prompt[-1]
-        for t in seq:
-            pr *= float(p[prev, t])
-            prev = t
-        exact[seq] = pr
-    keys = sorted(exact)
-    probs = torch.tensor([exact[k] for k in keys])
+    keys, probs = chain_distribution(table, prompt[-1], 3)
     draft = BigramModel(table + torch.randn(v, v, generator=g))
     eng = Engine(BigramModel(table), ByteTokenizer())
     counts: collections.Counter[int] = collections.Counter()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import collections
-import itertools
 
 import pytest
 import torch
-from helpers import BigramModel, ByteTokenizer
+from helpers import BigramModel, ByteTokenizer, chain_distribution
 from test_verify import chi2_pvalue
 
 from recallspec.engine import Engine, EngineConfig, GenerationResult
@@ -113,16 +112,7 @@ def test_sampling_distribution_end_to_end() -> None:
     table = torch.randn(v, v, generator=g)
     table[:, 0] = -30.0  # keep EOS (id 0) out of reach
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-    p = torch.softmax(table, -1)
-    exact = {}
-    for seq in itertools.product(range(v), repeat=3):
-        pr, prev = 1.0, prompt[-1]
-        for t in seq:
-            pr *= float(p[prev, t])
-            prev = t
-        exact[seq] = pr
-    keys = sorted(exact)
-    probs = torch.tensor([exact[k] for k in keys])
+    keys, probs = chain_distribution(table, prompt[-1], 3)
     for drafter in ("none", "pld"):
         eng = Engine(BigramModel(table), ByteTokenizer())  # type: ignore[arg-type]
         counts: collections.Counter[int] = collections.Counter()

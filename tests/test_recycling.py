@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import collections
-import itertools
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from helpers import BigramModel, ByteTokenizer
+from helpers import BigramModel, ByteTokenizer, chain_distribution
 from test_verify import chi2_pvalue
 
 from recallspec.drafters import create_drafter
@@ -182,16 +181,7 @@ def test_sampling_distribution_recycling() -> None:
     table = torch.randn(v, v, generator=g)
     table[:, 0] = -30.0  # keep EOS (id 0) out of reach
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-    p = torch.softmax(table, -1)
-    exact = {}
-    for seq in itertools.product(range(v), repeat=3):
-        pr, prev = 1.0, prompt[-1]
-        for t in seq:
-            pr *= float(p[prev, t])
-            prev = t
-        exact[seq] = pr
-    keys = sorted(exact)
-    probs = torch.tensor([exact[k] for k in keys])
+    keys, probs = chain_distribution(table, prompt[-1], 3)
     eng = Engine(BigramModel(table), ByteTokenizer(), EngineConfig(max_draft_nodes=60))
     counts: collections.Counter[int] = collections.Counter()
     n = 3000
