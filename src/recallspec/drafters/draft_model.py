@@ -251,13 +251,10 @@ class SamDraftModelDrafter(SamDrafter):
         self.draft.start(rid, prompt)
 
     def propose(self, rid: int, max_nodes: int) -> DraftTree:
-        st = self._states[rid]
-        l_d, l_s = self._lengths(st)
-        if max(l_d, l_s - self.options.delta) >= self.tau:
-            tree, source = self._automaton_draft(st, max_nodes)
-            if len(tree):
-                return self._record(st, tree, source)
-        return self._record(st, DraftTree.chain(self.draft.propose(rid, max_nodes)), MODEL)
+        return self._automaton_or(
+            rid, max_nodes, self.tau,
+            lambda: DraftTree.chain(self.draft.propose(rid, max_nodes)), MODEL,
+        )
 
     def observe(
         self, rid: int, accepted: Sequence[int], tree: DraftTree, logits: torch.Tensor | None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -163,6 +163,20 @@ class SamDrafter:
             return DraftTree.chain(st.dyn.draft_chain(n).tolist()), DYNAMIC
         return DraftTree.empty(), NONE
 
+    def _automaton_or(
+        self, rid: int, max_nodes: int, tau: int, auxiliary: Callable[[], DraftTree], source: str
+    ) -> DraftTree:
+        """SAM-Decoding[T] (Algorithm 2): the automaton's draft when
+        ``max(l_d, l_s - delta) >= tau`` and it is non-empty, else ``auxiliary()``
+        (recorded under ``source``)."""
+        st = self._states[rid]
+        l_d, l_s = self._lengths(st)
+        if max(l_d, l_s - self.options.delta) >= tau:
+            tree, src = self._automaton_draft(st, max_nodes)
+            if len(tree):
+                return self._record(st, tree, src)
+        return self._record(st, auxiliary(), source)
+
     def _record(self, st: _State, tree: DraftTree, source: str) -> DraftTree:
         l_d, l_s = self._lengths(st)
         if len(tree) == 0:
@@ -193,13 +207,9 @@ class SamRecyclingDrafter(SamDrafter):
         self.recycling.start(rid, prompt)
 
     def propose(self, rid: int, max_nodes: int) -> DraftTree:
-        st = self._states[rid]
-        l_d, l_s = self._lengths(st)
-        if max(l_d, l_s - self.options.delta) >= self.tau:
-            tree, source = self._automaton_draft(st, max_nodes)
-            if len(tree):
-                return self._record(st, tree, source)
-        return self._record(st, self.recycling.propose(rid, max_nodes), RECYCLING)
+        return self._automaton_or(
+            rid, max_nodes, self.tau, lambda: self.recycling.propose(rid, max_nodes), RECYCLING
+        )
 
     def observe(
         self, rid: int, accepted: Sequence[int], tree: DraftTree, logits: torch.Tensor | None

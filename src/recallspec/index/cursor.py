@@ -30,7 +30,42 @@ if TYPE_CHECKING:
     from recallspec.index.static import StaticIndex
 
 
-class MatchCursor:
+class DraftSource:
+    """The draft methods shared by everything that matches text in an automaton.
+
+    Subclasses provide the two core calls; the buffers, argument checks and the
+    ``DraftTree`` wrapping live here once.
+    """
+
+    def draft_chain_into(self, out: npt.NDArray[np.int64]) -> int:
+        """Write up to ``len(out)`` chain-draft tokens into ``out``; return how many."""
+        raise NotImplementedError
+
+    def _draft_tree_into(
+        self, depth: int, tokens: npt.NDArray[np.int64], parents: npt.NDArray[np.int64],
+        counts: npt.NDArray[np.int64],
+    ) -> int:
+        raise NotImplementedError
+
+    def draft_chain(self, n: int) -> npt.NDArray[np.int64]:
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        out = np.empty(n, np.int64)
+        return out[: self.draft_chain_into(out)]
+
+    def draft_tree_counts(
+        self, max_nodes: int, max_depth: int | None = None
+    ) -> tuple[DraftTree, npt.NDArray[np.int64]]:
+        """Best-first tree draft and each node's occurrence count."""
+        tokens, parents, counts = _tree_buffers(max_nodes, max_depth)
+        n = self._draft_tree_into(_depth(max_depth), tokens, parents, counts)
+        return DraftTree(tokens[:n].copy(), parents[:n].copy()), counts[:n].copy()
+
+    def draft_tree(self, max_nodes: int, max_depth: int | None = None) -> DraftTree:
+        return self.draft_tree_counts(max_nodes, max_depth)[0]
+
+
+class MatchCursor(DraftSource):
     """Longest-suffix match of a token stream against an automaton."""
 
     def __init__(self, automaton: StaticIndex | DynamicAutomaton) -> None:
@@ -81,25 +116,13 @@ class MatchCursor:
         return int(self._c.state)
 
     def draft_chain_into(self, out: npt.NDArray[np.int64]) -> int:
-        """Write up to ``len(out)`` chain-draft tokens into ``out``; return how many."""
         return int(self._c.draft_chain(check_out(out)))
 
-    def draft_chain(self, n: int) -> npt.NDArray[np.int64]:
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        out = np.empty(n, np.int64)
-        return out[: self.draft_chain_into(out)]
-
-    def draft_tree_counts(
-        self, max_nodes: int, max_depth: int | None = None
-    ) -> tuple[DraftTree, npt.NDArray[np.int64]]:
-        """Best-first tree draft and each node's occurrence count."""
-        tokens, parents, counts = _tree_buffers(max_nodes, max_depth)
-        n = int(self._c.draft_tree(_depth(max_depth), tokens, parents, counts))
-        return DraftTree(tokens[:n].copy(), parents[:n].copy()), counts[:n].copy()
-
-    def draft_tree(self, max_nodes: int, max_depth: int | None = None) -> DraftTree:
-        return self.draft_tree_counts(max_nodes, max_depth)[0]
+    def _draft_tree_into(
+        self, depth: int, tokens: npt.NDArray[np.int64], parents: npt.NDArray[np.int64],
+        counts: npt.NDArray[np.int64],
+    ) -> int:
+        return int(self._c.draft_tree(depth, tokens, parents, counts))
 
 
 def _depth(max_depth: int | None) -> int:

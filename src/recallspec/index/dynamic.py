@@ -15,11 +15,10 @@ import numpy.typing as npt
 
 from recallspec import _core
 from recallspec.index._arrays import as_tokens, check_out
-from recallspec.index.cursor import MatchCursor, _depth, _tree_buffers
-from recallspec.spec.tree import DraftTree
+from recallspec.index.cursor import DraftSource, MatchCursor
 
 
-class DynamicAutomaton:
+class DynamicAutomaton(DraftSource):
     """Suffix automaton over one growing token sequence."""
 
     def __init__(self, tokens: Any = None, vocab_size: int | None = None) -> None:
@@ -61,21 +60,11 @@ class DynamicAutomaton:
     def draft_chain_into(self, out: npt.NDArray[np.int64]) -> int:
         return int(self._sam.self_draft_chain(check_out(out)))
 
-    def draft_chain(self, n: int) -> npt.NDArray[np.int64]:
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        out = np.empty(n, np.int64)
-        return out[: self.draft_chain_into(out)]
-
-    def draft_tree_counts(
-        self, max_nodes: int, max_depth: int | None = None
-    ) -> tuple[DraftTree, npt.NDArray[np.int64]]:
-        tokens, parents, counts = _tree_buffers(max_nodes, max_depth)
-        n = int(self._sam.self_draft_tree(_depth(max_depth), tokens, parents, counts))
-        return DraftTree(tokens[:n].copy(), parents[:n].copy()), counts[:n].copy()
-
-    def draft_tree(self, max_nodes: int, max_depth: int | None = None) -> DraftTree:
-        return self.draft_tree_counts(max_nodes, max_depth)[0]
+    def _draft_tree_into(
+        self, depth: int, tokens: npt.NDArray[np.int64], parents: npt.NDArray[np.int64],
+        counts: npt.NDArray[np.int64],
+    ) -> int:
+        return int(self._sam.self_draft_tree(depth, tokens, parents, counts))
 
     def cursor(self) -> MatchCursor:
         """A cursor matching some *other* stream against this automaton."""
