@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import time
 
 import pytest
 import torch
@@ -123,3 +124,35 @@ def test_sampling_distribution_end_to_end() -> None:
             assert isinstance(r, GenerationResult)
             counts[keys.index(tuple(r.token_ids))] += 1
         assert chi2_pvalue(counts, probs, n) > 1e-3, drafter
+
+
+def test_arrivals_hold_requests_back() -> None:
+    eng = make_engine(max_batch_size=2)
+    ps = [list(b"abcabcabc"), list(b"xyzxyz"), list(b"hello hello")]
+    params = SamplingParams(max_new_tokens=6)
+    ref = [eng.generate(p, params) for p in ps]
+    t0 = time.perf_counter()
+    got = eng.generate(ps, params, drafter="pld", arrivals=[0.0, 0.05, 0.3])
+    assert time.perf_counter() - t0 >= 0.3
+    assert [g.token_ids for g in got] == [r.token_ids for r in ref]
+    assert all(g.latency >= g.wall_time for g in got)
+    with pytest.raises(ValueError, match="arrivals"):
+        eng.generate(ps, params, arrivals=[0.2, 0.1, 0.3])
+
+
+def test_adaptive_mode_follows_the_cost_curve() -> None:
+    from recallspec.runtime.cost_curve import CostCurve
+
+    eng = make_engine(max_batch_size=3)
+    ps = [list(p) for p in PROMPTS[:3]]
+    params = SamplingParams(max_new_tokens=40)
+    ref = [eng.generate(p, params) for p in ps]
+    drafted = {}
+    for name, curve in (("free", CostCurve((1, 512), (1.0, 1.0), 0.0)),
+                        ("steep", CostCurve((1, 2), (1.0, 2.0), 0.0))):
+        eng.use_cost_curve(curve)
+        got = eng.generate(ps, params, drafter="pld", mode="adaptive")
+        assert [g.token_ids for g in got] == [r.token_ids for r in ref]
+        drafted[name] = eng.stats.draft_nodes
+    # Rows that cost a whole step are only spent on occasional 1-node probes.
+    assert drafted["steep"] < drafted["free"] / 4

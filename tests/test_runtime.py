@@ -89,3 +89,39 @@ def test_rollback_and_slots() -> None:
         c.release(s2)
     with pytest.raises(KVCacheFullError):
         c.commit(s, 2, range(15))
+
+
+def test_kv_padding_entries() -> None:
+    from recallspec.runtime.kv_cache import KVCache
+
+    c = KVCache(num_layers=1, num_slots=1, max_len=16, num_kv_heads=1, head_dim=2)
+    s = c.allocate()
+    assert c.valid_prefix(s) is None
+    c.commit(s, 0, range(3))
+    c.pad(s, 2)
+    c.commit(s, 5, range(2))
+    assert c.length(s) == 7 and c.logical_length(s) == 5
+    assert c.valid_prefix(s).tolist() == [True] * 3 + [False] * 2 + [True] * 2  # type: ignore[union-attr]
+    c.rollback(s, 4)
+    assert c.logical_length(s) == 3 and c.valid_prefix(s).tolist() == [True] * 3 + [False]  # type: ignore[union-attr]
+    c.rollback(s, 3)
+    assert c.valid_prefix(s) is None
+    c.release(s)
+    s = c.allocate()
+    assert c.valid_prefix(s) is None and c.logical_length(s) == 0
+
+
+def test_masks_hide_padding_and_use_logical_positions() -> None:
+    valid = torch.tensor([True, False, False, True, True])
+    meta = build_batch([SequenceInput(0, 5, [1, 2], cache_valid=valid, start_pos=3)])
+    assert meta.positions.tolist() == [3, 4]
+    m = build_attention_masks(meta, {2})
+    assert m.full[0] is not None
+    assert m.full[0].tolist() == [[True, False, False, True, True, True, False],
+                                  [True, False, False, True, True, True, True]]
+    # window 2: logical key positions 0,_,_,1,2 then 3,4
+    w = m.windowed[2][0]
+    assert w is not None
+    assert w[1].tolist() == [False, False, False, False, False, True, True]
+    single = build_batch([SequenceInput(0, 5, [1], cache_valid=valid, start_pos=3)])
+    assert build_attention_masks(single).full[0] is not None  # padding forces a mask

@@ -11,19 +11,23 @@ Invariant per active sequence: the KV cache slot holds prompt + generated[:-1];
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import count
+from itertools import count, pairwise
 from typing import Any, overload
 
 import torch
 
 from recallspec.drafters.base import Drafter, create_drafter
-from recallspec.errors import ContextLengthError, DataError, RecallspecError
+from recallspec.errors import ContextLengthError, DataError, RecallspecError, ResourceError
 from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.runtime.cost_curve import CostCurve, calibrate
 from recallspec.runtime.kv_cache import KVCache
+from recallspec.runtime.modes import BatchMode, batch_mode
 from recallspec.runtime.threads import decode_threads
+from recallspec.spec.draft_sizing import AcceptanceStats, choose_draft_sizes
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree, limit_depth
 from recallspec.spec.verify import Verdict, sample, verify_greedy, verify_sampling
@@ -58,6 +62,7 @@ class GenerationResult:
     wall_time: float  # seconds from the request's admission to its end, prefill included
     prefill_time: float
     error: str | None = None  # set (with finish_reason "error") when the request failed
+    latency: float = 0.0  # seconds from the request's arrival (or the call) to its end
 
     @property
     def new_tokens(self) -> int:
@@ -90,9 +95,42 @@ class _Request:
     text_cut: int | None = None  # token count kept when a stop string matched
     t_start: float = 0.0
     prefill_time: float = 0.0
+    arrival: float = 0.0  # perf_counter time the request arrived
+    prefilled: int = 0  # prompt tokens already in the KV cache
+    stats: AcceptanceStats | None = None  # adaptive mode: this request's acceptance
+    idle_steps: int = 0  # adaptive mode: steps since this request last drafted
+
+
+@dataclass
+class StepStats:
+    """Counters of one ``generate`` call (``Engine.stats`` after it returns)."""
+
+    steps: int = 0  # forwards that decoded (verification steps)
+    rows: int = 0  # rows fed to those forwards, padding included
+    padding_rows: int = 0  # padded input rows (pad_inputs modes)
+    kv_padding: int = 0  # padding KV entries written (pad_kv modes)
+    draft_nodes: int = 0  # draft nodes verified
+    new_tokens: int = 0  # tokens committed by verification steps (first tokens excluded)
+    forward_s: float = 0.0  # seconds inside the forwards of those steps
+    draft_s: float = 0.0  # seconds proposing and sizing drafts
+    prefill_rows: int = 0  # prompt rows fed (alone or inside decoding steps)
+    # Steps that decoded and fed no prompt rows: their whole wall time and tokens
+    # (the decode phase's throughput, free of the prefill work that every mode shares).
+    decode_only_s: float = 0.0
+    decode_only_tokens: int = 0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_only_tokens / self.decode_only_s if self.decode_only_s else 0.0
+
+    @property
+    def padding_ratio(self) -> float:
+        """Padded input rows per committed token (EMS-SD's padding ratio)."""
+        return self.padding_rows / self.new_tokens if self.new_tokens else 0.0
 
 
 Progress = Callable[[int], None]  # called with the number of newly committed tokens
+PROBE_EVERY = 8  # adaptive mode: a request not drafting for this many steps drafts 1 node
 
 
 class Engine:
@@ -105,7 +143,11 @@ class Engine:
         context = int(model.config.max_position)
         self.context_len = context
         self.max_len = min(context, self.config.max_len or 4096)
+        self._check_memory()
         self.cache: KVCache = model.new_cache(self.config.max_batch_size, self.max_len)
+        self.stats = StepStats()
+        self._cost_curve: CostCurve | None = None
+        self._accept_prior: dict[str, AcceptanceStats] = {}
         self._drafters: dict[tuple[str, tuple[tuple[str, Any], ...]], Drafter] = {}
         self._rids = count()
         self.threads = self.config.threads or torch.get_num_threads()
@@ -117,6 +159,48 @@ class Engine:
         cfg = EngineConfig(model=model, **config)
         m, tok = load_model(model, dtype=DTYPES[cfg.dtype])
         return cls(m, tok, cfg)
+
+    def _check_memory(self) -> None:
+        """Refuse a KV cache that does not fit in the memory available now (instead of
+        letting the allocation, or the machine, fail later)."""
+        c = self.model.config
+        dims = [getattr(c, n, None) for n in ("num_layers", "num_kv_heads", "head_dim")]
+        if any(not isinstance(x, int) for x in dims):
+            return  # not a transformer (test doubles): nothing to account
+        need = KVCache.bytes_needed(
+            num_layers=int(c.num_layers), num_slots=self.config.max_batch_size,
+            max_len=self.max_len, num_kv_heads=int(c.num_kv_heads), head_dim=int(c.head_dim),
+            dtype=getattr(self.model, "dtype", torch.float32),
+        )
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return
+        # Leave room for activations, the drafters and the rest of the process.
+        if need > 0.8 * avail:
+            per_seq = need / self.config.max_batch_size
+            fit = int(0.8 * avail // per_seq)
+            raise ResourceError(
+                f"a KV cache for max_batch_size={self.config.max_batch_size} x max_len="
+                f"{self.max_len} needs {need / 2**30:.1f} GiB but {avail / 2**30:.1f} GiB are "
+                f"available; use max_batch_size <= {fit} or a smaller max_len"
+            )
+
+    def use_cost_curve(self, curve: CostCurve) -> None:
+        """Use this curve for adaptive drafting instead of measuring one (e.g. a curve
+        measured by another engine on the same model, or a synthetic one in tests)."""
+        self._cost_curve = curve
+
+    def cost_curve(self) -> CostCurve:
+        """The verification cost curve of this model on this machine (measured once,
+        cached on disk next to the converted model weights)."""
+        if self._cost_curve is None:
+            from recallspec.models.loader import cache_dir
+            from recallspec.runtime.cost_curve import curve_key
+
+            path = cache_dir() / "cost_curves" / f"{curve_key(self)}.json"
+            self._cost_curve = calibrate(self, cache_path=path)
+        return self._cost_curve
 
     # ---- prompts and drafters --------------------------------------------
     def encode_prompt(self, prompt: str, *, chat: bool = False) -> list[int]:
@@ -149,7 +233,8 @@ class Engine:
     def generate(
         self, prompts: str | Sequence[int], params: SamplingParams | None = None, *,
         drafter: str | Drafter = "none", drafter_options: dict[str, Any] | None = None,
-        chat: bool = False, progress: Progress | None = None,
+        chat: bool = False, progress: Progress | None = None, mode: str | BatchMode = "ems",
+        arrivals: Sequence[float] | None = None,
     ) -> GenerationResult: ...
 
     @overload
@@ -157,7 +242,8 @@ class Engine:
         self, prompts: list[str] | list[list[int]] | list[str | Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None, *,
         drafter: str | Drafter = "none", drafter_options: dict[str, Any] | None = None,
-        chat: bool = False, progress: Progress | None = None,
+        chat: bool = False, progress: Progress | None = None, mode: str | BatchMode = "ems",
+        arrivals: Sequence[float] | None = None,
     ) -> list[GenerationResult]: ...
 
     def generate(
@@ -169,14 +255,23 @@ class Engine:
         drafter_options: dict[str, Any] | None = None,
         chat: bool = False,
         progress: Progress | None = None,
+        mode: str | BatchMode = "ems",
+        arrivals: Sequence[float] | None = None,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate for one prompt (text or token ids) or a list of them.
 
         A single prompt returns one result and raises on bad input; a list returns a
         result per prompt, in order, where a bad request gets ``finish_reason ==
         "error"`` and the others complete. Up to ``max_batch_size`` requests decode
-        together; a waiting request takes the slot of one that finishes.
+        together (continuous batching): a waiting request takes a free slot at the next
+        step and is prefilled chunk by chunk inside the running batch's forwards.
+
+        ``mode`` picks the batch layout (``runtime/modes.py``: ems, vanilla, unpad-kv,
+        unpad-input, adaptive); every mode commits the same tokens. ``arrivals`` (seconds
+        after the call, one per prompt) holds each request back until it arrives, to
+        simulate online traffic; ``GenerationResult.latency`` counts from the arrival.
         """
+        bm = batch_mode(mode)
         single = isinstance(prompts, str) or (
             len(prompts) > 0 and all(isinstance(t, int) for t in prompts)
         )
@@ -190,10 +285,18 @@ class Engine:
         )
         if len(plist_params) != len(plist):
             raise ValueError("need one SamplingParams per prompt")
+        if arrivals is not None and (
+            len(arrivals) != len(plist) or any(b < a for a, b in pairwise(arrivals))
+        ):
+            raise ValueError("arrivals must give one non-decreasing time per prompt")
         d = (
             drafter if not isinstance(drafter, str)
             else self.drafter(drafter, **(drafter_options or {}))
         )
+        if bm.adaptive:
+            self.cost_curve()  # calibrate (or load) before any request's clock starts
+        t0 = time.perf_counter()
+        self.stats = StepStats()
         results: list[GenerationResult | None] = [None] * len(plist)
         waiting: list[_Request] = []
         for i, (p, sp) in enumerate(zip(plist, plist_params, strict=True)):
@@ -212,18 +315,26 @@ class Engine:
             if not sp.greedy:
                 seed = sp.seed if sp.seed is not None else torch.seed()
                 gen = torch.Generator().manual_seed(seed)
-            waiting.append(_Request(next(self._rids), i, ids, sp, gen))
+            arrival = t0 + (arrivals[i] if arrivals is not None else 0.0)
+            waiting.append(_Request(next(self._rids), i, ids, sp, gen, arrival=arrival))
         waiting.reverse()  # pop() admits in the caller's order
         active: list[_Request] = []
         try:
             with torch.inference_mode():
                 while waiting or active:
-                    while waiting and len(active) < self.config.max_batch_size:
+                    now = time.perf_counter()
+                    while (
+                        waiting and len(active) < self.config.max_batch_size
+                        and waiting[-1].arrival <= now
+                    ):
                         req = waiting.pop()
                         active.append(req)
-                        self._admit(req, d, progress)
+                        self._admit(req, d)
+                    if not active:  # idle until the next arrival
+                        time.sleep(max(waiting[-1].arrival - now, 0.0))
+                        continue
                     with decode_threads(self.threads):
-                        self._step([r for r in active if r.finish_reason is None], d, progress)
+                        self._step(active, d, progress, bm)
                     for req in [r for r in active if r.finish_reason is not None]:
                         active.remove(req)
                         results[req.index] = self._finish(req, d)
@@ -253,71 +364,169 @@ class Engine:
                 "(raise max_len)"
             )
 
-    def _admit(self, req: _Request, d: Drafter, progress: Progress | None) -> None:
-        """Prefill the prompt in chunks and sample the first token."""
+    def _admit(self, req: _Request, d: Drafter) -> None:
+        """Give the request a slot; its prompt is prefilled by the following steps."""
         req.t_start = time.perf_counter()
         req.slot = self.cache.allocate()
-        chunk = self.config.prefill_chunk
-        logits = None
-        for start in range(0, len(req.prompt), chunk):
-            toks = req.prompt[start : start + chunk]
-            last = start + chunk >= len(req.prompt)
-            meta = build_batch(
-                [SequenceInput(req.slot, start, toks, logits="last" if last else "none")]
-            )
-            out = self.model(meta, self.cache)
-            self.cache.commit(req.slot, start, range(len(toks)))
-            if last:
-                logits = out[0]
-        assert logits is not None
-        first = sample(logits, req.params, req.generator)
         d.start(req.rid, req.prompt)
-        row = logits[None] if d.needs_logits else None
-        self._commit_tokens(req, [first], d, DraftTree.empty(), row)
-        req.prefill_time = time.perf_counter() - req.t_start
-        if progress:
-            progress(1)
 
-    def _step(self, active: list[_Request], d: Drafter, progress: Progress | None) -> None:
-        if not active:
-            return
+    def _step(
+        self, active: list[_Request], d: Drafter, progress: Progress | None, mode: BatchMode
+    ) -> None:
+        """One forward: every decoding request's root + draft rows (ragged, or padded in
+        the padded modes), then prefill chunks of newly admitted requests (at most
+        ``prefill_chunk`` prompt tokens per step), so running requests keep decoding."""
+        decoding = [r for r in active if r.finish_reason is None and r.prefilled == len(r.prompt)]
+        t_draft = t_step = time.perf_counter()
+        new_before = self.stats.new_tokens
+        trees = self._drafts(decoding, d, mode) if decoding else []
+        self.stats.draft_s += time.perf_counter() - t_draft
         inputs: list[SequenceInput] = []
-        trees: list[DraftTree] = []
-        for req in active:
+        pad_to = max((len(t) for t in trees), default=0) if mode.pad_inputs else 0
+        n_rows: list[int] = []  # logit rows of each decoding request
+        for req, tree in zip(decoding, trees, strict=True):
             start = self.cache.length(req.slot)
-            # Room for the root row and the draft; draft no deeper than the tokens still
-            # wanted (a deeper accepted path would be cut anyway).
-            room = min(self.max_len - start - 1, self.config.max_draft_nodes)
-            want = req.params.max_new_tokens - len(req.generated) - 1
-            tree = d.propose(req.rid, max(room, 0)).truncate(max(room, 0))
-            tree = limit_depth(tree, want)
-            trees.append(tree)
+            toks = [req.generated[-1], *tree.tokens.tolist()]
+            parents = [-1, *(tree.parents + 1).tolist()]
+            # Padding rows: leaves below the root, so no real row attends to them.
+            pad = max(min(pad_to - len(tree), self.max_len - start - len(toks)), 0)
+            toks += [req.generated[-1]] * pad
+            parents += [0] * pad
+            self.stats.padding_rows += pad
+            n_rows.append(len(toks))
             inputs.append(
                 SequenceInput(
-                    req.slot,
-                    start,
-                    [req.generated[-1], *tree.tokens.tolist()],
-                    [-1, *(tree.parents + 1).tolist()],
+                    req.slot, start, toks, parents,
+                    cache_valid=self.cache.valid_prefix(req.slot),
+                    start_pos=self.cache.logical_length(req.slot),
                 )
             )
+        prefilling: list[tuple[_Request, int]] = []  # (request, tokens fed this step)
+        budget = self.config.prefill_chunk
+        for req in active:
+            if budget <= 0:
+                break
+            if req.prefilled < len(req.prompt):
+                toks = req.prompt[req.prefilled : req.prefilled + budget]
+                last = req.prefilled + len(toks) == len(req.prompt)
+                inputs.append(
+                    SequenceInput(req.slot, req.prefilled, toks, logits="last" if last else "none")
+                )
+                prefilling.append((req, len(toks)))
+                budget -= len(toks)
         meta = build_batch(inputs)
+        t_fwd = time.perf_counter()
         logits = self.model(meta, self.cache)
-        for b, (req, tree) in enumerate(zip(active, trees, strict=True)):
-            rows = logits[meta.rows(b)]
+        if decoding:
+            self.stats.forward_s += time.perf_counter() - t_fwd
+            self.stats.steps += 1
+            self.stats.rows += meta.num_tokens
+        off = 0
+        committed: list[int] = []  # KV entries committed per decoding request
+        for b, (req, tree) in enumerate(zip(decoding, trees, strict=True)):
+            rows = logits[off : off + 1 + len(tree)]
+            off += n_rows[b]
             verdict: Verdict = (
                 verify_greedy(tree, rows)
                 if req.params.greedy
                 else verify_sampling(tree, rows, req.params, req.generator)
             )
-            start = meta.cache_lens[b]
-            self.cache.commit(req.slot, start, [0, *(n + 1 for n in verdict.accepted_nodes)])
+            keep = [0, *(n + 1 for n in verdict.accepted_nodes)]
+            self.cache.commit(req.slot, meta.cache_lens[b], keep)
+            committed.append(len(keep))
+            if req.stats is not None:
+                req.stats.update(len(tree), verdict.accepted_nodes)
+                self._prior(d).update(len(tree), verdict.accepted_nodes)
+            self.stats.draft_nodes += len(tree)
             before = len(req.generated)
             self._commit_tokens(
                 req, list(verdict.tokens), d, tree, rows if d.needs_logits else None
             )
-            req.accept_lengths.append(len(req.generated) - before)
+            n_new = len(req.generated) - before
+            req.accept_lengths.append(n_new)
+            self.stats.new_tokens += n_new
             if progress:
-                progress(len(req.generated) - before)
+                progress(n_new)
+        if mode.pad_kv and committed:
+            # Every slot advances by the batch's largest count; the rest is padding.
+            most = max(committed)
+            for req, c in zip(decoding, committed, strict=True):
+                room = self.max_len - self.cache.length(req.slot) - 1
+                n = max(min(most - c, room), 0)
+                if n:
+                    self.cache.pad(req.slot, n)
+                    self.stats.kv_padding += n
+                    full = self.cache.length(req.slot) + 1 >= self.max_len
+                    if req.finish_reason is None and full:
+                        req.finish_reason = "context"
+        self.stats.prefill_rows += sum(n for _, n in prefilling)
+        if decoding and not prefilling:
+            self.stats.decode_only_s += time.perf_counter() - t_step
+            self.stats.decode_only_tokens += self.stats.new_tokens - new_before
+        for req, n in prefilling:
+            self.cache.commit(req.slot, req.prefilled, range(n))
+            req.prefilled += n
+            if req.prefilled == len(req.prompt):
+                self._first_token(req, d, logits[off], progress)
+                off += 1
+
+    def _first_token(
+        self, req: _Request, d: Drafter, row: torch.Tensor, progress: Progress | None
+    ) -> None:
+        first = sample(row, req.params, req.generator)
+        row2 = row[None] if d.needs_logits else None
+        self._commit_tokens(req, [first], d, DraftTree.empty(), row2)
+        req.prefill_time = time.perf_counter() - req.t_start
+        if progress:
+            progress(1)
+
+    def _drafts(self, decoding: list[_Request], d: Drafter, mode: BatchMode) -> list[DraftTree]:
+        """Each decoding request's draft tree, sized by the room left and, in adaptive
+        mode, by the cost curve and the request's acceptance statistics."""
+        rooms: list[int] = []
+        for req in decoding:
+            start = self.cache.length(req.slot)
+            # Room for the root row and the draft; no deeper than the tokens still wanted
+            # (a deeper accepted path would be cut anyway).
+            rooms.append(max(min(self.max_len - start - 1, self.config.max_draft_nodes), 0))
+        batched = getattr(d, "propose_batch", None)
+        if callable(batched):
+            proposals: list[DraftTree] = batched([r.rid for r in decoding], rooms)
+        else:
+            proposals = [d.propose(r.rid, room) for r, room in zip(decoding, rooms, strict=True)]
+        trees = []
+        for req, tree, room in zip(decoding, proposals, rooms, strict=True):
+            want = req.params.max_new_tokens - len(req.generated) - 1
+            trees.append(limit_depth(tree.truncate(room), want))
+        if not mode.adaptive:
+            return trees
+        curve = self.cost_curve()
+        prior = self._prior(d)
+        gains = []
+        for req, tree in zip(decoding, trees, strict=True):
+            if req.stats is None:
+                req.stats = AcceptanceStats(self.config.max_draft_nodes)
+            gains.append(req.stats.rates(prior)[: len(tree)])
+        sizes = choose_draft_sizes(gains, curve, base_rows=len(decoding))
+        out = []
+        for req, tree, k in zip(decoding, trees, sizes, strict=True):
+            # Probe now and then: a request that stopped drafting would otherwise never
+            # learn that its drafts became good again.
+            if k == 0 and len(tree):
+                req.idle_steps += 1
+                if req.idle_steps >= PROBE_EVERY:
+                    k = 1
+            if k:
+                req.idle_steps = 0
+            out.append(tree.truncate(k))
+        return out
+
+    def _prior(self, d: Drafter) -> AcceptanceStats:
+        """Engine-wide acceptance statistics of a drafter (the prior of new requests)."""
+        key = getattr(d, "name", type(d).__name__)
+        if key not in self._accept_prior:
+            self._accept_prior[key] = AcceptanceStats(self.config.max_draft_nodes, decay=0.99)
+        return self._accept_prior[key]
 
     def _commit_tokens(
         self, req: _Request, tokens: list[int], d: Drafter, tree: DraftTree,
@@ -365,4 +574,5 @@ class Engine:
             accept_lengths=list(req.accept_lengths),
             wall_time=time.perf_counter() - req.t_start,
             prefill_time=req.prefill_time,
+            latency=time.perf_counter() - req.arrival,
         )

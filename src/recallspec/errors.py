@@ -25,3 +25,7 @@ class IndexFileError(RecallspecError):
 
 class DataError(RecallspecError):
     """Input data (corpus, answers file, request) is malformed or empty."""
+
+
+class ResourceError(RecallspecError):
+    """The request needs more memory (or another resource) than the machine has."""

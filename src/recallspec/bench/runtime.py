@@ -20,7 +20,6 @@ Three measurements, each the median of ``repeats`` timings after a warm-up:
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from recallspec.errors import DataError
+from recallspec.runtime.cost_curve import median_time as _median_time
 
 KS = (1, 2, 4, 8, 16, 32, 64, 128)
 CACHED = 512
@@ -61,17 +61,6 @@ class RuntimeConfig:
         bad = [d for d in self.dtypes if d not in ("float32", "bfloat16")]
         if bad or not self.dtypes:
             raise DataError(f"dtypes must be float32 and/or bfloat16, got {self.dtypes}")
-
-
-def _median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 # ---- memory bandwidth -------------------------------------------------------------
@@ -151,35 +140,11 @@ def _rates(t_n: float, t_1: float, n: int) -> dict[str, float]:
 
 
 def _our_cost_curve(engine: Any, cfg: RuntimeConfig) -> dict[str, float]:
-    from recallspec.runtime.batch import SequenceInput, build_batch
-    from recallspec.runtime.threads import decode_threads
+    from recallspec.runtime.cost_curve import forward_times
 
-    model, cache = engine.model, engine.cache
-    vocab = int(model.config.vocab_size)
-    g = torch.Generator().manual_seed(0)
-    ctx = torch.randint(0, vocab, (cfg.cached + max(cfg.ks),), generator=g).tolist()
-    slot = cache.allocate()
-    try:
-        with torch.inference_mode():
-            for s in range(0, cfg.cached, 256):  # prefill the 512 cached tokens
-                toks = ctx[s : min(s + 256, cfg.cached)]
-                model(build_batch([SequenceInput(slot, s, toks, logits="none")]), cache)
-                cache.commit(slot, s, range(len(toks)))
-            out: dict[str, float] = {}
-            for k in cfg.ks:
-                # Rows past the cached length are scratch: never committed, overwritten.
-                chain = ctx[cfg.cached : cfg.cached + k]
-                meta = build_batch([SequenceInput(slot, cfg.cached, chain)])
-
-                def fwd(m: Any = meta) -> Any:
-                    # Same thread set-up as the engine's decode steps.
-                    with decode_threads(engine.threads):
-                        return model(m, cache)
-
-                out[str(k)] = 1000 * _median_time(fwd, cfg.repeats, 2)
-    finally:
-        cache.release(slot)
-    return out
+    t = forward_times(engine.model, engine.cache, engine.threads, cfg.ks, cached=cfg.cached,
+                      repeats=cfg.repeats, warmup=2)
+    return {str(k): 1000 * v for k, v in t.items()}
 
 
 # ---- transformers ----------------------------------------------------------------------

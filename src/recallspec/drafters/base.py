@@ -12,6 +12,10 @@ request, all calls keyed by a request id the engine chooses:
                                 verification logits of the root and every node
   stop(rid)                     once, when the request ends (free its state)
 
+Optional: ``propose_batch(rids, max_nodes_list)`` returns the drafts of several
+requests at once; the engine calls it instead of ``propose`` when a drafter has it
+(the draft model uses it to run one batched forward per draft position).
+
 Invariant: after start and each observe, the drafter's view of request rid is
 exactly prompt + all committed tokens, the same text the engine holds.
 """

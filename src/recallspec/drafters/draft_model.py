@@ -160,31 +160,44 @@ class ModelDraft:
 
     def propose(self, rid: int, n: int) -> list[int]:
         """Up to ``n`` greedy draft tokens continuing the request's text."""
-        req = self._requests[rid]
+        return self.propose_many([rid], [n])[0]
+
+    def propose_many(self, rids: Sequence[int], ns: Sequence[int]) -> list[list[int]]:
+        """``propose`` for several requests at once, batched: draft position j of every
+        request is computed in one ragged forward (the first one feeds each request's
+        pending text, the later ones a single token each)."""
         cache = self._kv()
-        if req.slot < 0:
-            return []
-        # Feeding the pending text and n - 1 drafts needs len(text) + n - 1 positions.
-        n = min(n, self.options.gamma, self._max_len - len(req.text) + 1)
-        if n <= 0:
-            return []
-        pending = req.text[req.cached :]
-        assert pending, "the last committed token is never cached before a proposal"
-        out: list[int] = []
-        feed = pending
-        while True:
-            start = cache.length(req.slot)
-            meta = build_batch([SequenceInput(req.slot, start, feed, logits="last")])
-            logits = self._forward(meta, cache)
-            cache.commit(req.slot, start, range(len(feed)))
-            tok = int(torch.argmax(logits[-1]))
-            out.append(tok)
-            if len(out) == n:
-                break
-            feed = [tok]
-        req.cached = len(req.text)
-        req.drafted = out[:-1]  # the last draft token was never fed
-        return out
+        outs: list[list[int]] = [[] for _ in rids]
+        todo: list[tuple[int, _Request, int, list[int]]] = []  # (index, request, n, feed)
+        for i, (rid, n) in enumerate(zip(rids, ns, strict=True)):
+            req = self._requests[rid]
+            # Feeding the pending text and n - 1 drafts needs len(text) + n - 1 positions.
+            n = min(n, self.options.gamma, self._max_len - len(req.text) + 1)
+            if req.slot < 0 or n <= 0:
+                continue
+            pending = req.text[req.cached :]
+            assert pending, "the last committed token is never cached before a proposal"
+            todo.append((i, req, n, pending))
+        for _, req, _, _ in todo:
+            req.cached = len(req.text)
+        while todo:
+            starts = [cache.length(req.slot) for _, req, _, _ in todo]
+            meta = build_batch([
+                SequenceInput(req.slot, st, feed, logits="last")
+                for (_, req, _, feed), st in zip(todo, starts, strict=True)
+            ])
+            logits = self._forward(meta, cache)  # [len(todo), vocab]
+            nxt = []
+            for row, ((i, req, n, feed), st) in enumerate(zip(todo, starts, strict=True)):
+                cache.commit(req.slot, st, range(len(feed)))
+                tok = int(torch.argmax(logits[row]))
+                outs[i].append(tok)
+                if len(outs[i]) < n:
+                    nxt.append((i, req, n, [tok]))
+                else:
+                    req.drafted = outs[i][:-1]  # the last draft token was never fed
+            todo = nxt
+        return outs
 
     def _forward(self, meta: Any, cache: KVCache) -> torch.Tensor:
         assert self.model is not None
@@ -214,6 +227,11 @@ class DraftModelDrafter:
 
     def propose(self, rid: int, max_nodes: int) -> DraftTree:
         return DraftTree.chain(self.draft.propose(rid, max_nodes))
+
+    def propose_batch(self, rids: Sequence[int], max_nodes: Sequence[int]) -> list[DraftTree]:
+        """All requests' drafts with one forward per draft position (the engine calls
+        this instead of ``propose`` when a drafter has it)."""
+        return [DraftTree.chain(t) for t in self.draft.propose_many(rids, max_nodes)]
 
     def observe(
         self, rid: int, accepted: Sequence[int], tree: DraftTree, logits: torch.Tensor | None

@@ -4,7 +4,9 @@ For sequence b of a batch, query row i (local) may attend to
   * every cached key of its sequence (positions < cache_len), and
   * the new rows that are its ancestors in the draft tree, and itself,
 and, for sliding-window layers, only keys whose position is within the window:
-``pos_q - pos_k < window``.
+``pos_q - pos_k < window``. In padded-KV mode a slot's cached prefix may contain
+padding entries (``meta.cache_valid[b]`` False) that no query sees; positions of the
+cached keys are then their logical positions (the count of real keys before them).
 
 A mask is a bool tensor ``[n_b, kv_len_b]`` (True = attend) or ``None`` when the
 query may see every key (a single chain token with no window cut).
@@ -54,10 +56,13 @@ def build_attention_masks(meta: BatchMetadata, windows: set[int] | None = None) 
         n = rows.stop - rows.start
         c = meta.cache_lens[b]
         kv = c + n
-        if meta.is_chain[b] and n == 1:
+        valid = meta.cache_valid[b] if meta.cache_valid else None  # [c] bool or None
+        if meta.is_chain[b] and n == 1 and valid is None:
             base: torch.Tensor | None = None
         else:
             base = torch.ones(n, kv, dtype=torch.bool)
+            if valid is not None:
+                base[:, :c] = valid[None, :]
             if meta.is_chain[b]:
                 base[:, c:] = torch.ones(n, n, dtype=torch.bool).tril_()
             else:
@@ -65,7 +70,11 @@ def build_attention_masks(meta: BatchMetadata, windows: set[int] | None = None) 
         full.append(base)
         for w, masks in windowed.items():
             q_pos = meta.positions[rows]  # [n]
-            k_pos = torch.cat([torch.arange(c, dtype=torch.int64), q_pos])  # [kv]
+            cached_pos = (
+                torch.arange(c, dtype=torch.int64) if valid is None
+                else valid.to(torch.int64).cumsum(0) - 1
+            )
+            k_pos = torch.cat([cached_pos, q_pos])  # [kv]
             in_window = (q_pos[:, None] - k_pos[None, :]) < w  # [n, kv]
             if base is None and bool(in_window.all()):
                 masks.append(None)

@@ -33,6 +33,12 @@ class SequenceInput:
     tokens: Sequence[int]  # new tokens, length n >= 1
     parents: Sequence[int] | None = None  # local parents, None = chain
     logits: str = "all"  # which rows need logits: "all", "last" or "none"
+    # Padded-KV mode only (EMS-SD's vanilla baseline): the slot's cached prefix may hold
+    # padding entries that no query may see. ``cache_valid`` is [cache_len] bool (None =
+    # every cached key is real) and ``start_pos`` the logical position of the first new
+    # row (None = cache_len; smaller when the prefix holds padding).
+    cache_valid: torch.Tensor | None = None
+    start_pos: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class BatchMetadata:
     cache_slots: tuple[int, ...]  # [B]: KV-cache slot of each sequence
     cache_lens: tuple[int, ...]  # [B]: cached tokens of each sequence before this forward
     is_chain: tuple[bool, ...]  # [B]: True when the sequence's run is a plain chain (causal mask)
+    cache_valid: tuple[torch.Tensor | None, ...] = ()  # [B] of [cache_lens[b]] bool or None
 
     @property
     def num_tokens(self) -> int:
@@ -98,9 +105,12 @@ def build_batch(seqs: Sequence[SequenceInput]) -> BatchMetadata:
         if len(par) != n:
             raise ValueError(f"sequence {b}: {n} tokens but {len(par)} parents")
         depths = tree_depths(par)
+        if s.cache_valid is not None and tuple(s.cache_valid.shape) != (s.cache_len,):
+            raise ValueError(f"sequence {b}: cache_valid must have shape [{s.cache_len}]")
+        p0 = s.cache_len if s.start_pos is None else s.start_pos
         base = starts[-1]
         ids.extend(int(t) for t in s.tokens)
-        pos.extend(s.cache_len + d for d in depths)
+        pos.extend(p0 + d for d in depths)
         seq_index.extend([b] * n)
         cache_pos.extend(range(s.cache_len, s.cache_len + n))
         slot_rows.extend([s.slot] * n)
@@ -126,4 +136,5 @@ def build_batch(seqs: Sequence[SequenceInput]) -> BatchMetadata:
         cache_slots=tuple(s.slot for s in seqs),
         cache_lens=tuple(s.cache_len for s in seqs),
         is_chain=tuple(chains),
+        cache_valid=tuple(s.cache_valid for s in seqs),
     )

@@ -9,6 +9,10 @@ Invariant: positions ``[0, length(slot))`` of a slot hold the keys/values of the
 sequence's committed tokens, in order. A forward may write speculative rows past the
 length; ``commit`` then keeps the accepted ones (compacting a tree path) and the rest
 is garbage that later writes overwrite.
+
+Padded-KV mode (EMS-SD's vanilla baseline) may append *padding* entries to a slot
+(``pad``): they count towards the slot's length but are never attended to.
+``valid_prefix`` gives the mask of real entries; ``logical_length`` counts them.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class KVCache:
         self.max_len = max_len
         self.num_slots = num_slots
         self._lengths = [0] * num_slots
+        self._holes = [0] * num_slots  # padding entries below each slot's length
+        self._valid = torch.ones(num_slots, max_len, dtype=torch.bool)  # [S, N]
         self._free = list(range(num_slots - 1, -1, -1))
 
     # ---- slot lifecycle -------------------------------------------------
@@ -51,6 +57,8 @@ class KVCache:
             raise KVCacheFullError(f"all {self.num_slots} KV-cache slots are in use")
         slot = self._free.pop()
         self._lengths[slot] = 0
+        self._holes[slot] = 0
+        self._valid[slot] = True
         return slot
 
     def release(self, slot: int) -> None:
@@ -67,6 +75,37 @@ class KVCache:
     def length(self, slot: int) -> int:
         self._check_slot(slot)
         return self._lengths[slot]
+
+    def logical_length(self, slot: int) -> int:
+        """Real (non-padding) entries of the slot: the position of its next token."""
+        return self.length(slot) - self._holes[slot]
+
+    def valid_prefix(self, slot: int) -> torch.Tensor | None:
+        """[length] bool mask of real entries, or None when the slot holds no padding."""
+        if not self._holes[slot]:
+            return None
+        return self._valid[slot, : self._lengths[slot]].clone()
+
+    def pad(self, slot: int, n: int) -> None:
+        """Append ``n`` padding entries (masked out of all later attention)."""
+        self._check_slot(slot)
+        start = self._lengths[slot]
+        if start + n > self.max_len:
+            raise KVCacheFullError(
+                f"slot {slot} overflows the cache ({start + n} > {self.max_len})"
+            )
+        self._valid[slot, start : start + n] = False
+        self._lengths[slot] = start + n
+        self._holes[slot] += n
+
+    @staticmethod
+    def bytes_needed(
+        *, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
+        dtype: torch.dtype,
+    ) -> int:
+        """Bytes the K and V tensors of such a cache occupy (checked before allocating)."""
+        elem = torch.empty(0, dtype=dtype).element_size()
+        return 2 * num_layers * num_slots * max_len * num_kv_heads * head_dim * elem
 
     def bytes_per_token(self) -> int:
         """K+V bytes one token occupies across all layers."""
@@ -117,6 +156,8 @@ class KVCache:
             # Gather first (advanced indexing copies), then scatter: safe when ranges overlap.
             self.k[:, slot, :, dst] = self.k[:, slot, :, src]
             self.v[:, slot, :, dst] = self.v[:, slot, :, src]
+        if self._holes[slot]:
+            self._valid[slot, start : start + m] = True
         self._lengths[slot] = start + m
 
     def rollback(self, slot: int, length: int) -> None:
@@ -127,6 +168,9 @@ class KVCache:
                 f"cannot roll slot {slot} back to {length} (has {self._lengths[slot]})"
             )
         self._lengths[slot] = length
+        if self._holes[slot]:
+            self._holes[slot] = int((~self._valid[slot, :length]).sum())
+            self._valid[slot, length:] = True
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:

@@ -1,0 +1,218 @@
+#!/usr/bin/env python
+"""EMS-SD's Table 2 on our engine (issue 7): batched speculative decoding with and
+without padding, and cost-aware adaptive drafting, at several batch sizes.
+
+Prompts: Spec-Bench's summarisation questions, then CNN/DailyMail articles (the rows with
+the article), through the chat template. For each batch size, in the same run:
+
+  plain     plain batched greedy decoding (no drafter) at that batch size: the baseline
+  <drafter>/<mode> for modes vanilla (padded inputs + padded KV), unpad-kv, unpad-input,
+            ems (both unpadded) and adaptive (ems + cost-aware draft sizes)
+
+tokens/s = generated tokens / wall time of the whole generate() call (prefill included,
+identical for every mode); speedup = tokens/s over plain's at the same batch size.
+Every run's tokens are compared with plain's, per prompt. Plus a continuous-batching run
+with Poisson arrivals (throughput and mean latency vs request rate, with and without
+speculation). Writes exp_batch.json, exp_batch.md, exp_batch.png; --resume keeps the
+configurations already in exp_batch.json.
+
+  python scripts/exp_batch.py --out bench_out/batch --prompts 96 --batch-sizes 1 2 4 8 16 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from recallspec.bench.prompting import conversation_ids
+from recallspec.bench.suites import SuiteSelection, load_suite
+from recallspec.engine import Engine, EngineConfig
+from recallspec.spec.sampling import SamplingParams
+
+MODES = ("vanilla", "unpad-kv", "unpad-input", "ems", "adaptive")
+DRAFTERS = {"llma": {}, "draft-model": {"layers": 8, "gamma": 4}}
+
+
+def prompts(engine: Engine, n: int, max_prompt: int, data: str | None) -> list[list[int]]:
+    qs = load_suite("spec_bench", SuiteSelection(categories=("summarization",)), data)
+    qs += load_suite("cnndm", None, data)
+    out = []
+    for q in qs:
+        ids = conversation_ids(engine.tokenizer, [q.turns[0]], [])
+        if len(ids) <= max_prompt:
+            out.append(ids)
+        if len(out) == n:
+            break
+    return out
+
+
+def run_one(eng: Engine, ps: list[list[int]], params: SamplingParams, drafter: str,
+            mode: str, arrivals: list[float] | None = None) -> dict[str, Any]:
+    opts = DRAFTERS.get(drafter, {})
+    t0 = time.perf_counter()
+    res = eng.generate(ps, params, drafter=drafter, drafter_options=opts, mode=mode,
+                       arrivals=arrivals)
+    wall = time.perf_counter() - t0
+    st = eng.stats
+    toks = sum(r.new_tokens for r in res)
+    acc = [a for r in res for a in r.accept_lengths]
+    return {
+        "drafter": drafter, "mode": mode, "wall_s": wall, "new_tokens": toks,
+        "tokens_per_s": toks / wall, "decode_tokens_per_s": st.decode_tokens_per_s,
+        "mat": sum(acc) / len(acc) if acc else 0.0,
+        "steps": st.steps, "rows": st.rows, "padding_rows": st.padding_rows,
+        "kv_padding": st.kv_padding, "padding_ratio": st.padding_ratio,
+        "draft_nodes": st.draft_nodes, "forward_s": st.forward_s, "draft_s": st.draft_s,
+        "mean_latency_s": sum(r.latency for r in res) / len(res),
+        "token_ids": [r.token_ids for r in res],
+        "errors": [r.error for r in res if r.error],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--data", default=None, help="data dir (default: $RECALLSPEC_DATA_DIR)")
+    ap.add_argument("--prompts", type=int, default=96)
+    ap.add_argument("--max-prompt", type=int, default=1024, help="skip longer prompts")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 24])
+    ap.add_argument("--drafters", nargs="+", default=list(DRAFTERS))
+    ap.add_argument("--modes", nargs="+", default=list(MODES))
+    ap.add_argument("--rates", type=float, nargs="*", default=[0.5, 1.0, 2.0, 4.0],
+                    help="Poisson request rates (req/s) for the continuous-batching run")
+    ap.add_argument("--poisson-batch", type=int, default=8)
+    ap.add_argument("--poisson-prompts", type=int, default=32)
+    ap.add_argument("--resume", action="store_true")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    path = a.out / "exp_batch.json"
+    res: dict[str, Any] = json.loads(path.read_text()) if a.resume and path.is_file() else {}
+    res.setdefault("runs", {})
+    res["machine"] = {"node": platform.node(), "processor": platform.processor(),
+                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    res["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
+
+    def save() -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(res))
+        tmp.replace(path)
+        (a.out / "exp_batch.md").write_text(render(res))
+
+    eng0 = Engine.load(a.model, max_batch_size=max([*a.batch_sizes, a.poisson_batch]))
+    ps = prompts(eng0, a.prompts, a.max_prompt, a.data)
+    res["prompts"] = {"count": len(ps), "mean_len": sum(map(len, ps)) / len(ps)}
+    params = SamplingParams(max_new_tokens=a.max_new_tokens)
+    curve = eng0.cost_curve()
+    res["cost_curve"] = {"tokens": curve.tokens, "seconds": curve.seconds,
+                         "per_seq": curve.per_seq}
+    # Warm-up (first forwards, drafter construction) outside any timing.
+    eng0.generate(ps[:2], SamplingParams(max_new_tokens=8), drafter="llma")
+    for bs in a.batch_sizes:
+        eng = Engine(eng0.model, eng0.tokenizer, EngineConfig(max_batch_size=bs))
+        runs = res["runs"].setdefault(str(bs), {})
+        todo = [("none", "ems")] + [(d, m) for d in a.drafters for m in a.modes]
+        for d, m in todo:
+            key = "plain" if d == "none" else f"{d}/{m}"
+            if key in runs:
+                continue
+            r = run_one(eng, ps, params, d, m)
+            base = runs.get("plain")
+            if base is not None:
+                r["identical"] = sum(x == y for x, y in zip(r["token_ids"], base["token_ids"],
+                                                            strict=True)) / len(ps)
+                r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
+                r["decode_speedup"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+            else:
+                r["identical"], r["speedup"], r["decode_speedup"] = 1.0, 1.0, 1.0
+            runs[key] = r
+            print(f"bs={bs:>2} {key:<24} {r['tokens_per_s']:7.1f} tok/s  "
+                  f"x{r['speedup']:.2f} (decode x{r['decode_speedup']:.2f})  "
+                  f"MAT {r['mat']:.2f}  pad {r['padding_ratio']:.2f}  "
+                  f"identical {r['identical']:.0%}", flush=True)
+            save()
+    # Continuous batching with Poisson arrivals.
+    pois = res.setdefault("poisson", {})
+    eng = Engine(eng0.model, eng0.tokenizer, EngineConfig(max_batch_size=a.poisson_batch))
+    pp = ps[: a.poisson_prompts]
+    for rate in a.rates:
+        rng = random.Random(0)
+        t, arr = 0.0, []
+        for _ in pp:
+            arr.append(t)
+            t += rng.expovariate(rate)
+        for d, m in (("none", "ems"), ("llma", "ems"), ("llma", "adaptive")):
+            key = f"{rate}/{d}/{m}"
+            if key in pois:
+                continue
+            r = run_one(eng, pp, params, d, m, arrivals=arr)
+            r["rate"] = rate
+            pois[key] = r
+            print(f"rate {rate}/s {d}/{m}: {r['tokens_per_s']:.1f} tok/s, mean latency "
+                  f"{r['mean_latency_s']:.2f} s", flush=True)
+            save()
+    save()
+    plot(res, a.out / "exp_batch.png")
+
+
+def render(res: dict[str, Any]) -> str:
+    lines = ["# Batched speculative decoding (EMS-SD Table 2 layout)", "",
+             f"{res['machine']['date']}, {res['machine']['processor']}; "
+             f"prompts: {res.get('prompts')}; config: {res['config']}", "",
+             "Speedup over plain batched greedy decoding at the same batch size, end to end "
+             "(prefill included) / decode phase only (steps without prompt rows); MAT; "
+             "input padding ratio (padding rows per generated token); identical to plain.", ""]
+    keys: list[str] = []
+    for runs in res["runs"].values():
+        keys += [k for k in runs if k not in keys]
+    lines.append("| batch | " + " | ".join(keys) + " |")
+    lines.append("|---" * (len(keys) + 1) + "|")
+    for bs, runs in res["runs"].items():
+        cells = []
+        for k in keys:
+            r = runs.get(k)
+            cells.append("" if r is None else (
+                f"{r['tokens_per_s']:.1f} / {r['decode_tokens_per_s']:.1f} tok/s" if k == "plain"
+                else f"{r['speedup']:.2f}x / {r['decode_speedup']:.2f}x (MAT {r['mat']:.2f}, "
+                f"pad {r['padding_ratio']:.2f}"
+                f"{'' if r['identical'] == 1.0 else ', NOT IDENTICAL'})"))
+        lines.append(f"| {bs} | " + " | ".join(cells) + " |")
+    if res.get("poisson"):
+        lines += ["", "Continuous batching, Poisson arrivals:", "",
+                  "| rate (req/s) | method | tokens/s | mean latency (s) |", "|---|---|---|---|"]
+        for r in res["poisson"].values():
+            lines.append(f"| {r['rate']} | {r['drafter']}/{r['mode']} | "
+                         f"{r['tokens_per_s']:.1f} | {r['mean_latency_s']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bss = sorted(int(b) for b in res["runs"])
+    keys = sorted({k for r in res["runs"].values() for k in r if k != "plain"})
+    for k in keys:
+        ys = [res["runs"][str(b)].get(k, {}).get("speedup") for b in bss]
+        ax.plot(bss, ys, marker="o", label=k)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("speedup vs plain batched greedy")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
