@@ -231,6 +231,31 @@ def test_cli_corrupt_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert path.read_text() == text
 
 
+def test_method_options(tmp_path: Path) -> None:
+    """``name:key=value`` methods: drafter options and the batch mode reach the engine."""
+    from recallspec.bench.methods import parse_method
+
+    assert parse_method("sam:index=/a/b.rsidx:delta=3:tree=true") == (
+        "sam", {"index": "/a/b.rsidx", "delta": 3, "tree": True})
+    specs = ("ar", "pld:max_ngram=2", "llma:mode=adaptive")
+    fake = fake_engine()
+    from recallspec.runtime.cost_curve import CostCurve
+
+    fake.use_cost_curve(CostCurve((1, 64), (1.0, 1.0), 0.0))
+    run_bench(BenchConfig(suite="demo", methods=specs, max_new_tokens=24), tmp_path,
+              engine=fake, progress=False, log=lambda m: None)
+    rep = write_report(tmp_path)
+    for m in specs:
+        assert rep["methods"][m]["stats"][OVERALL]["identical_to_ar"] == 1.0
+    assert rep["methods"]["pld:max_ngram=2"]["stats"][OVERALL]["mat"] > 1.0
+    with pytest.raises(UnknownNameError, match="bad options"):
+        run_bench(BenchConfig(suite="demo", methods=("pld:warp=1",)), tmp_path / "x",
+                  engine=fake, progress=False, log=lambda m: None)
+    with pytest.raises(DataError, match="peer methods take no options"):
+        run_bench(BenchConfig(suite="demo", methods=("hf-pld:a=1",)), tmp_path / "x",
+                  engine=fake, progress=False, log=lambda m: None)
+
+
 def test_cli_report_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _run_fake(tmp_path)
     assert main(["bench", "report", "--out", str(tmp_path)]) == 0

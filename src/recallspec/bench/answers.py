@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -31,7 +32,9 @@ _CHOICE_LISTS = ("turns", "decoding_steps", "new_tokens", "wall_time", "token_id
 
 
 def answers_path(out_dir: Path, method: str) -> Path:
-    return out_dir / "answers" / f"{method}.jsonl"
+    # Method specs may carry options with paths (``sam:index=/x/y.rsidx``).
+    safe = re.sub(r"[^A-Za-z0-9+._=:,-]", "_", method)
+    return out_dir / "answers" / f"{safe}.jsonl"
 
 
 def validate_record(rec: Any) -> str | None:

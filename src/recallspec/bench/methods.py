@@ -9,6 +9,10 @@ Names:
                               importable (its own quantised kernels: NOT the same
                               arithmetic, so only its speedup vs its own greedy counts)
 
+Our engine's methods take options after the name, ``:key=value`` each: drafter options
+and the engine's batch ``mode`` (e.g. ``sam+recycling:index=corpus.rsidx:delta=3``,
+``pld:mode=adaptive``). Values are ints, floats, true/false/none or strings.
+
 Every method's ``baseline`` is its own plain greedy decoding: a peer's speedup and
 token identity are measured against that, and ours against ``ar``.
 """
@@ -59,13 +63,50 @@ def llamacpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def _value(v: str) -> Any:
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
+
+
+def parse_method(spec: str) -> tuple[str, dict[str, Any]]:
+    """``name:key=value:...`` -> (name, options)."""
+    name, *parts = spec.split(":")
+    options: dict[str, Any] = {}
+    for part in parts:
+        k, sep, v = part.partition("=")
+        if not sep or not k:
+            raise DataError(f"method {spec!r}: options go after the name as :key=value")
+        options[k] = _value(v)
+    return name, options
+
+
 def check_method_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(runnable names, skip messages); unknown names raise UnknownNameError."""
-    from recallspec.drafters import available_drafters
+    """(runnable names, skip messages); unknown names or options raise clear errors."""
+    from recallspec.drafters import available_drafters, create_drafter
+    from recallspec.runtime.modes import batch_mode
 
     drafters = available_drafters()
     known = ["ar", *[d for d in drafters if d != "none"], *HF_METHODS, *LLAMACPP_METHODS]
-    unknown = [n for n in names if n not in known and n != "none"]
+    for spec in names:
+        base, opts = parse_method(spec)
+        if not opts:
+            continue
+        if base in HF_METHODS or base in LLAMACPP_METHODS:
+            raise DataError(f"method {spec!r}: peer methods take no options")
+        if "mode" in opts:
+            batch_mode(str(opts.pop("mode")))
+        if base in drafters and opts:
+            create_drafter(base, **opts)  # bad options fail now, not after other methods
+    unknown = [n for n in names if parse_method(n)[0] not in known and n != "none"]
     if unknown:
         raise UnknownNameError(
             f"unknown method(s) {', '.join(unknown)}; available: {', '.join(known)}"
@@ -93,10 +134,13 @@ class EngineMethod:
         self.engine = engine
         self.name = name
         self.baseline = "ar"
-        self._drafter = "none" if name == "ar" else name
+        base, self._options = parse_method(name)
+        self._mode = str(self._options.pop("mode", "ems"))
+        self._drafter = "none" if base == "ar" else base
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> TurnOutput:
-        res = self.engine.generate(prompt_ids, params, drafter=self._drafter)
+        res = self.engine.generate(prompt_ids, params, drafter=self._drafter,
+                                   drafter_options=self._options, mode=self._mode)
         return TurnOutput(
             list(res.token_ids), res.text, list(res.accept_lengths), float(res.wall_time),
             int(res.prompt_tokens), str(res.finish_reason),

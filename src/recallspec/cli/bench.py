@@ -158,7 +158,15 @@ def run_replay(args: argparse.Namespace) -> int:
         max_draft_nodes=int(args.max_draft_nodes or settings.get("max_draft_nodes") or 16),
         max_len=args.max_len,
     )
-    replayed = {m: replay_answers(recs, m, cfg) for m in _csv(args.methods) or ()}
+    from recallspec.bench.methods import parse_method
+
+    replayed = {}
+    for m in _csv(args.methods) or ():
+        name, opts = parse_method(m)
+        if "mode" in opts:
+            raise DataError(f"{m}: batch modes change timing-driven choices; replay cannot run "
+                            "them (use a real run)")
+        replayed[m] = replay_answers(recs, name, cfg, opts)
     rep = replay_report(recs, replayed)
     if args.json:
         print(json.dumps({"config": cfg.__dict__, "mat": rep}, indent=2))
