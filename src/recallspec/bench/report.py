@@ -116,14 +116,9 @@ def build_report(out_dir: Path) -> dict[str, Any]:
 def _machine() -> dict[str, Any]:
     import torch
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from recallspec.runtime.cost_curve import cpu_model
+
+    cpu = cpu_model()
     return {
         "cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "python": platform.python_version(),

@@ -136,16 +136,20 @@ def _per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int
     return max(t_many - t_one, 0.0) / (seqs - 1)
 
 
-def curve_key(engine: Any) -> str:
-    c = engine.model.config
-    cpu = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or platform.machine()
+
+
+def curve_key(engine: Any) -> str:
+    c = engine.model.config
+    cpu = cpu_model()
     parts = [
         getattr(engine.tokenizer, "fingerprint", ""), str(c.num_layers), str(c.hidden_size),
         str(c.vocab_size), str(getattr(engine.model, "dtype", "")), str(engine.threads), cpu,
