@@ -137,6 +137,10 @@ def test_sam_sources_and_delta_rule(tmp_path: Path) -> None:
     t.start(0, list(b"the "))
     tree = t.propose(0, 10)
     assert len(tree) == 10 and not tree.is_chain  # "the quick" and "the lazy"
+    # Ablation: without the dynamic automaton the request's own repetition is not used.
+    nd = create_drafter("sam", index=str(path), tokenizer_fingerprint=FP, dynamic=False)
+    nd.start(0, list(b"abcdefgh abcdefgh"))
+    assert len(nd.propose(0, 40)) == 0 and nd.last_step(0).dynamic_length == 0
 
 
 def test_sam_recycling_switches_on_tau() -> None:

@@ -303,12 +303,13 @@ def make_sam_draft_model(
     *, model: Any = None, layers: int | None = None, path: str | os.PathLike[str] | None = None,
     gamma: int = 4, slots: int = 8, max_len: int = 4096,
     index: str | os.PathLike[str] | StaticIndex | None = None, max_tokens: int = 40,
-    delta: int = 5, tau: int = 5, tree: bool = False, tokenizer_fingerprint: str | None = None,
+    delta: int = 5, tau: int = 5, tree: bool = False, dynamic: bool = True,
+    tokenizer_fingerprint: str | None = None,
 ) -> SamDraftModelDrafter:
     if model is None and path is None and layers is None:
         layers = 8
     sam_opts, static = _options(index, max_tokens=max_tokens, delta=delta, tree=tree,
-                                tokenizer_fingerprint=tokenizer_fingerprint)
+                                dynamic=dynamic, tokenizer_fingerprint=tokenizer_fingerprint)
     draft = DraftModelOptions(gamma=gamma, layers=layers,
                               path=None if path is None else os.fspath(path),
                               slots=slots, max_len=max_len)

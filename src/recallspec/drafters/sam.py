@@ -49,6 +49,7 @@ class SamOptions:
     max_tokens: int = 40  # draft size cap (chain length or tree nodes)
     delta: int = 5  # static draft only if l_s > l_d + delta
     tree: bool = False  # static drafts as the corpus frequency tree instead of a chain
+    dynamic: bool = True  # False: ignore the request's own automaton (Table 3 ablation)
     tokenizer_fingerprint: str | None = None  # expected by the index (else from the engine)
 
     def __post_init__(self) -> None:
@@ -147,7 +148,8 @@ class SamDrafter:
 
     # -- drafting ----------------------------------------------------------------
     def _lengths(self, st: _State) -> tuple[int, int]:
-        return st.dyn.match_length, (st.cursor.match_length if st.cursor is not None else 0)
+        l_d = st.dyn.match_length if self.options.dynamic else 0
+        return l_d, (st.cursor.match_length if st.cursor is not None else 0)
 
     def _automaton_draft(self, st: _State, max_nodes: int) -> tuple[DraftTree, str]:
         """The static draft if ``l_s > l_d + delta``, else the dynamic one."""
@@ -233,10 +235,11 @@ def _options(index: str | os.PathLike[str] | StaticIndex | None, **kw: Any) -> t
 @register_drafter("sam")
 def make_sam(
     *, index: str | os.PathLike[str] | StaticIndex | None = None, max_tokens: int = 40,
-    delta: int = 5, tree: bool = False, tokenizer_fingerprint: str | None = None,
+    delta: int = 5, tree: bool = False, dynamic: bool = True,
+    tokenizer_fingerprint: str | None = None,
 ) -> SamDrafter:
     opts, static = _options(index, max_tokens=max_tokens, delta=delta, tree=tree,
-                            tokenizer_fingerprint=tokenizer_fingerprint)
+                            dynamic=dynamic, tokenizer_fingerprint=tokenizer_fingerprint)
     return SamDrafter(opts, static)
 
 
@@ -244,8 +247,8 @@ def make_sam(
 def make_sam_recycling(
     *, index: str | os.PathLike[str] | StaticIndex | None = None, max_tokens: int = 40,
     delta: int = 5, tau: int = 5, tree: bool = False, template: str = "sam60", k: int = TOPK,
-    tokenizer_fingerprint: str | None = None,
+    dynamic: bool = True, tokenizer_fingerprint: str | None = None,
 ) -> SamRecyclingDrafter:
     opts, static = _options(index, max_tokens=max_tokens, delta=delta, tree=tree,
-                            tokenizer_fingerprint=tokenizer_fingerprint)
+                            dynamic=dynamic, tokenizer_fingerprint=tokenizer_fingerprint)
     return SamRecyclingDrafter(opts, tau=tau, template=template, k=k, static=static)
