@@ -196,9 +196,9 @@ def run_bench(
         engine = Engine.load(cfg.model, dtype=cfg.dtype, max_draft_nodes=cfg.max_draft_nodes)
     model_id = _model_id(cfg.model)
     factory = MethodFactory(engine, cfg.model)
+    ready: list[Method] = []
     for name in methods:
-        todo = [q for q in questions if str(q.question_id) not in done.get(name, set())]
-        if not todo:
+        if all(str(q.question_id) in done.get(name, set()) for q in questions):
             log(f"{name}: all {len(questions)} questions already answered")
             continue
         try:
@@ -209,8 +209,8 @@ def run_bench(
             log(f"skipping {name}: {e}")
             continue
         _warm_up(method, engine.tokenizer, questions[0], cfg)
-        _run_method(method, engine.tokenizer, todo, cfg, answers_path(out, name), model_id,
-                    log, progress)
+        ready.append(method)
+    _run_interleaved(ready, engine.tokenizer, questions, done, cfg, out, model_id, log, progress)
     return methods
 
 
@@ -227,31 +227,48 @@ def _warm_up(method: Method, tokenizer: Any, q: Question, cfg: BenchConfig) -> N
     method.generate(ids, SamplingParams(max_new_tokens=min(16, cfg.max_new_tokens)))
 
 
-def _run_method(
-    method: Method, tokenizer: Any, todo: Sequence[Question], cfg: BenchConfig, path: Path,
-    model_id: str, log: Log, progress: bool,
+def _run_interleaved(
+    methods: Sequence[Method], tokenizer: Any, questions: Sequence[Question],
+    done: dict[str, set[str]], cfg: BenchConfig, out: Path, model_id: str, log: Log,
+    progress: bool,
 ) -> None:
+    """Answer question by question, every method in turn: background load on a noisy
+    machine then slows all methods alike instead of whichever ran at that time, so the
+    speedups (ratios within the run) stay fair."""
+    from contextlib import ExitStack
+
     from tqdm import tqdm
 
-    tokens, seconds = 0, 0.0
-    with AnswerWriter(path) as w, tqdm(
-        total=len(todo), desc=method.name, unit="q", file=sys.stderr, disable=not progress,
-        dynamic_ncols=True,
+    todo = {m.name: [q for q in questions if str(q.question_id) not in done.get(m.name, set())]
+            for m in methods}
+    pending = {m.name: {str(q.question_id) for q in todo[m.name]} for m in methods}
+    tokens = dict.fromkeys(pending, 0)
+    seconds = dict.fromkeys(pending, 0.0)
+    with ExitStack() as stack, tqdm(
+        total=sum(len(t) for t in todo.values()), desc="answers", unit="q", file=sys.stderr,
+        disable=not progress, dynamic_ncols=True,
     ) as bar:
-        for q in todo:
-            try:
-                answered = answer_question(method, tokenizer, q, _params(cfg, q), cfg.repeats)
-            except RecallspecError as e:  # e.g. a prompt longer than the context
-                log(f"{method.name}: question {q.question_id} skipped: {e}")
+        writers = {m.name: stack.enter_context(AnswerWriter(answers_path(out, m.name)))
+                   for m in methods}
+        for q in questions:
+            for method in methods:
+                if str(q.question_id) not in pending[method.name]:
+                    continue
+                try:
+                    answered = answer_question(method, tokenizer, q, _params(cfg, q), cfg.repeats)
+                except RecallspecError as e:  # e.g. a prompt longer than the context
+                    log(f"{method.name}: question {q.question_id} skipped: {e}")
+                    bar.update(1)
+                    continue
+                rec = make_record(method, model_id, q, answered, tokenizer.eos_token_ids)
+                writers[method.name].write(rec)
+                c = rec["choices"][0]
+                tokens[method.name] += sum(c["new_tokens"])
+                seconds[method.name] += sum(c["wall_time"])
+                bar.set_postfix_str(" ".join(
+                    f"{n}={tokens[n] / seconds[n]:.1f}" for n in tokens if seconds[n]
+                ) + " tok/s")
                 bar.update(1)
-                continue
-            rec = make_record(method, model_id, q, answered, tokenizer.eos_token_ids)
-            w.write(rec)
-            c = rec["choices"][0]
-            tokens += sum(c["new_tokens"])
-            seconds += sum(c["wall_time"])
-            bar.set_postfix(tok_s=f"{tokens / seconds:.1f}" if seconds else "-")
-            bar.update(1)
 
 
 def _model_id(spec: str | None) -> str:
