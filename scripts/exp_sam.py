@@ -1,0 +1,151 @@
+#!/usr/bin/env python
+"""SAM-Decoding experiments (issue 4): the paper's tables on our models and this machine.
+
+Stages (each resumable: bench runs use --resume, finished stages are skipped):
+
+  index     corpus indexes: the raw shared corpora (Alpaca-style, GSM8K train, ShareGPT)
+            and, with --selfgen FILE (from `recallspec corpus generate`), the
+            self-generated corpus
+  table     Table 1/2 layout: per-category speedup and MAT of ar, pld, recycling, sam,
+            sam+recycling, sam+draft-model on spec_bench (--per-category), humaneval and
+            mbpp (--limit), per model; one interleaved bench run per suite and model
+  ablation  Table 3: sam+recycling without the static SAM, without the dynamic SAM,
+            without Token Recycling (= sam), on spec_bench
+  grid      Figure 2: delta x tau in 1..8 (delta by exact replay of the sam drafter; tau
+            needs model logits, so real runs of sam+recycling on --grid-per-category)
+  sizes     Figure 3: draft sizes 10..70 of sam+recycling, plus the cost-aware setting
+            (mode=adaptive), on --grid-per-category, engine max_draft_nodes 80
+
+Every bench report checks token identity with ar per question. Results: DIR/<stage>/...
+(bench outputs) and DIR/exp_sam.json + exp_sam.md + exp_sam_grid.png.
+
+  python scripts/exp_sam.py --out bench_out/sam --models smollm2-135m gemma3-270m \\
+      --stages index table ablation grid sizes --per-category 20 --limit 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from recallspec.bench.replay import ReplayConfig, load_ar_answers, replay_answers, replay_report
+from recallspec.bench.report import write_report
+from recallspec.bench.runner import BenchConfig, run_bench
+from recallspec.bench.suites import SuiteSelection
+from recallspec.cli import main as cli
+from recallspec.data.paths import data_dir
+from recallspec.models import load_tokenizer
+
+STAGES = ("index", "table", "ablation", "grid", "sizes")
+
+
+def _bench(out: Path, suite: str, methods: list[str], model: str, sel: SuiteSelection,
+           tokens: int, nodes: int = 16) -> dict[str, Any]:
+    cfg = BenchConfig(suite=suite, methods=tuple(methods), model=model, selection=sel,
+                      max_new_tokens=tokens, max_draft_nodes=nodes)
+    run_bench(cfg, out, resume=True)
+    return write_report(out)
+
+
+def _overall(rep: dict[str, Any]) -> dict[str, dict[str, float]]:
+    return {m: {k: v["stats"]["overall"][k] for k in ("mat", "speedup", "identical_to_ar")}
+            for m, v in rep["methods"].items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m"])
+    ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    ap.add_argument("--per-category", type=int, default=20)
+    ap.add_argument("--limit", type=int, default=40, help="humaneval / mbpp questions")
+    ap.add_argument("--grid-per-category", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--selfgen", type=Path, default=None, help="self-generated corpus .jsonl")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    res_path = a.out / "exp_sam.json"
+    res: dict[str, Any] = json.loads(res_path.read_text()) if res_path.is_file() else {}
+
+    def save() -> None:
+        res_path.write_text(json.dumps(res, indent=1))
+        (a.out / "exp_sam.md").write_text(render(res))
+
+    root = data_dir()
+    raw = [*(root / "alpaca").glob("*.json*"), root / "gsm8k" / "train.jsonl",
+           *(root / "sharegpt").glob("*.json*")]
+    for model in a.models:
+        idx = a.out / f"raw-{model}.rsidx"
+        if "index" in a.stages and not idx.exists():
+            cli(["index", "build", "--model", model, "--corpus", *map(str, raw), "--out", str(idx)])
+        if a.selfgen is not None and not (a.out / f"selfgen-{model}.rsidx").exists():
+            cli(["index", "build", "--model", model, "--corpus", str(a.selfgen),
+                 "--out", str(a.out / f"selfgen-{model}.rsidx")])
+        ix = f"index={idx}"
+        sb = SuiteSelection(per_category=a.per_category)
+        if "table" in a.stages:
+            methods = ["ar", "pld", "recycling", f"sam:{ix}", f"sam+recycling:{ix}",
+                       f"sam+draft-model:{ix}"]
+            for suite, sel in (("spec_bench", sb), ("humaneval", SuiteSelection(limit=a.limit)),
+                               ("mbpp", SuiteSelection(limit=a.limit))):
+                rep = _bench(a.out / "table" / model / suite, suite, methods, model, sel,
+                             a.max_new_tokens)
+                res.setdefault("table", {}).setdefault(model, {})[suite] = _overall(rep)
+                save()
+        if "ablation" in a.stages:
+            methods = ["ar", f"sam+recycling:{ix}", "sam+recycling",
+                       f"sam+recycling:{ix}:dynamic=false", f"sam:{ix}"]
+            rep = _bench(a.out / "ablation" / model, "spec_bench", methods, model, sb,
+                         a.max_new_tokens)
+            res.setdefault("ablation", {})[model] = _overall(rep)
+            save()
+        gsel = SuiteSelection(per_category=a.grid_per_category)
+        if "grid" in a.stages:
+            tau = ["ar", *(f"sam+recycling:{ix}:tau={t}" for t in range(1, 9))]
+            rep = _bench(a.out / "grid" / model, "spec_bench", tau, model, gsel, a.max_new_tokens)
+            res.setdefault("grid_tau", {})[model] = _overall(rep)
+            recs, _ = load_ar_answers(a.out / "grid" / model / "answers" / "ar.jsonl")
+            rcfg = ReplayConfig(max_new_tokens=a.max_new_tokens)
+            fp = load_tokenizer(model).fingerprint
+            deltas = {
+                f"sam:delta={d}": replay_answers(
+                    recs, "sam", rcfg,
+                    {"index": str(idx), "delta": d, "tokenizer_fingerprint": fp})
+                for d in range(1, 9)
+            }
+            res.setdefault("grid_delta_replay", {})[model] = {
+                m: v["overall"]["mat"] for m, v in replay_report(recs, deltas).items()}
+            save()
+        if "sizes" in a.stages:
+            sizes = ["ar", *(f"sam+recycling:{ix}:max_tokens={n}:template=tr80"
+                             for n in range(10, 71, 10)),
+                     f"sam+recycling:{ix}:max_tokens=70:template=tr80:mode=adaptive"]
+            rep = _bench(a.out / "sizes" / model, "spec_bench", sizes, model, gsel,
+                         a.max_new_tokens, nodes=80)
+            res.setdefault("sizes", {})[model] = _overall(rep)
+            save()
+    save()
+
+
+def render(res: dict[str, Any]) -> str:
+    lines = ["# SAM-Decoding experiments", ""]
+    for stage in ("table", "ablation", "grid_tau", "sizes"):
+        for model, block in res.get(stage, {}).items():
+            suites = block if stage == "table" else {"spec_bench": block}
+            for suite, methods in suites.items():
+                lines += [f"## {stage}: {model}, {suite}", "",
+                          "| method | MAT | speedup vs ar | identical to ar |", "|---|---|---|---|"]
+                lines += [f"| {m} | {s['mat']:.2f} | {s['speedup']:.2f}x | "
+                          f"{s['identical_to_ar']:.0%} |" for m, s in methods.items()]
+                lines.append("")
+    for model, mats in res.get("grid_delta_replay", {}).items():
+        lines += [f"## delta (exact replay of sam): {model}", "", "| method | MAT |", "|---|---|"]
+        lines += [f"| {m} | {v:.3f} |" for m, v in mats.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
