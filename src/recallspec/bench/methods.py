@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from recallspec.drafters.base import parse_spec as parse_method
 from recallspec.errors import DataError, UnknownNameError
 from recallspec.spec.sampling import SamplingParams
 
@@ -61,32 +62,6 @@ def baseline_of(name: str) -> str:
 
 def llamacpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
-
-
-def _value(v: str) -> Any:
-    low = v.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low == "none":
-        return None
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            pass
-    return v
-
-
-def parse_method(spec: str) -> tuple[str, dict[str, Any]]:
-    """``name:key=value:...`` -> (name, options)."""
-    name, *parts = spec.split(":")
-    options: dict[str, Any] = {}
-    for part in parts:
-        k, sep, v = part.partition("=")
-        if not sep or not k:
-            raise DataError(f"method {spec!r}: options go after the name as :key=value")
-        options[k] = _value(v)
-    return name, options
 
 
 def check_method_names(names: Sequence[str]) -> tuple[list[str], list[str]]:

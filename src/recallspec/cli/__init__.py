@@ -18,6 +18,7 @@ _COMMAND_MODULES = (
     "recallspec.cli.generate",
     "recallspec.cli.bench",
     "recallspec.cli.index",
+    "recallspec.cli.datastore",
     "recallspec.cli.corpus",
     "recallspec.demo",
 )

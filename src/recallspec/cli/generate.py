@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--model", default=None,
         help="GGUF file, HF directory or alias (default: SmolLM2-135M-Instruct)",
     )
-    p.add_argument("--drafter", default="pld", help="drafter name (none, pld, llma, ...)")
+    p.add_argument("--drafter", default="pld",
+                   help="drafter name (none, pld, llma, ...), options as name:key=value:... "
+                   "(e.g. crest:datastore=chat.crest, sam:index=x.rsidx:delta=3)")
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads stdin)")
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"
@@ -46,9 +48,13 @@ def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise DataError("empty prompt")
-    if args.drafter not in available_drafters():
+    from recallspec.drafters.base import parse_spec
+
+    drafter, options = parse_spec(args.drafter)
+    mode = str(options.pop("mode", "ems"))
+    if drafter not in available_drafters():
         raise UnknownNameError(
-            f"unknown drafter {args.drafter!r}; available: {', '.join(available_drafters())}"
+            f"unknown drafter {drafter!r}; available: {', '.join(available_drafters())}"
         )
     try:
         params = SamplingParams(
@@ -61,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     ids = engine.encode_prompt(prompt, chat=args.chat)
     # Warm up so that one-time costs (allocator, first matmul) do not land in the timing.
     engine.generate(ids[:8], SamplingParams(max_new_tokens=2), drafter="none")
-    res = engine.generate(ids, params, drafter=args.drafter)
+    res = engine.generate(ids, params, drafter=drafter, drafter_options=options, mode=mode)
     assert isinstance(res, GenerationResult)
     out: dict[str, Any] = {
         "text": res.text,

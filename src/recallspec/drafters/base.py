@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from recallspec.errors import UnknownNameError
+from recallspec.errors import DataError, UnknownNameError
 from recallspec.spec.tree import DraftTree
 
 
@@ -87,9 +87,37 @@ def create_drafter(name: str, **options: Any) -> Drafter:
         raise UnknownNameError(f"bad options for drafter {name!r}: {e}") from None
 
 
+def _value(v: str) -> Any:
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``name:key=value:...`` -> (name, options): how the CLI and benchmark methods name
+    a drafter with options. Values become ints, floats, true/false/none or strings."""
+    name, *parts = spec.split(":")
+    options: dict[str, Any] = {}
+    for part in parts:
+        k, sep, v = part.partition("=")
+        if not sep or not k:
+            raise DataError(f"method {spec!r}: options go after the name as :key=value")
+        options[k] = _value(v)
+    return name, options
+
+
 def _load_builtin() -> None:
     # Importing the modules runs their @register_drafter decorators.
     import recallspec.drafters.draft_model
     import recallspec.drafters.lookup
     import recallspec.drafters.recycling
+    import recallspec.drafters.retrieval
     import recallspec.drafters.sam  # noqa: F401
