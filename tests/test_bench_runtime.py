@@ -72,7 +72,8 @@ def _tiny(tmp_path: Path, hf: bool) -> None:
     res = run_runtime_bench(cfg, out=tmp_path, log=lambda m: None)
     r = res["dtypes"]["float32"]
     assert set(r["cost_ms"]) == {"1", "4"} and r["cost_ratio"]["1"] == 1.0
-    assert r["ours"]["decode_tok_s"] > 0 and 0 < r["bandwidth_fraction"] < 5
+    # Timings only as sanity (no bounds: a loaded machine makes them anything).
+    assert r["ours"]["decode_tok_s"] > 0 and r["bandwidth_fraction"] > 0
     # SmolLM2-135M in fp32: ~135M parameters * 4 bytes.
     assert 4.5e8 < r["weight_bytes"]["total"] < 6.5e8
     if cfg.hf:

@@ -25,6 +25,7 @@ from recallspec.errors import ContextLengthError, DataError, RecallspecError, Re
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.cost_curve import CostCurve, calibrate
 from recallspec.runtime.kv_cache import KVCache
+from recallspec.runtime.linear import forward_threads
 from recallspec.runtime.modes import BatchMode, batch_mode
 from recallspec.runtime.threads import decode_threads
 from recallspec.spec.draft_sizing import AcceptanceStats, choose_draft_sizes
@@ -416,7 +417,8 @@ class Engine:
                 budget -= len(toks)
         meta = build_batch(inputs)
         t_fwd = time.perf_counter()
-        logits = self.model(meta, self.cache)
+        with forward_threads(meta.num_tokens, self.threads):
+            logits = self.model(meta, self.cache)
         if decoding:
             self.stats.forward_s += time.perf_counter() - t_fwd
             self.stats.steps += 1

@@ -44,6 +44,7 @@ from recallspec.errors import DataError
 from recallspec.index import StaticIndex
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.kv_cache import KVCache, KVCacheFullError
+from recallspec.runtime.linear import forward_threads
 from recallspec.spec.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -201,9 +202,10 @@ class ModelDraft:
 
     def _forward(self, meta: Any, cache: KVCache) -> torch.Tensor:
         assert self.model is not None
-        if self.options.layers is None:
-            return self.model(meta, cache)
-        return self.model(meta, cache, num_layers=self.options.layers)
+        with forward_threads(meta.num_tokens):  # a long pending prompt runs in MKL
+            if self.options.layers is None:
+                return self.model(meta, cache)
+            return self.model(meta, cache, num_layers=self.options.layers)
 
 
 def _num_layers(model: Any) -> int:

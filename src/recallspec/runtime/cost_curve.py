@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.runtime.linear import forward_threads
 from recallspec.runtime.threads import decode_threads
 
 CURVE_FORMAT = 1
@@ -103,7 +104,7 @@ def forward_times(
                 meta = build_batch([SequenceInput(slot, cached, ctx[cached : cached + k])])
 
                 def fwd(m: Any = meta) -> Any:
-                    with decode_threads(threads):
+                    with decode_threads(threads), forward_threads(m.num_tokens, threads):
                         return model(m, cache)
 
                 out[k] = median_time(fwd, repeats, warmup)
@@ -127,7 +128,7 @@ def _per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int
 
         def run(m: Any) -> Callable[[], Any]:
             def f() -> Any:
-                with decode_threads(threads):
+                with decode_threads(threads), forward_threads(m.num_tokens, threads):
                     return model(m, cache)
             return f
 

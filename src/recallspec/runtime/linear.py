@@ -10,11 +10,13 @@ use ``torch.nn.functional.linear``.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 import torch.nn.functional as F
 
 from recallspec import _kernels
-from recallspec.runtime.threads import kernel_threads
+from recallspec.runtime.threads import kernel_threads, torch_threads
 
 # Up to this many rows the kernel beats MKL here (measured: fp32 M=1 20 ms vs 46 ms for
 # SmolLM2's weights; M=16 43 ms vs 61 ms).
@@ -22,6 +24,16 @@ MAX_KERNEL_ROWS = 32
 
 _HAS_AVX512 = bool(_kernels.has_avx512())
 _HAS_BF16 = _HAS_AVX512 and bool(_kernels.has_avx512_bf16())
+
+
+def forward_threads(rows: int, threads: int | None = None) -> AbstractContextManager[None]:
+    """Thread set-up for one forward of ``rows`` rows inside a ``decode_threads`` block:
+    as it is when the products run in the kernel; torch's team back on ``threads``
+    (default: the kernel's) when they run in MKL (prefill chunks, large batched
+    verifications), which would otherwise run single-threaded."""
+    if rows <= MAX_KERNEL_ROWS:
+        return nullcontext()
+    return torch_threads(kernel_threads() if threads is None else threads)
 
 
 def kernel_supports(x: torch.Tensor, w: torch.Tensor) -> bool:

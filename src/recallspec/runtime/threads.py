@@ -41,3 +41,17 @@ def decode_threads(threads: int) -> Iterator[None]:
         if before != 1:
             torch.set_num_threads(before)
         _KERNEL_THREADS.reset(token)
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run torch on ``threads`` threads inside the block (e.g. a large product inside a
+    ``decode_threads`` block), restoring the count on exit."""
+    before = torch.get_num_threads()
+    if before != threads:
+        torch.set_num_threads(max(1, threads))
+    try:
+        yield
+    finally:
+        if before != threads:
+            torch.set_num_threads(before)
