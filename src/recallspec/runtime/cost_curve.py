@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import statistics
 import time
@@ -27,7 +28,7 @@ from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.linear import forward_threads
 from recallspec.runtime.threads import decode_threads
 
-CURVE_FORMAT = 1
+CURVE_FORMAT = 2  # 2: large forwards measured with torch's threads (forward_threads)
 DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
@@ -148,6 +149,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _busy() -> bool:
+    """1-min load above 1.5 runnable tasks per CPU beyond our own."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return False
+    return load > 1.5 * (os.cpu_count() or 1) + 1
+
+
 def curve_key(engine: Any) -> str:
     c = engine.model.config
     cpu = cpu_model()
@@ -175,11 +185,17 @@ def calibrate(
             pass  # stale or corrupt: measure again
     if say:
         say("calibrating the verification cost curve of this model on this machine ...")
+    # A curve measured while other jobs load the CPU is wrong for good (2-thread steps
+    # stall on descheduled peers); such a curve serves this process but is not cached.
+    busy = _busy()
     scratch = engine.model.new_cache(1, 256 + max(sizes) + 1)
     times = forward_times(engine.model, scratch, engine.threads, sizes, repeats=repeats)
     per_seq = _per_seq_cost(engine.model, engine.threads, 8, 128, repeats)
     curve = CostCurve(tuple(sorted(times)), tuple(times[k] for k in sorted(times)), per_seq, key)
-    if cache_path is not None:
+    if busy or _busy():
+        if say:
+            say("the machine is busy: the cost curve is used now but not cached")
+    elif cache_path is not None:
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(curve.to_json(), indent=1))
