@@ -111,15 +111,12 @@ def run_build(args: argparse.Namespace) -> int:
 def _build_rest_from_corpus(
     args: argparse.Namespace, path: str, progress: bool, build_rest: Any
 ) -> Any:
+    from recallspec.data.corpus import chat_template_of
     from recallspec.datastore.tokenize import tokenize_corpus
     from recallspec.models import load_tokenizer
 
     tok = load_tokenizer(args.model)
-    template: Any = None
-    if args.chat_template:
-        if not tok.has_chat_template:
-            raise DataError("--chat-template: this model's tokenizer has no chat template")
-        template = lambda msgs: tok.apply_chat_template(msgs, add_generation_prompt=False)  # noqa: E731
+    template = chat_template_of(tok, args.chat_template)
     docs = tokenize_corpus(args.corpus, tok, field=args.field, chat_template=template,
                            txt_mode=args.txt_mode, progress=progress)
     if not any(len(d) for d in docs):

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import time
-from typing import Any
 
 from recallspec.errors import DataError
 
@@ -40,17 +39,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_build(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from recallspec.data.corpus import iter_corpus
+    from recallspec.data.corpus import chat_template_of, iter_corpus
     from recallspec.index import IndexBuilder, StaticIndex
     from recallspec.models import load_tokenizer
 
     t0 = time.perf_counter()
     tok = load_tokenizer(args.model)
-    template: Any = None
-    if args.chat_template:
-        if not tok.has_chat_template:
-            raise DataError("--chat-template: this model's tokenizer has no chat template")
-        template = lambda msgs: tok.apply_chat_template(msgs, add_generation_prompt=False)  # noqa: E731
+    template = chat_template_of(tok, args.chat_template)
     total_bytes = sum(os.path.getsize(p) for p in args.corpus if os.path.isfile(p))
     # ~4 bytes of text per token: reserving up front avoids regrowth copies (2x peak).
     builder = IndexBuilder(tok.vocab_size, expected_tokens=total_bytes // 4)

@@ -140,6 +140,15 @@ def record_messages(rec: dict[str, Any], field: str | None = None) -> list[Messa
     return []
 
 
+def chat_template_of(tokenizer: Any, enabled: bool) -> ChatTemplate | None:
+    """The tokenizer's chat template as a corpus renderer (``--chat-template``), or None."""
+    if not enabled:
+        return None
+    if not getattr(tokenizer, "has_chat_template", False):
+        raise DataError("--chat-template: this model's tokenizer has no chat template")
+    return lambda msgs: str(tokenizer.apply_chat_template(msgs, add_generation_prompt=False))
+
+
 def render(messages: list[Message], chat_template: ChatTemplate | None = None) -> str:
     if chat_template is not None:
         return chat_template(messages)
