@@ -7,7 +7,9 @@ KV bookkeeping and stop handling can be tested exhaustively and fast.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -74,6 +76,37 @@ def chain_distribution(
             prev = t
         probs.append(pr)
     return keys, torch.tensor(probs)
+
+
+def sampling_chain_case(
+    v: int = 4, seed: int = 7,
+) -> tuple[torch.Tensor, list[int], list[tuple[int, ...]], torch.Tensor, torch.Generator]:
+    """The sampling-distribution set-up: a random bigram table over ``v`` tokens with EOS
+    (id 0) out of reach, a repetitive prompt, and the exact distribution of the next 3
+    tokens: (table, prompt, sequences, probabilities, the generator for further draws)."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(v, v, generator=g)
+    table[:, 0] = -30.0  # keep EOS (id 0) out of reach
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    keys, probs = chain_distribution(table, prompt[-1], 3)
+    return table, prompt, keys, probs, g
+
+
+def sample_chain_counts(
+    engine: Any, prompt: list[int], keys: list[tuple[int, ...]], n: int, **generate: Any,
+) -> tuple[collections.Counter[int], int]:
+    """Generate 3 tokens at temperature 1 n times (seeds 0..n-1): (how often each of
+    ``keys`` came out, total draft tokens accepted)."""
+    from recallspec.spec.sampling import SamplingParams
+
+    counts: collections.Counter[int] = collections.Counter()
+    drafted = 0
+    for i in range(n):
+        r = engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=3, seed=i),
+                            **generate)
+        counts[keys.index(tuple(r.token_ids))] += 1
+        drafted += sum(r.accept_lengths) - r.steps
+    return counts, drafted
 
 
 def successor_model(succ: torch.Tensor, max_position: int = 4096) -> BigramModel:

@@ -57,7 +57,7 @@ def test_acceptance_stats() -> None:
     prior = AcceptanceStats(4, decay=1.0)
     prior.update(4, [0, 1, 2, 3])
     fresh = AcceptanceStats(4)
-    assert fresh.rates(prior).tolist() == [1.0] * 4  # a new request starts from the prior
+    assert fresh.rates(prior.rates()).tolist() == [1.0] * 4  # a new request starts from the prior
 
 
 def test_cost_curve_interpolates_and_round_trips() -> None:

@@ -4,13 +4,12 @@ model, source selection, static-index handling, draft-model KV-cache sync."""
 
 from __future__ import annotations
 
-import collections
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import BigramModel, ByteTokenizer, chain_distribution
+from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
 from test_verify import chi2_pvalue
 
 from recallspec.drafters import create_drafter
@@ -201,21 +200,12 @@ def test_sam_with_static_index_lossless_bigram(tmp_path: Path) -> None:
 def test_sampling_distribution_sam_draft_model() -> None:
     """Temperature 1: three generated tokens follow the exact bigram chain distribution
     with chain drafts from an imperfect draft model and from the automaton."""
-    v = 4
-    g = torch.Generator().manual_seed(7)
-    table = torch.randn(v, v, generator=g)
-    table[:, 0] = -30.0  # keep EOS (id 0) out of reach
-    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-    keys, probs = chain_distribution(table, prompt[-1], 3)
-    draft = BigramModel(table + torch.randn(v, v, generator=g))
+    table, prompt, keys, probs, g = sampling_chain_case()
+    draft = BigramModel(table + torch.randn(4, 4, generator=g))
     eng = Engine(BigramModel(table), ByteTokenizer())
-    counts: collections.Counter[int] = collections.Counter()
     n = 3000
-    for i in range(n):
-        r = eng.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=3, seed=i),
-                         drafter="sam+draft-model", drafter_options={"model": draft, "tau": 6})
-        assert isinstance(r, GenerationResult)
-        counts[keys.index(tuple(r.token_ids))] += 1
+    counts, _ = sample_chain_counts(eng, prompt, keys, n, drafter="sam+draft-model",
+                                    drafter_options={"model": draft, "tau": 6})
     d = eng.drafter("sam+draft-model", model=draft, tau=6)
     assert isinstance(d, SamDraftModelDrafter)
     assert d.source_counts["model"] > 0 and d.source_counts[DYNAMIC] > 0

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import collections
 import time
 
 import pytest
 import torch
-from helpers import BigramModel, ByteTokenizer, chain_distribution
+from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
 from test_verify import chi2_pvalue
 
 from recallspec.engine import Engine, EngineConfig, GenerationResult
@@ -108,21 +107,11 @@ def test_bad_requests() -> None:
 def test_sampling_distribution_end_to_end() -> None:
     """With temperature 1 the 3 generated tokens follow the bigram chain's exact
     distribution, with and without drafts."""
-    v = 4
-    g = torch.Generator().manual_seed(7)
-    table = torch.randn(v, v, generator=g)
-    table[:, 0] = -30.0  # keep EOS (id 0) out of reach
-    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-    keys, probs = chain_distribution(table, prompt[-1], 3)
+    table, prompt, keys, probs, _ = sampling_chain_case()
     for drafter in ("none", "pld"):
         eng = Engine(BigramModel(table), ByteTokenizer())  # type: ignore[arg-type]
-        counts: collections.Counter[int] = collections.Counter()
         n = 4000
-        for i in range(n):
-            r = eng.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=3, seed=i),
-                             drafter=drafter)
-            assert isinstance(r, GenerationResult)
-            counts[keys.index(tuple(r.token_ids))] += 1
+        counts, _ = sample_chain_counts(eng, prompt, keys, n, drafter=drafter)
         assert chi2_pvalue(counts, probs, n) > 1e-3, drafter
 
 

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from helpers import BigramModel, ByteTokenizer, chain_distribution
+from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
 from test_verify import chi2_pvalue
 
 from recallspec.drafters import create_drafter
@@ -176,22 +175,10 @@ def test_table_stays_warm_across_requests() -> None:
 def test_sampling_distribution_recycling() -> None:
     """With temperature 1 the 3 generated tokens follow the bigram chain's exact
     distribution although recycling drafts trees (warm table, 60 nodes)."""
-    v = 4
-    g = torch.Generator().manual_seed(7)
-    table = torch.randn(v, v, generator=g)
-    table[:, 0] = -30.0  # keep EOS (id 0) out of reach
-    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-    keys, probs = chain_distribution(table, prompt[-1], 3)
+    table, prompt, keys, probs, _ = sampling_chain_case()
     eng = Engine(BigramModel(table), ByteTokenizer(), EngineConfig(max_draft_nodes=60))
-    counts: collections.Counter[int] = collections.Counter()
     n = 3000
-    drafted = 0
-    for i in range(n):
-        r = eng.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=3, seed=i),
-                         drafter="recycling")
-        assert isinstance(r, GenerationResult)
-        counts[keys.index(tuple(r.token_ids))] += 1
-        drafted += sum(r.accept_lengths) - r.steps
+    counts, drafted = sample_chain_counts(eng, prompt, keys, n, drafter="recycling")
     assert drafted > n // 2  # trees were really proposed and partly accepted
     assert chi2_pvalue(counts, probs, n) > 1e-3
 

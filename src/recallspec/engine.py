@@ -378,10 +378,10 @@ class Engine:
         the padded modes), then prefill chunks of newly admitted requests (at most
         ``prefill_chunk`` prompt tokens per step), so running requests keep decoding."""
         decoding = [r for r in active if r.finish_reason is None and r.prefilled == len(r.prompt)]
-        t_draft = t_step = time.perf_counter()
+        t_step = time.perf_counter()
         new_before = self.stats.new_tokens
         trees = self._drafts(decoding, d, mode) if decoding else []
-        self.stats.draft_s += time.perf_counter() - t_draft
+        self.stats.draft_s += time.perf_counter() - t_step
         inputs: list[SequenceInput] = []
         pad_to = max((len(t) for t in trees), default=0) if mode.pad_inputs else 0
         n_rows: list[int] = []  # logit rows of each decoding request
@@ -458,9 +458,7 @@ class Engine:
                 if n:
                     self.cache.pad(req.slot, n)
                     self.stats.kv_padding += n
-                    full = self.cache.length(req.slot) + 1 >= self.max_len
-                    if req.finish_reason is None and full:
-                        req.finish_reason = "context"
+                    self._stop_if_cache_full(req)
         self.stats.prefill_rows += sum(n for _, n in prefilling)
         if decoding and not prefilling:
             self.stats.decode_only_s += time.perf_counter() - t_step
@@ -503,7 +501,7 @@ class Engine:
         if not mode.adaptive:
             return trees
         curve = self.cost_curve()
-        prior = self._prior(d)
+        prior = self._prior(d).rates()  # the same for every request of this step
         gains = []
         for req, tree in zip(decoding, trees, strict=True):
             if req.stats is None:
@@ -548,9 +546,13 @@ class Engine:
         req.generated.extend(taken)
         if req.params.stop and self._hit_stop(req):
             req.finish_reason = "stop"
+        self._stop_if_cache_full(req)
+        d.observe(req.rid, taken, tree, logits)
+
+    def _stop_if_cache_full(self, req: _Request) -> None:
+        """End a request whose slot has no room left for its next root row."""
         if req.finish_reason is None and self.cache.length(req.slot) + 1 >= self.max_len:
             req.finish_reason = "context"
-        d.observe(req.rid, taken, tree, logits)
 
     def _hit_stop(self, req: _Request) -> bool:
         # Decode a tail long enough to contain any stop string plus the new tokens.

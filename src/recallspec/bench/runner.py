@@ -239,13 +239,12 @@ def _run_interleaved(
 
     from tqdm import tqdm
 
-    todo = {m.name: [q for q in questions if str(q.question_id) not in done.get(m.name, set())]
-            for m in methods}
-    pending = {m.name: {str(q.question_id) for q in todo[m.name]} for m in methods}
+    pending = {m.name: {str(q.question_id) for q in questions} - done.get(m.name, set())
+               for m in methods}
     tokens = dict.fromkeys(pending, 0)
     seconds = dict.fromkeys(pending, 0.0)
     with ExitStack() as stack, tqdm(
-        total=sum(len(t) for t in todo.values()), desc="answers", unit="q", file=sys.stderr,
+        total=sum(len(p) for p in pending.values()), desc="answers", unit="q", file=sys.stderr,
         disable=not progress, dynamic_ncols=True,
     ) as bar:
         writers = {m.name: stack.enter_context(AnswerWriter(answers_path(out, m.name)))

@@ -55,15 +55,15 @@ class AcceptanceStats:
             self.accepted[np.asarray(acc, dtype=np.int64)] += 1.0
 
     def rates(
-        self, prior: AcceptanceStats | None = None, prior_weight: float = 4.0,
+        self, prior: npt.NDArray[np.float64] | None = None, prior_weight: float = 4.0,
         default: float = 0.5,
     ) -> npt.NDArray[np.float64]:
-        """[max_nodes] estimated acceptance probability of each node index."""
+        """[max_nodes] estimated acceptance probability of each node index; ``prior``
+        (another stats' ``rates()``) counts as ``prior_weight`` observations."""
         num = self.accepted.copy()
         den = self.drafted.copy()
         if prior is not None:
-            p = prior.rates(None, 0.0, default)
-            num += prior_weight * p
+            num += prior_weight * prior
             den += prior_weight
         with np.errstate(invalid="ignore", divide="ignore"):
             r = np.where(den > 0, num / np.maximum(den, 1e-12), default)
