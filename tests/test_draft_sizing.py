@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from recallspec.runtime.cost_curve import CostCurve
-from recallspec.spec.draft_sizing import AcceptanceStats, choose_draft_sizes
+from recallspec.spec.draft_sizing import (
+    FULL,
+    MISS,
+    PARTIAL,
+    AcceptanceStats,
+    choose_draft_sizes,
+)
 
 
 def _value(sizes: list[int], gains: list[np.ndarray], cost: CostCurve, base: int) -> float:
@@ -48,16 +54,67 @@ def test_useless_drafts_are_dropped_and_free_ones_kept() -> None:
     assert choose_draft_sizes([np.zeros(4)], flat, base_rows=1) == [0]
 
 
-def test_acceptance_stats() -> None:
+CHAIN4 = [-1, 0, 1, 2]
+
+
+def test_acceptance_stats_conditional_and_prior() -> None:
     st = AcceptanceStats(4, decay=1.0)
     for _ in range(10):
-        st.update(3, [0, 1])
-    r = st.rates()
-    assert r[:3].tolist() == [1.0, 1.0, 0.0] and r[3] == 0.5  # never drafted: default
+        st.update([-1, 0, 1], [0, 1])  # a 3-chain, first two accepted
+    assert st.state == PARTIAL
+    c = st.conditional_rates()[PARTIAL]
+    # 10 of 10 (+1 pseudo-count at 0.5) / pooled deep rate (10 + 0.5) / (20 + 1) = 0.5 (+1)
+    # / never reached: the pooled rate.
+    assert c[0] == pytest.approx(10.5 / 11) and c[1] == pytest.approx(10.5 / 11)
+    assert c[2] == pytest.approx(0.5 / 11) and c[3] == pytest.approx(0.5)
+    r = st.node_rates(np.array([-1, 0, 1, 2]), st.conditional_rates())
+    assert r.tolist() == pytest.approx(np.cumprod(c).tolist())  # a chain: products
     prior = AcceptanceStats(4, decay=1.0)
-    prior.update(4, [0, 1, 2, 3])
-    fresh = AcceptanceStats(4)
-    assert fresh.rates(prior.rates()).tolist() == [1.0] * 4  # a new request starts from the prior
+    for _ in range(50):
+        prior.update(CHAIN4, [0, 1, 2, 3], state=PARTIAL)
+    assert prior.state == PARTIAL  # a shared prior keeps no state of its own
+    fresh = AcceptanceStats(4)  # starts PARTIAL, where the prior recorded its drafts
+    assert fresh.conditional_rates(prior.conditional_rates())[PARTIAL].min() > 0.95
+
+
+def test_acceptance_conditioned_on_last_outcome() -> None:
+    """Bimodal drafts (a copied span, then misses): after a full acceptance the estimate
+    is high, after a miss it is low, instead of one blurred average."""
+    st = AcceptanceStats(4, decay=1.0)
+    for _ in range(20):  # spans of 5 fully accepted drafts, then 5 misses
+        for _ in range(5):
+            st.update(CHAIN4, [0, 1, 2, 3])
+        for _ in range(5):
+            st.update(CHAIN4, [])
+    assert st.state == MISS
+    after_miss = st.node_rates(np.array(CHAIN4), st.conditional_rates())
+    st.update(CHAIN4, [0, 1, 2, 3])
+    assert st.state == FULL
+    after_full = st.node_rates(np.array(CHAIN4), st.conditional_rates())
+    # Conditioned: about 4/5 and 1/5 (unconditioned, both would be 1/2).
+    assert after_full[0] == pytest.approx(0.8, abs=0.02)
+    assert after_miss[0] == pytest.approx(0.2, abs=0.02)
+    tree = AcceptanceStats(4)
+    tree.update([-1, -1, 0, 1], [1, 3])  # accepted down to a leaf: FULL
+    assert tree.state == FULL
+    tree.update([-1, -1, 0, 1], [0])  # node 0 has a drafted child: PARTIAL
+    assert tree.state == PARTIAL
+    before = tree.reached.copy()
+    tree.update([], [])  # no draft: nothing changes
+    assert tree.state == PARTIAL and np.array_equal(tree.reached, before)
+
+
+def test_unexplored_depths_are_not_frozen() -> None:
+    """A depth that was rejected a few times and then no longer drafted follows the
+    pooled rate of the other depths instead of keeping its old zero."""
+    st = AcceptanceStats(8, decay=0.95)
+    for _ in range(3):
+        st.update(list(range(-1, 7)), list(range(7)), state=FULL)  # node 7 rejected
+    assert st.conditional_rates()[FULL][7] < 0.3
+    for _ in range(60):
+        st.update(list(range(-1, 6)), list(range(7)), state=FULL)  # 7-chains, all accepted
+    c = st.conditional_rates()[FULL]
+    assert c[7] > 0.8  # its old rejections faded; the pooled deep rate took over
 
 
 def test_cost_curve_interpolates_and_round_trips() -> None:

@@ -149,6 +149,9 @@ class Engine:
         self.stats = StepStats()
         self._cost_curve: CostCurve | None = None
         self._accept_prior: dict[str, AcceptanceStats] = {}
+        # Adaptive mode: decayed mean of a decode step's wall time beyond the curve's
+        # forward (drafting, verification, bookkeeping); it dilutes the cost of rows.
+        self._step_overhead = 0.0
         self._drafters: dict[tuple[str, tuple[tuple[str, Any], ...]], Drafter] = {}
         self._rids = count()
         self.threads = self.config.threads or torch.get_num_threads()
@@ -437,8 +440,9 @@ class Engine:
             self.cache.commit(req.slot, meta.cache_lens[b], keep)
             committed.append(len(keep))
             if req.stats is not None:
-                req.stats.update(len(tree), verdict.accepted_nodes)
-                self._prior(d).update(len(tree), verdict.accepted_nodes)
+                state = req.stats.state
+                req.stats.update(tree.parents, verdict.accepted_nodes)
+                self._prior(d).update(tree.parents, verdict.accepted_nodes, state=state)
             self.stats.draft_nodes += len(tree)
             before = len(req.generated)
             self._commit_tokens(
@@ -461,7 +465,11 @@ class Engine:
                     self._stop_if_cache_full(req)
         self.stats.prefill_rows += sum(n for _, n in prefilling)
         if decoding and not prefilling:
-            self.stats.decode_only_s += time.perf_counter() - t_step
+            elapsed = time.perf_counter() - t_step
+            self.stats.decode_only_s += elapsed
+            if mode.adaptive and self._cost_curve is not None:
+                extra = elapsed - self._cost_curve(meta.num_tokens, len(decoding))
+                self._step_overhead = max(0.9 * self._step_overhead + 0.1 * extra, 0.0)
             self.stats.decode_only_tokens += self.stats.new_tokens - new_before
         for req, n in prefilling:
             self.cache.commit(req.slot, req.prefilled, range(n))
@@ -501,13 +509,16 @@ class Engine:
         if not mode.adaptive:
             return trees
         curve = self.cost_curve()
-        prior = self._prior(d).rates()  # the same for every request of this step
+        prior = self._prior(d).conditional_rates()  # the same for every request this step
         gains = []
         for req, tree in zip(decoding, trees, strict=True):
             if req.stats is None:
                 req.stats = AcceptanceStats(self.config.max_draft_nodes)
-            gains.append(req.stats.rates(prior)[: len(tree)])
-        sizes = choose_draft_sizes(gains, curve, base_rows=len(decoding))
+            gains.append(req.stats.node_rates(tree.parents, req.stats.conditional_rates(prior)))
+        extra = self._step_overhead
+        sizes = choose_draft_sizes(
+            gains, lambda rows, seqs: curve(rows, seqs) + extra, base_rows=len(decoding)
+        )
         out = []
         for req, tree, k in zip(decoding, trees, sizes, strict=True):
             # Probe now and then: a request that stopped drafting would otherwise never

@@ -14,10 +14,20 @@ so a node is never chosen without its predecessors), hence sorting all candidate
 by gain and scanning every prefix finds the optimum, whatever the shape of the cost
 curve (MKL's slow 2-3-row matmuls included). Ties go to fewer rows.
 
-Online estimate. ``AcceptanceStats`` keeps, per node index, an exponentially decayed
-count of "drafted" and "accepted". A sequence's rates blend its own counts with the
-engine-wide counts of the same drafter (a prior worth ``prior_weight`` observations),
-so a new request starts from what the drafter achieved so far and adapts quickly.
+Online estimate. ``AcceptanceStats`` keeps, per node index, exponentially decayed counts
+of "reached" (drafted while its parent was the root or accepted) and "accepted", so it
+estimates each node's acceptance *given its parent's*; a node's rate is the product
+along its path. Counts are conditioned on the outcome of the request's previous
+verification (first node rejected / accepted part way / accepted to a leaf): retrieval
+drafts are bimodal (inside a copied span nearly everything is accepted, after a miss
+little is), and an unconditioned average under-drafts in spans.
+
+Exploration. An index that is never drafted would keep whatever estimate it had when
+drafting stopped, and a low one would never be revised. So each index is shrunk toward
+the pooled rate of all deeper indices of the same state (one pseudo-observation), and a
+request's estimate is shrunk toward the engine-wide one of the same drafter
+(``prior_weight`` pseudo-observations): a new request starts from what the drafter
+achieved so far and adapts quickly.
 """
 
 from __future__ import annotations
@@ -28,46 +38,86 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+# Outcome of a request's previous verification: the state acceptance is conditioned on.
+MISS, PARTIAL, FULL = 0, 1, 2
+N_STATES = 3
+
 
 @dataclass
 class AcceptanceStats:
-    """Decayed per-node-index counts of drafted and accepted draft nodes."""
+    """Decayed per-state, per-node-index counts of reached and accepted draft nodes."""
 
     max_nodes: int
-    decay: float = 0.95  # weight of the past per update (~20-step memory)
-    drafted: npt.NDArray[np.float64] = field(init=False)  # [max_nodes]
-    accepted: npt.NDArray[np.float64] = field(init=False)  # [max_nodes]
+    decay: float = 0.95  # weight of the past per update (~20-step memory per state)
+    state: int = PARTIAL  # the previous verification's outcome (new requests: PARTIAL)
+    reached: npt.NDArray[np.float64] = field(init=False)  # [N_STATES, max_nodes]
+    accepted: npt.NDArray[np.float64] = field(init=False)  # [N_STATES, max_nodes]
 
     def __post_init__(self) -> None:
-        self.drafted = np.zeros(self.max_nodes)
-        self.accepted = np.zeros(self.max_nodes)
+        self.reached = np.zeros((N_STATES, self.max_nodes))
+        self.accepted = np.zeros((N_STATES, self.max_nodes))
 
-    def update(self, n_drafted: int, accepted_nodes: Sequence[int]) -> None:
-        """Record one verification: nodes 0..n_drafted-1 were drafted, these accepted."""
-        if n_drafted <= 0:
+    def update(
+        self, parents: Sequence[int] | npt.NDArray[np.int64], accepted_nodes: Sequence[int],
+        *, state: int | None = None,
+    ) -> None:
+        """Record one verification of a draft tree (``parents``, -1 = root) of which
+        ``accepted_nodes`` were accepted (a path from the root).
+
+        ``state``: the state the draft was made in; by default this request's own state,
+        which then moves to the outcome (a shared prior passes the request's state and
+        keeps none of its own). A step without a draft changes nothing."""
+        par = [int(p) for p in parents]
+        if not par:
             return
-        n = min(n_drafted, self.max_nodes)
-        self.drafted *= self.decay
-        self.accepted *= self.decay
-        self.drafted[:n] += 1.0
-        acc = [a for a in accepted_nodes if a < n]
-        if acc:
-            self.accepted[np.asarray(acc, dtype=np.int64)] += 1.0
+        s = self.state if state is None else state
+        acc = set(accepted_nodes)
+        self.reached[s] *= self.decay
+        self.accepted[s] *= self.decay
+        for j, p in enumerate(par[: self.max_nodes]):
+            if p < 0 or p in acc:
+                self.reached[s, j] += 1.0
+                if j in acc:
+                    self.accepted[s, j] += 1.0
+        if state is None:
+            last = max(acc, default=-1)
+            leaf = last >= 0 and last not in par  # no drafted child below the path's end
+            self.state = MISS if last < 0 else FULL if leaf else PARTIAL
 
-    def rates(
+    def conditional_rates(
         self, prior: npt.NDArray[np.float64] | None = None, prior_weight: float = 4.0,
         default: float = 0.5,
     ) -> npt.NDArray[np.float64]:
-        """[max_nodes] estimated acceptance probability of each node index; ``prior``
-        (another stats' ``rates()``) counts as ``prior_weight`` observations."""
-        num = self.accepted.copy()
-        den = self.drafted.copy()
-        if prior is not None:
-            num += prior_weight * prior
-            den += prior_weight
-        with np.errstate(invalid="ignore", divide="ignore"):
-            r = np.where(den > 0, num / np.maximum(den, 1e-12), default)
+        """[N_STATES, max_nodes] estimated P(node j accepted | its parent accepted).
+
+        Without ``prior``, index 0 shrinks toward ``default`` and deeper indices toward
+        the pooled rate of all deeper indices of the state (itself shrunk toward
+        ``default``; one pseudo-observation each).
+        ``prior`` (the engine-wide stats' ``conditional_rates()``) replaces that target
+        and counts as ``prior_weight`` observations."""
+        if prior is None:
+            deep_num = self.accepted[:, 1:].sum(axis=1)
+            deep_den = self.reached[:, 1:].sum(axis=1)
+            pooled = (deep_num + default) / (deep_den + 1.0)  # never exactly 0: explore
+            target = np.empty((N_STATES, self.max_nodes))
+            target[:, 0] = default
+            target[:, 1:] = pooled[:, None]
+            weight = 1.0
+        else:
+            target, weight = prior, prior_weight
+        r = (self.accepted + weight * target) / (self.reached + weight)
         return np.clip(r, 0.0, 1.0)
+
+    def node_rates(
+        self, parents: npt.NDArray[np.int64], conditional: npt.NDArray[np.float64],
+    ) -> npt.NDArray[np.float64]:
+        """[len(parents)] estimated acceptance probability of each node of a draft tree in
+        the current state: the product of conditional rates along its path."""
+        c = conditional[self.state]
+        r = np.zeros(len(parents))
+        for j, p in enumerate(parents.tolist()[: self.max_nodes]):
+            r[j] = c[j] * (1.0 if p < 0 else r[p])
+        return r
 
 
 def choose_draft_sizes(
