@@ -57,7 +57,7 @@ def test_every_mode_identical_to_single_ar(engine: Any, batch_case: Any, bs: int
             assert st.padding_rows == 0
 
 
-@pytest.mark.parametrize("mode", ["ems", "vanilla"])
+@pytest.mark.parametrize("mode", ["ems", "vanilla", "adaptive"])
 def test_batched_draft_model_identical(engine: Any, batch_case: Any, mode: str) -> None:
     prompts, params, single = batch_case
     eng = _engine(engine, 3)

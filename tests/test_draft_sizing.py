@@ -19,11 +19,13 @@ from recallspec.spec.draft_sizing import (
 )
 
 
-def _value(sizes: list[int], gains: list[np.ndarray], cost: CostCurve, base: int) -> float:
+def _value(
+    sizes: list[int], gains: list[np.ndarray], cost: CostCurve, base: int, node_cost: float,
+) -> float:
     toks = len(gains) + sum(
         float(np.minimum.accumulate(g)[:k].sum()) for g, k in zip(gains, sizes, strict=True)
     )
-    return toks / cost(base + sum(sizes), len(gains))
+    return toks / (cost(base + sum(sizes), len(gains)) + node_cost * sum(sizes))
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -36,12 +38,13 @@ def test_choice_is_the_brute_force_optimum(seed: int) -> None:
     nseq = rng.randint(1, 3)
     gains = [np.sort(np.array([rng.random() for _ in range(rng.randint(0, 5))]))[::-1]
              for _ in range(nseq)]
-    sizes = choose_draft_sizes(gains, curve, base_rows=nseq)
+    node_cost = rng.choice([0.0, rng.uniform(0.0, 0.3)])  # drafts that cost a forward each
+    sizes = choose_draft_sizes(gains, curve, base_rows=nseq, node_cost=node_cost)
     best = max(
-        _value(list(c), gains, curve, nseq)
+        _value(list(c), gains, curve, nseq, node_cost)
         for c in itertools.product(*[range(len(g) + 1) for g in gains])
     )
-    assert _value(sizes, gains, curve, nseq) == pytest.approx(best, rel=1e-9)
+    assert _value(sizes, gains, curve, nseq, node_cost) == pytest.approx(best, rel=1e-9)
     assert all(0 <= k <= len(g) for k, g in zip(sizes, gains, strict=True))
 
 

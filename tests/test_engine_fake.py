@@ -145,3 +145,34 @@ def test_adaptive_mode_follows_the_cost_curve() -> None:
         drafted[name] = eng.stats.draft_nodes
     # Rows that cost a whole step are only spent on occasional 1-node probes.
     assert drafted["steep"] < drafted["free"] / 4
+
+
+class CountingBigram(BigramModel):
+    """A bigram model that counts its forwards."""
+
+    calls = 0
+
+    def __call__(self, meta, cache):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return super().__call__(meta, cache)
+
+
+def test_adaptive_mode_sizes_costly_drafts_before_proposing() -> None:
+    """A draft model costs a forward per draft position, spent even on tokens the
+    verification then drops; where drafting does not pay, the adaptive mode asks the
+    draft model for nothing except occasional probes."""
+    from recallspec.runtime.cost_curve import CostCurve
+
+    eng = make_engine(max_batch_size=3)
+    ps = [list(p) for p in PROMPTS[:3]]
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    ref = [eng.generate(p, params) for p in ps]
+    eng.use_cost_curve(CostCurve((1, 2), (1.0, 2.0), 0.0))  # every row costs a whole step
+    calls = {}
+    for mode in ("ems", "adaptive"):
+        draft = CountingBigram(torch.randn(256, 256, generator=torch.Generator().manual_seed(1)))
+        got = eng.generate(ps, params, drafter="draft-model", mode=mode,
+                           drafter_options={"model": draft, "gamma": 4})
+        assert [g.token_ids for g in got] == [r.token_ids for r in ref]
+        calls[mode] = draft.calls
+    assert calls["adaptive"] < calls["ems"] / 4

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from itertools import count, pairwise
 from typing import Any, overload
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from recallspec.drafters.base import Drafter, create_drafter
@@ -100,6 +102,7 @@ class _Request:
     prefilled: int = 0  # prompt tokens already in the KV cache
     stats: AcceptanceStats | None = None  # adaptive mode: this request's acceptance
     idle_steps: int = 0  # adaptive mode: steps since this request last drafted
+    probing: bool = False  # adaptive mode: this step's draft is a forced 1-node probe
 
 
 @dataclass
@@ -131,7 +134,12 @@ class StepStats:
 
 
 Progress = Callable[[int], None]  # called with the number of newly committed tokens
-PROBE_EVERY = 8  # adaptive mode: a request not drafting for this many steps drafts 1 node
+# Adaptive mode: a request not drafting for this many steps drafts 1 node; each rejected
+# probe doubles the drafter's wait (up to PROBE_MAX, for all requests: a new request
+# would otherwise pay, e.g., a draft model's prompt prefill for a useless first probe),
+# an accepted one resets it.
+PROBE_EVERY = 8
+PROBE_MAX = 128
 
 
 class Engine:
@@ -152,6 +160,9 @@ class Engine:
         # Adaptive mode: decayed mean of a decode step's wall time beyond the curve's
         # forward (drafting, verification, bookkeeping); it dilutes the cost of rows.
         self._step_overhead = 0.0
+        # Adaptive mode, costly drafters: decayed mean seconds of one draft position.
+        self._draft_position_cost = 0.0
+        self._probe_wait: dict[str, int] = {}  # adaptive mode: idle steps before a probe
         self._drafters: dict[tuple[str, tuple[tuple[str, Any], ...]], Drafter] = {}
         self._rids = count()
         self.threads = self.config.threads or torch.get_num_threads()
@@ -441,6 +452,11 @@ class Engine:
             committed.append(len(keep))
             if req.stats is not None:
                 state = req.stats.state
+                if req.probing and len(tree):
+                    wait = self._probe_wait.get(d.name, PROBE_EVERY)
+                    self._probe_wait[d.name] = (
+                        PROBE_EVERY if verdict.accepted_nodes else min(2 * wait, PROBE_MAX)
+                    )
                 req.stats.update(tree.parents, verdict.accepted_nodes)
                 self._prior(d).update(tree.parents, verdict.accepted_nodes, state=state)
             self.stats.draft_nodes += len(tree)
@@ -490,47 +506,68 @@ class Engine:
 
     def _drafts(self, decoding: list[_Request], d: Drafter, mode: BatchMode) -> list[DraftTree]:
         """Each decoding request's draft tree, sized by the room left and, in adaptive
-        mode, by the cost curve and the request's acceptance statistics."""
+        mode, by the cost curve and the request's acceptance statistics: after the
+        proposal for cheap drafters, before it for drafters whose proposals cost a model
+        forward per draft position (``costly_proposals``)."""
         rooms: list[int] = []
         for req in decoding:
             start = self.cache.length(req.slot)
             # Room for the root row and the draft; no deeper than the tokens still wanted
             # (a deeper accepted path would be cut anyway).
             rooms.append(max(min(self.max_len - start - 1, self.config.max_draft_nodes), 0))
+        presize = mode.adaptive and bool(getattr(d, "costly_proposals", False))
+        if presize:
+            chains = [np.arange(-1, room - 1, dtype=np.int64) for room in rooms]
+            per_node = self._draft_position_cost / max(len(decoding), 1)
+            rooms = self._sizes(decoding, d, chains, node_cost=per_node)
+        t0 = time.perf_counter()
         batched = getattr(d, "propose_batch", None)
         if callable(batched):
             proposals: list[DraftTree] = batched([r.rid for r in decoding], rooms)
         else:
             proposals = [d.propose(r.rid, room) for r, room in zip(decoding, rooms, strict=True)]
+        positions = max((t.depth() for t in proposals), default=0)
+        if presize and positions:
+            per_position = (time.perf_counter() - t0) / positions
+            self._draft_position_cost = 0.8 * self._draft_position_cost + 0.2 * per_position
         trees = []
         for req, tree, room in zip(decoding, proposals, rooms, strict=True):
             want = req.params.max_new_tokens - len(req.generated) - 1
             trees.append(limit_depth(tree.truncate(room), want))
-        if not mode.adaptive:
+        if not mode.adaptive or presize:
             return trees
+        sizes = self._sizes(decoding, d, [t.parents for t in trees])
+        return [tree.truncate(k) for tree, k in zip(trees, sizes, strict=True)]
+
+    def _sizes(
+        self, decoding: list[_Request], d: Drafter, parents: list[npt.NDArray[np.int64]],
+        node_cost: float = 0.0,
+    ) -> list[int]:
+        """Adaptive mode: how many nodes of each request's (actual or prospective) draft
+        tree ``parents`` to verify, maximising the batch's expected tokens per second."""
         curve = self.cost_curve()
         prior = self._prior(d).conditional_rates()  # the same for every request this step
         gains = []
-        for req, tree in zip(decoding, trees, strict=True):
+        for req, par in zip(decoding, parents, strict=True):
             if req.stats is None:
                 req.stats = AcceptanceStats(self.config.max_draft_nodes)
-            gains.append(req.stats.node_rates(tree.parents, req.stats.conditional_rates(prior)))
+            gains.append(req.stats.node_rates(par, req.stats.conditional_rates(prior)))
         extra = self._step_overhead
         sizes = choose_draft_sizes(
-            gains, lambda rows, seqs: curve(rows, seqs) + extra, base_rows=len(decoding)
+            gains, lambda rows, seqs: curve(rows, seqs) + extra, base_rows=len(decoding),
+            node_cost=node_cost,
         )
-        out = []
-        for req, tree, k in zip(decoding, trees, sizes, strict=True):
+        for i, (req, par) in enumerate(zip(decoding, parents, strict=True)):
             # Probe now and then: a request that stopped drafting would otherwise never
             # learn that its drafts became good again.
-            if k == 0 and len(tree):
+            req.probing = False
+            if sizes[i] == 0 and len(par):
                 req.idle_steps += 1
-                if req.idle_steps >= PROBE_EVERY:
-                    k = 1
-            if k:
+                if req.idle_steps >= self._probe_wait.get(d.name, PROBE_EVERY):
+                    sizes[i], req.probing = 1, True
+            if sizes[i]:
                 req.idle_steps = 0
-            out.append(tree.truncate(k))
-        return out
+        return sizes
 
     def _prior(self, d: Drafter) -> AcceptanceStats:
         """Engine-wide acceptance statistics of a drafter (the prior of new requests)."""

@@ -15,6 +15,9 @@ request, all calls keyed by a request id the engine chooses:
 Optional: ``propose_batch(rids, max_nodes_list)`` returns the drafts of several
 requests at once; the engine calls it instead of ``propose`` when a drafter has it
 (the draft model uses it to run one batched forward per draft position).
+Optional: ``costly_proposals = True`` says a proposal's cost grows with max_nodes (a
+model forward per draft position); the engine's adaptive mode then sizes each request's
+draft before proposing, and asks for nothing where drafting does not pay.
 
 Invariant: after start and each observe, the drafter's view of request rid is
 exactly prompt + all committed tokens, the same text the engine holds.

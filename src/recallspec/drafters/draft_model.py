@@ -217,6 +217,7 @@ class DraftModelDrafter:
 
     name = "draft-model"
     needs_logits = False
+    costly_proposals = True  # a draft-model forward per draft position
 
     def __init__(self, options: DraftModelOptions, model: Any = None) -> None:
         self.draft = ModelDraft(options, model)
@@ -253,6 +254,7 @@ class SamDraftModelDrafter(SamDrafter):
 
     name = "sam+draft-model"
     needs_logits = False
+    costly_proposals = True  # a draft-model forward per draft position
 
     def __init__(self, options: SamOptions, draft: DraftModelOptions, *, tau: int = 5,
                  model: Any = None, static: StaticIndex | None = None) -> None:

@@ -126,6 +126,7 @@ def choose_draft_sizes(
     *,
     base_rows: int,
     base_tokens: float | None = None,
+    node_cost: float = 0.0,
 ) -> list[int]:
     """Draft nodes per sequence that maximise expected committed tokens per second.
 
@@ -133,6 +134,8 @@ def choose_draft_sizes(
     (its length is what the drafter offers). ``base_rows``: rows the forward has anyway
     (one root per sequence, plus any prefill rows). ``base_tokens``: tokens committed
     without drafts (default: one per sequence). ``cost(rows, seqs)``: seconds.
+    ``node_cost``: seconds to propose each drafted node (drafters that run a model per
+    draft position; 0 when the proposal is already made).
     """
     nseq = len(gains)
     if nseq == 0:
@@ -150,7 +153,7 @@ def choose_draft_sizes(
         if -neg <= 0.0:
             break
         tokens += -neg
-        val = tokens / cost(base_rows + n, nseq)
+        val = tokens / (cost(base_rows + n, nseq) + n * node_cost)
         if val > best_val * (1 + 1e-9):
             best_val, best_n = val, n
     sizes = [0] * nseq
