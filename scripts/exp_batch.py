@@ -14,7 +14,8 @@ identical for every mode); speedup = tokens/s over plain's at the same batch siz
 Every run's tokens are compared with plain's, per prompt. Plus a continuous-batching run
 with Poisson arrivals (throughput and mean latency vs request rate, with and without
 speculation). Writes exp_batch.json, exp_batch.md, exp_batch.png; --resume keeps the
-configurations already in exp_batch.json.
+configurations already in exp_batch.json; --render-only rewrites the Markdown and the
+plot from it.
 
   python scripts/exp_batch.py --out bench_out/batch --prompts 96 --batch-sizes 1 2 4 8 16 24
 """
@@ -90,9 +91,15 @@ def main() -> None:
     ap.add_argument("--poisson-batch", type=int, default=8)
     ap.add_argument("--poisson-prompts", type=int, default=32)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--render-only", action="store_true")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / "exp_batch.json"
+    if a.render_only:
+        done = json.loads(path.read_text())
+        (a.out / "exp_batch.md").write_text(render(done))
+        plot(done, a.out / "exp_batch.png")
+        return
     res: dict[str, Any] = json.loads(path.read_text()) if a.resume and path.is_file() else {}
     res.setdefault("runs", {})
     res["machine"] = {"node": platform.node(), "processor": platform.processor(),
@@ -175,7 +182,7 @@ def render(res: dict[str, Any]) -> str:
         keys += [k for k in runs if k not in keys]
     lines.append("| batch | " + " | ".join(keys) + " |")
     lines.append("|---" * (len(keys) + 1) + "|")
-    for bs, runs in res["runs"].items():
+    for bs, runs in sorted(res["runs"].items(), key=lambda kv: int(kv[0])):
         cells = []
         for k in keys:
             r = runs.get(k)
@@ -185,6 +192,7 @@ def render(res: dict[str, Any]) -> str:
                 f"pad {r['padding_ratio']:.2f}"
                 f"{'' if r['identical'] == 1.0 else ', NOT IDENTICAL'})"))
         lines.append(f"| {bs} | " + " | ".join(cells) + " |")
+    lines += checks(res)
     if res.get("poisson"):
         lines += ["", "Continuous batching, Poisson arrivals:", "",
                   "| rate (req/s) | method | tokens/s | mean latency (s) |", "|---|---|---|---|"]
@@ -192,6 +200,25 @@ def render(res: dict[str, Any]) -> str:
             lines.append(f"| {r['rate']} | {r['drafter']}/{r['mode']} | "
                          f"{r['tokens_per_s']:.1f} | {r['mean_latency_s']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def checks(res: dict[str, Any]) -> list[str]:
+    """The issue's goals per drafter and batch size: EMS-SD over vanilla, adaptive over
+    plain, and adaptive over EMS-SD where EMS-SD loses to plain."""
+    drafters = sorted({k.split("/")[0] for r in res["runs"].values() for k in r if "/" in k})
+    out = ["", "Goals: EMS-SD ≥ vanilla (≥ 1.3x at batch 8); adaptive ≥ 0.95x plain; "
+           "adaptive ≥ EMS-SD where EMS-SD < 1.0x.", "",
+           "| drafter | batch | EMS-SD / vanilla | adaptive / plain | adaptive / EMS-SD |",
+           "|---|---|---|---|---|"]
+    for d in drafters:
+        for bs, runs in sorted(res["runs"].items(), key=lambda kv: int(kv[0])):
+            ems, van, ada = (runs.get(f"{d}/{m}") for m in ("ems", "vanilla", "adaptive"))
+            ev = f"{ems['tokens_per_s'] / van['tokens_per_s']:.2f}" if ems and van else "–"
+            ap = f"{ada['speedup']:.2f}" if ada else "–"
+            ae = (f"{ada['tokens_per_s'] / ems['tokens_per_s']:.2f}"
+                  + (" (EMS-SD < 1)" if ems["speedup"] < 1.0 else "")) if ada and ems else "–"
+            out.append(f"| {d} | {bs} | {ev} | {ap} | {ae} |")
+    return out
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
@@ -202,16 +229,33 @@ def plot(res: dict[str, Any], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
+    pois = list(res.get("poisson", {}).values())
+    fig, axes = plt.subplots(1, 3 if pois else 1, figsize=(15 if pois else 7, 4), squeeze=False)
+    ax = axes[0][0]
     bss = sorted(int(b) for b in res["runs"])
     keys = sorted({k for r in res["runs"].values() for k in r if k != "plain"})
     for k in keys:
         ys = [res["runs"][str(b)].get(k, {}).get("speedup") for b in bss]
         ax.plot(bss, ys, marker="o", label=k)
     ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(bss, [str(b) for b in bss])
     ax.set_xlabel("batch size")
     ax.set_ylabel("speedup vs plain batched greedy")
     ax.legend(fontsize=7)
+    if pois:
+        methods = sorted({f"{r['drafter']}/{r['mode']}" for r in pois})
+        for i, (field, label) in enumerate((("tokens_per_s", "tokens/s"),
+                                            ("mean_latency_s", "mean latency (s)"))):
+            ax = axes[0][i + 1]
+            for m in methods:
+                rs = sorted((r for r in pois if f"{r['drafter']}/{r['mode']}" == m),
+                            key=lambda r: r["rate"])
+                name = "plain" if m.startswith("none/") else m
+                ax.plot([r["rate"] for r in rs], [r[field] for r in rs], marker="o", label=name)
+            ax.set_xlabel("Poisson arrival rate (requests/s)")
+            ax.set_ylabel(label)
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -395,7 +395,8 @@ class Engine:
         t_step = time.perf_counter()
         new_before = self.stats.new_tokens
         trees = self._drafts(decoding, d, mode) if decoding else []
-        self.stats.draft_s += time.perf_counter() - t_step
+        t_drafted = time.perf_counter() - t_step
+        self.stats.draft_s += t_drafted
         inputs: list[SequenceInput] = []
         pad_to = max((len(t) for t in trees), default=0) if mode.pad_inputs else 0
         n_rows: list[int] = []  # logit rows of each decoding request
@@ -485,6 +486,8 @@ class Engine:
             self.stats.decode_only_s += elapsed
             if mode.adaptive and self._cost_curve is not None:
                 extra = elapsed - self._cost_curve(meta.num_tokens, len(decoding))
+                if getattr(d, "costly_proposals", False):
+                    extra -= t_drafted  # priced per draft position instead
                 self._step_overhead = max(0.9 * self._step_overhead + 0.1 * extra, 0.0)
             self.stats.decode_only_tokens += self.stats.new_tokens - new_before
         for req, n in prefilling:
