@@ -170,6 +170,11 @@ def main() -> None:
     plot(res, a.out / "exp_batch.png")
 
 
+def _by_batch(res: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(batch size, its runs), smallest batch first (the JSON keeps run order)."""
+    return sorted(res["runs"].items(), key=lambda kv: int(kv[0]))
+
+
 def render(res: dict[str, Any]) -> str:
     lines = ["# Batched speculative decoding (EMS-SD Table 2 layout)", "",
              f"{res['machine']['date']}, {res['machine']['processor']}; "
@@ -182,7 +187,7 @@ def render(res: dict[str, Any]) -> str:
         keys += [k for k in runs if k not in keys]
     lines.append("| batch | " + " | ".join(keys) + " |")
     lines.append("|---" * (len(keys) + 1) + "|")
-    for bs, runs in sorted(res["runs"].items(), key=lambda kv: int(kv[0])):
+    for bs, runs in _by_batch(res):
         cells = []
         for k in keys:
             r = runs.get(k)
@@ -211,7 +216,7 @@ def checks(res: dict[str, Any]) -> list[str]:
            "| drafter | batch | EMS-SD / vanilla | adaptive / plain | adaptive / EMS-SD |",
            "|---|---|---|---|---|"]
     for d in drafters:
-        for bs, runs in sorted(res["runs"].items(), key=lambda kv: int(kv[0])):
+        for bs, runs in _by_batch(res):
             ems, van, ada = (runs.get(f"{d}/{m}") for m in ("ems", "vanilla", "adaptive"))
             ev = f"{ems['tokens_per_s'] / van['tokens_per_s']:.2f}" if ems and van else "–"
             ap = f"{ada['speedup']:.2f}" if ada else "–"

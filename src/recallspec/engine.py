@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from recallspec.drafters.base import Drafter, create_drafter
+from recallspec.drafters.base import Drafter, create_drafter, has_costly_proposals
 from recallspec.errors import ContextLengthError, DataError, RecallspecError, ResourceError
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.cost_curve import CostCurve, calibrate
@@ -486,7 +486,7 @@ class Engine:
             self.stats.decode_only_s += elapsed
             if mode.adaptive and self._cost_curve is not None:
                 extra = elapsed - self._cost_curve(meta.num_tokens, len(decoding))
-                if getattr(d, "costly_proposals", False):
+                if has_costly_proposals(d):
                     extra -= t_drafted  # priced per draft position instead
                 self._step_overhead = max(0.9 * self._step_overhead + 0.1 * extra, 0.0)
             self.stats.decode_only_tokens += self.stats.new_tokens - new_before
@@ -518,7 +518,7 @@ class Engine:
             # Room for the root row and the draft; no deeper than the tokens still wanted
             # (a deeper accepted path would be cut anyway).
             rooms.append(max(min(self.max_len - start - 1, self.config.max_draft_nodes), 0))
-        presize = mode.adaptive and bool(getattr(d, "costly_proposals", False))
+        presize = mode.adaptive and has_costly_proposals(d)
         if presize:
             chains = [np.arange(-1, room - 1, dtype=np.int64) for room in rooms]
             per_node = self._draft_position_cost / max(len(decoding), 1)
@@ -529,8 +529,8 @@ class Engine:
             proposals: list[DraftTree] = batched([r.rid for r in decoding], rooms)
         else:
             proposals = [d.propose(r.rid, room) for r, room in zip(decoding, rooms, strict=True)]
-        positions = max((t.depth() for t in proposals), default=0)
-        if presize and positions:
+        positions = max((t.depth() for t in proposals), default=0) if presize else 0
+        if positions:
             per_position = (time.perf_counter() - t0) / positions
             self._draft_position_cost = 0.8 * self._draft_position_cost + 0.2 * per_position
         trees = []
@@ -574,10 +574,9 @@ class Engine:
 
     def _prior(self, d: Drafter) -> AcceptanceStats:
         """Engine-wide acceptance statistics of a drafter (the prior of new requests)."""
-        key = getattr(d, "name", type(d).__name__)
-        if key not in self._accept_prior:
-            self._accept_prior[key] = AcceptanceStats(self.config.max_draft_nodes, decay=0.99)
-        return self._accept_prior[key]
+        if d.name not in self._accept_prior:  # keyed like _probe_wait
+            self._accept_prior[d.name] = AcceptanceStats(self.config.max_draft_nodes, decay=0.99)
+        return self._accept_prior[d.name]
 
     def _commit_tokens(
         self, req: _Request, tokens: list[int], d: Drafter, tree: DraftTree,

@@ -54,6 +54,12 @@ class Drafter(Protocol):
     def stop(self, rid: int) -> None: ...
 
 
+def has_costly_proposals(d: Drafter) -> bool:
+    """Whether a drafter's proposals cost a model forward per draft position (its
+    optional ``costly_proposals`` attribute; absent means cheap)."""
+    return bool(getattr(d, "costly_proposals", False))
+
+
 DrafterFactory = Callable[..., Drafter]
 _REGISTRY: dict[str, DrafterFactory] = {}
 
