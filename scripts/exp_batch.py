@@ -17,6 +17,11 @@ speculation). Writes exp_batch.json, exp_batch.md, exp_batch.png; --resume keeps
 configurations already in exp_batch.json; --render-only rewrites the Markdown and the
 plot from it.
 
+--blocks K splits the prompts into K consecutive blocks and runs every configuration of a
+batch size on one block before the next block, so a slow spell of a noisy machine hits
+all configurations alike. Totals are summed over the blocks; the median of the
+per-block speedups is reported beside the total one.
+
   python scripts/exp_batch.py --out bench_out/batch --prompts 96 --batch-sizes 1 2 4 8 16 24
 """
 
@@ -26,6 +31,7 @@ import argparse
 import json
 import platform
 import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -65,6 +71,8 @@ def run_one(eng: Engine, ps: list[list[int]], params: SamplingParams, drafter: s
     return {
         "drafter": drafter, "mode": mode, "wall_s": wall, "new_tokens": toks,
         "tokens_per_s": toks / wall, "decode_tokens_per_s": st.decode_tokens_per_s,
+        "decode_tokens": st.decode_only_tokens, "decode_s": st.decode_only_s,
+        "verified_tokens": st.new_tokens, "accepted": sum(acc), "accept_steps": len(acc),
         "mat": sum(acc) / len(acc) if acc else 0.0,
         "steps": st.steps, "rows": st.rows, "padding_rows": st.padding_rows,
         "kv_padding": st.kv_padding, "padding_ratio": st.padding_ratio,
@@ -72,7 +80,28 @@ def run_one(eng: Engine, ps: list[list[int]], params: SamplingParams, drafter: s
         "mean_latency_s": sum(r.latency for r in res) / len(res),
         "token_ids": [r.token_ids for r in res],
         "errors": [r.error for r in res if r.error],
+        "prompts": len(ps),
     }
+
+
+def merge_blocks(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's result over consecutive prompt blocks: counts and times
+    summed, rates recomputed from the sums, token ids concatenated in prompt order."""
+    out = dict(parts[0])
+    for k in ("wall_s", "new_tokens", "decode_tokens", "decode_s", "verified_tokens",
+              "accepted", "accept_steps", "steps", "rows", "padding_rows", "kv_padding",
+              "draft_nodes", "forward_s", "draft_s", "prompts"):
+        out[k] = sum(p[k] for p in parts)
+    out["tokens_per_s"] = out["new_tokens"] / out["wall_s"]
+    out["decode_tokens_per_s"] = out["decode_tokens"] / max(out["decode_s"], 1e-9)
+    out["mat"] = out["accepted"] / max(out["accept_steps"], 1)
+    out["padding_ratio"] = out["padding_rows"] / max(out["verified_tokens"], 1)
+    out["mean_latency_s"] = (sum(p["mean_latency_s"] * p["prompts"] for p in parts)
+                             / out["prompts"])
+    out["token_ids"] = [t for p in parts for t in p["token_ids"]]
+    out["errors"] = [e for p in parts for e in p["errors"]]
+    out["blocks"] = len(parts)
+    return out
 
 
 def main() -> None:
@@ -90,6 +119,8 @@ def main() -> None:
                     help="Poisson request rates (req/s) for the continuous-batching run")
     ap.add_argument("--poisson-batch", type=int, default=8)
     ap.add_argument("--poisson-prompts", type=int, default=32)
+    ap.add_argument("--blocks", type=int, default=1,
+                    help="interleave configurations over this many prompt blocks")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--render-only", action="store_true")
     a = ap.parse_args()
@@ -114,6 +145,8 @@ def main() -> None:
 
     eng0 = Engine.load(a.model, max_batch_size=max([*a.batch_sizes, a.poisson_batch]))
     ps = prompts(eng0, a.prompts, a.max_prompt, a.data)
+    size = -(-len(ps) // max(a.blocks, 1))
+    blocks = [ps[i : i + size] for i in range(0, len(ps), size)]
     res["prompts"] = {"count": len(ps), "mean_len": sum(map(len, ps)) / len(ps)}
     params = SamplingParams(max_new_tokens=a.max_new_tokens)
     curve = eng0.cost_curve()
@@ -127,17 +160,32 @@ def main() -> None:
         # One sequence has nothing to pad: the padded layouts are ems there.
         modes = a.modes if bs > 1 else [m for m in a.modes if m in ("ems", "adaptive")]
         todo = [("none", "ems")] + [(d, m) for d in a.drafters for m in modes]
-        for d, m in todo:
-            key = "plain" if d == "none" else f"{d}/{m}"
+        keys = ["plain" if d == "none" else f"{d}/{m}" for d, m in todo]
+        parts = res.setdefault("blocks", {}).setdefault(str(bs), {})
+        for k, block in enumerate(blocks):
+            for key, (d, m) in zip(keys, todo, strict=True):
+                done = parts.setdefault(key, [])
+                if key in runs or len(done) > k:
+                    continue
+                done.append(run_one(eng, block, params, d, m))
+                if len(blocks) > 1:
+                    print(f"bs={bs:>2} {key:<24} block {k + 1}/{len(blocks)}: "
+                          f"{done[-1]['tokens_per_s']:.1f} tok/s", flush=True)
+                save()
+        for key in keys:
             if key in runs:
                 continue
-            r = run_one(eng, ps, params, d, m)
+            r = merge_blocks(parts[key])
             base = runs.get("plain")
             if base is not None:
                 r["identical"] = sum(x == y for x, y in zip(r["token_ids"], base["token_ids"],
                                                             strict=True)) / len(ps)
                 r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
                 r["decode_speedup"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+                if len(parts.get("plain", [])) == len(parts[key]):  # plain ran in blocks too
+                    r["block_speedup_median"] = statistics.median(
+                        p["tokens_per_s"] / b["tokens_per_s"]
+                        for p, b in zip(parts[key], parts["plain"], strict=True))
             else:
                 r["identical"], r["speedup"], r["decode_speedup"] = 1.0, 1.0, 1.0
             runs[key] = r
@@ -181,7 +229,8 @@ def render(res: dict[str, Any]) -> str:
              f"prompts: {res.get('prompts')}; config: {res['config']}", "",
              "Speedup over plain batched greedy decoding at the same batch size, end to end "
              "(prefill included) / decode phase only (steps without prompt rows); MAT; "
-             "input padding ratio (padding rows per generated token); identical to plain.", ""]
+             "input padding ratio (padding rows per generated token); with --blocks, the "
+             "median of the per-block speedups; identical to plain.", ""]
     keys: list[str] = []
     for runs in res["runs"].values():
         keys += [k for k in runs if k not in keys]
@@ -195,7 +244,9 @@ def render(res: dict[str, Any]) -> str:
                 f"{r['tokens_per_s']:.1f} / {r['decode_tokens_per_s']:.1f} tok/s" if k == "plain"
                 else f"{r['speedup']:.2f}x / {r['decode_speedup']:.2f}x (MAT {r['mat']:.2f}, "
                 f"pad {r['padding_ratio']:.2f}"
-                f"{'' if r['identical'] == 1.0 else ', NOT IDENTICAL'})"))
+                + (f", block median {r['block_speedup_median']:.2f}x"
+                   if "block_speedup_median" in r else "")
+                + f"{'' if r['identical'] == 1.0 else ', NOT IDENTICAL'})"))
         lines.append(f"| {bs} | " + " | ".join(cells) + " |")
     lines += checks(res)
     if res.get("poisson"):

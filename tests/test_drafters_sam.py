@@ -296,6 +296,40 @@ def test_real_draft_model_self_draft(real: Real) -> None:
     _check(real, "sam+draft-model", {"layers": 8}, n_prompts=6)
 
 
+def test_real_self_draft_reads_the_target_cache(real: Real) -> None:
+    """Through an engine the self-draft keeps no cache of its own: it feeds its tokens
+    right after the target slot's committed entries (the same first layers computed
+    them). Its drafts then match a self-draft that prefills a private cache from the
+    same text; wrong positions or a stale slot would make them differ."""
+    base, _, _ = real
+    eng = Engine(base.model, base.tokenizer, EngineConfig(max_batch_size=3, max_len=512))
+    d = eng.drafter("draft-model", layers=8)
+    assert isinstance(d, DraftModelDrafter) and d.draft.shares_target_cache
+    seen: list[tuple[list[int], list[int]]] = []
+    orig = d.propose_batch
+
+    def spy(rids: Any, max_nodes: Any) -> list[DraftTree]:
+        out = orig(rids, max_nodes)
+        seen.extend((list(d.draft._requests[r].text), t.tokens.tolist())
+                    for r, t in zip(rids, out, strict=True))
+        return out
+
+    d.propose_batch = spy  # type: ignore[method-assign]
+    for mode in ("ems", "vanilla"):  # vanilla: padded slots (holes in the prefix)
+        got = eng.generate(real[1][:3], SamplingParams(max_new_tokens=NEW_TOKENS),
+                           drafter=d, mode=mode)
+        assert [g.token_ids for g in got] == [a.token_ids for a in real[2][:3]]
+    assert d.draft._cache is None and len(seen) > 20
+    ref = create_drafter("draft-model", model=base.model, layers=8, slots=1, max_len=512)
+    assert isinstance(ref, DraftModelDrafter) and not ref.draft.shares_target_cache
+    same = 0
+    for k, (text, drafts) in enumerate(seen):
+        ref.start(k, text)
+        same += ref.propose(k, len(drafts)).tokens.tolist() == drafts
+        ref.stop(k)
+    assert same >= 0.9 * len(seen), f"{same} of {len(seen)} drafts match"
+
+
 def test_real_full_depth_self_draft_is_accepted(real: Real) -> None:
     """Drafting with all layers reproduces the target: (nearly) every chain is accepted,
     which holds only if the drafter's own KV cache tracks the committed text."""

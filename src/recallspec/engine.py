@@ -26,7 +26,7 @@ from recallspec.drafters.base import Drafter, create_drafter, has_costly_proposa
 from recallspec.errors import ContextLengthError, DataError, RecallspecError, ResourceError
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.cost_curve import CostCurve, calibrate
-from recallspec.runtime.kv_cache import KVCache
+from recallspec.runtime.kv_cache import KVCache, KVPrefix
 from recallspec.runtime.linear import forward_threads
 from recallspec.runtime.modes import BatchMode, batch_mode
 from recallspec.runtime.threads import decode_threads
@@ -165,6 +165,7 @@ class Engine:
         self._probe_wait: dict[str, int] = {}  # adaptive mode: idle steps before a probe
         self._drafters: dict[tuple[str, tuple[tuple[str, Any], ...]], Drafter] = {}
         self._rids = count()
+        self._running: dict[int, _Request] = {}  # rid -> request holding a KV slot
         self.threads = self.config.threads or torch.get_num_threads()
 
     @classmethod
@@ -358,6 +359,7 @@ class Engine:
             for req in active:
                 if req.slot >= 0:
                     self.cache.release(req.slot)
+                    self._running.pop(req.rid, None)
                     d.stop(req.rid)
         out = [r for r in results if r is not None]
         assert len(out) == len(plist)
@@ -383,7 +385,19 @@ class Engine:
         """Give the request a slot; its prompt is prefilled by the following steps."""
         req.t_start = time.perf_counter()
         req.slot = self.cache.allocate()
+        self._running[req.rid] = req
         d.start(req.rid, req.prompt)
+
+    def kv_prefix(self, rid: int) -> KVPrefix:
+        """Where running request ``rid``'s committed KV entries live: its slot in
+        ``self.cache`` holds prompt + generated[:-1] (the newest token is fed by the next
+        step). A self-draft reads it instead of keeping a cache of its own; it may write
+        rows past ``length`` (the step's verification overwrites them) but never commits."""
+        try:
+            req = self._running[rid]
+        except KeyError:
+            raise KeyError(f"request {rid} is not running") from None
+        return self.cache.prefix(req.slot)
 
     def _step(
         self, active: list[_Request], d: Drafter, progress: Progress | None, mode: BatchMode
@@ -612,6 +626,7 @@ class Engine:
     def _finish(self, req: _Request, d: Drafter) -> GenerationResult:
         if req.slot >= 0:
             self.cache.release(req.slot)
+            self._running.pop(req.rid, None)
             d.stop(req.rid)
         ids = list(req.generated)
         if req.finish_reason == "eos":

@@ -8,11 +8,20 @@ chain. It is either
 * a separate model (``path=...``) whose tokenizer must match the target's
   (fingerprint check), run in full.
 
-Either way the drafter owns its KV cache (``KVCache`` with one slot per concurrent
-request, ``layers`` layers deep). Invariant per request: the slot holds
-``text[:cached]`` for a prefix of the committed text; tokens past ``cached`` are fed
-at the next proposal. Drafted tokens are cached tentatively; after verification the
-slot is rolled back to the longest prefix that the committed tokens confirm.
+A self-draft bound to an engine keeps no cache: its layers are the target's first
+layers, so the target's KV cache already holds their keys and values for every committed
+token (``Engine.kv_prefix``). Each proposal feeds the newest committed token and then
+its own drafts right after the target slot's committed entries, in layers
+``< layers`` only, without committing; the step's verification forward overwrites those
+rows. No prompt prefill, no catch-up after steps it was not asked to draft: a proposal
+of n tokens costs n forwards of one token per request.
+
+Otherwise (a separate model, or a model passed in outside an engine) the drafter owns
+its KV cache (``KVCache`` with one slot per concurrent request, ``layers`` layers
+deep). Invariant per request: the slot holds ``text[:cached]`` for a prefix of the
+committed text; tokens past ``cached`` are fed at the next proposal. Drafted tokens are
+cached tentatively; after verification the slot is rolled back to the longest prefix
+that the committed tokens confirm.
 
 The drafter needs the model. Through the engine nothing is to be passed: the engine
 calls ``bind_engine(engine)`` on drafters that have it, which supplies the target
@@ -31,8 +40,9 @@ object) explicitly::
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +53,7 @@ from recallspec.drafters.sam import SamDrafter, SamOptions, _options
 from recallspec.errors import DataError
 from recallspec.index import StaticIndex
 from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.runtime.kv_cache import KVCache, KVCacheFullError
+from recallspec.runtime.kv_cache import KVCache, KVCacheFullError, KVPrefix
 from recallspec.runtime.linear import forward_threads
 from recallspec.spec.tree import DraftTree
 
@@ -91,6 +101,8 @@ class ModelDraft:
         self._slots = options.slots
         self._max_len = options.max_len
         self._requests: dict[int, _Request] = {}
+        # Self-draft bound to an engine: the target's cache of a running request.
+        self._shared: Callable[[int], KVPrefix] | None = None
 
     def bind_engine(self, engine: Engine) -> None:
         self._slots = max(self._slots, int(engine.config.max_batch_size))
@@ -110,6 +122,8 @@ class ModelDraft:
             self.model = engine.model  # self-draft from the target
         if self.options.layers is not None and self.options.layers > _num_layers(self.model):
             raise ValueError(f"layers={self.options.layers} exceeds the model's depth")
+        if self.options.layers is not None and self.model is engine.model:
+            self._shared = engine.kv_prefix
 
     def _kv(self) -> KVCache:
         if self._cache is None:
@@ -128,11 +142,17 @@ class ModelDraft:
                 )
         return self._cache
 
+    @property
+    def shares_target_cache(self) -> bool:
+        """Whether this is a self-draft reading the bound engine's KV cache."""
+        return self._shared is not None
+
     def start(self, rid: int, prompt: Sequence[int]) -> None:
-        try:
-            slot = self._kv().allocate()
-        except KVCacheFullError:
-            slot = -1  # more concurrent requests than slots: this one gets no drafts
+        slot = -1  # no slot: a shared cache, or no drafts for this request
+        if self._shared is None:
+            # More concurrent requests than slots: this one gets no drafts.
+            with contextlib.suppress(KVCacheFullError):
+                slot = self._kv().allocate()
         self._requests[rid] = _Request(slot, [int(t) for t in prompt])
 
     def stop(self, rid: int) -> None:
@@ -142,7 +162,7 @@ class ModelDraft:
 
     def observe(self, rid: int, accepted: Sequence[int]) -> None:
         req = self._requests[rid]
-        if req.slot < 0 or not accepted:
+        if req.slot < 0 or not accepted:  # (a shared cache is the engine's to commit)
             req.text.extend(int(t) for t in accepted)
             return
         # Keep the tentatively cached draft tokens the committed text confirms.
@@ -167,6 +187,8 @@ class ModelDraft:
         """``propose`` for several requests at once, batched: draft position j of every
         request is computed in one ragged forward (the first one feeds each request's
         pending text, the later ones a single token each)."""
+        if self._shared is not None:
+            return self._propose_shared(self._shared, rids, ns)
         cache = self._kv()
         outs: list[list[int]] = [[] for _ in rids]
         todo: list[tuple[int, _Request, int, list[int]]] = []  # (index, request, n, feed)
@@ -200,12 +222,56 @@ class ModelDraft:
             todo = nxt
         return outs
 
+    def _propose_shared(
+        self, prefix_of: Callable[[int], KVPrefix], rids: Sequence[int], ns: Sequence[int]
+    ) -> list[list[int]]:
+        """``propose_many`` for a self-draft on the target's cache: draft position j of
+        every request is one token fed at the slot's committed length + j."""
+        outs: list[list[int]] = [[] for _ in rids]
+        todo: list[tuple[int, KVPrefix, int, int]] = []  # (index, prefix, n, token to feed)
+        for i, (rid, n) in enumerate(zip(rids, ns, strict=True)):
+            text = self._requests[rid].text
+            pre = prefix_of(rid)
+            if pre.logical_length != len(text) - 1:
+                raise RuntimeError(
+                    f"request {rid}: the target caches {pre.logical_length} tokens, expected "
+                    f"all but the newest of {len(text)} (drafter and engine out of step)"
+                )
+            # The newest token and n - 1 drafts are written at length .. length + n - 1.
+            n = min(n, self.options.gamma, pre.cache.max_len - pre.length)
+            if n > 0:
+                todo.append((i, pre, n, text[-1]))
+        j = 0
+        while todo:
+            meta = build_batch([
+                SequenceInput(pre.slot, pre.length + j, [tok], logits="last",
+                              cache_valid=_extend_valid(pre.valid, j),
+                              start_pos=pre.logical_length + j)
+                for _, pre, _, tok in todo
+            ])
+            logits = self._forward(meta, todo[0][1].cache)  # [len(todo), vocab]
+            nxt = []
+            for row, (i, pre, n, _) in enumerate(todo):
+                tok = int(torch.argmax(logits[row]))
+                outs[i].append(tok)
+                if len(outs[i]) < n:
+                    nxt.append((i, pre, n, tok))
+            todo, j = nxt, j + 1
+        return outs
+
     def _forward(self, meta: Any, cache: KVCache) -> torch.Tensor:
         assert self.model is not None
         with forward_threads(meta.num_tokens):  # a long pending prompt runs in MKL
             if self.options.layers is None:
                 return self.model(meta, cache)
             return self.model(meta, cache, num_layers=self.options.layers)
+
+
+def _extend_valid(valid: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """A padded slot's valid mask followed by ``n`` real (uncommitted) rows."""
+    if valid is None or n == 0:
+        return valid
+    return torch.cat([valid, torch.ones(n, dtype=torch.bool)])
 
 
 def _num_layers(model: Any) -> int:

@@ -18,12 +18,26 @@ Padded-KV mode (EMS-SD's vanilla baseline) may append *padding* entries to a slo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 
 class KVCacheFullError(RuntimeError):
     """Raised when a slot or the cache as a whole has no room for a request."""
+
+
+@dataclass(frozen=True)
+class KVPrefix:
+    """A snapshot of one slot's committed entries, for a reader that feeds tokens after
+    them without committing (a self-draft sharing the target's cache writes speculative
+    rows past ``length``, which the next verification forward overwrites)."""
+
+    cache: KVCache
+    slot: int
+    length: int  # entries in the slot, padding included: the next row's cache position
+    logical_length: int  # real entries: the next token's position
+    valid: torch.Tensor | None  # [length] bool, None when the slot holds no padding
 
 
 class KVCache:
@@ -79,6 +93,11 @@ class KVCache:
     def logical_length(self, slot: int) -> int:
         """Real (non-padding) entries of the slot: the position of its next token."""
         return self.length(slot) - self._holes[slot]
+
+    def prefix(self, slot: int) -> KVPrefix:
+        """The slot's committed entries as a ``KVPrefix``."""
+        return KVPrefix(self, slot, self.length(slot), self.logical_length(slot),
+                        self.valid_prefix(slot))
 
     def valid_prefix(self, slot: int) -> torch.Tensor | None:
         """[length] bool mask of real entries, or None when the slot holds no padding."""
