@@ -176,6 +176,8 @@ def main() -> None:
             if key in runs:
                 continue
             r = merge_blocks(parts[key])
+            for part in parts[key]:
+                part.pop("token_ids", None)  # kept once, in the merged result
             base = runs.get("plain")
             if base is not None:
                 r["identical"] = sum(x == y for x, y in zip(r["token_ids"], base["token_ids"],

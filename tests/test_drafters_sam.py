@@ -332,7 +332,7 @@ def test_real_self_draft_reads_the_target_cache(real: Real) -> None:
 
 def test_real_full_depth_self_draft_is_accepted(real: Real) -> None:
     """Drafting with all layers reproduces the target: (nearly) every chain is accepted,
-    which holds only if the drafter's own KV cache tracks the committed text."""
+    which holds only if the drafter reads the target's cache at the right positions."""
     base = real[0]
     eng = Engine(base.model, base.tokenizer, EngineConfig(max_batch_size=2, max_len=256))
     got = _check(real, "draft-model", {"layers": int(base.model.config.num_layers)}, n_prompts=2,

@@ -357,10 +357,7 @@ class Engine:
         finally:
             # On an exception (or Ctrl-C) give every slot back so the engine stays usable.
             for req in active:
-                if req.slot >= 0:
-                    self.cache.release(req.slot)
-                    self._running.pop(req.rid, None)
-                    d.stop(req.rid)
+                self._release(req, d)
         out = [r for r in results if r is not None]
         assert len(out) == len(plist)
         return out[0] if single else out
@@ -387,6 +384,14 @@ class Engine:
         req.slot = self.cache.allocate()
         self._running[req.rid] = req
         d.start(req.rid, req.prompt)
+
+    def _release(self, req: _Request, d: Drafter) -> None:
+        """Undo ``_admit``: the slot back to the cache, the request out of the drafter."""
+        if req.slot >= 0:
+            self.cache.release(req.slot)
+            req.slot = -1
+            self._running.pop(req.rid, None)
+            d.stop(req.rid)
 
     def kv_prefix(self, rid: int) -> KVPrefix:
         """Where running request ``rid``'s committed KV entries live: its slot in
@@ -624,10 +629,7 @@ class Engine:
         return any(s in text for s in req.params.stop)
 
     def _finish(self, req: _Request, d: Drafter) -> GenerationResult:
-        if req.slot >= 0:
-            self.cache.release(req.slot)
-            self._running.pop(req.rid, None)
-            d.stop(req.rid)
+        self._release(req, d)
         ids = list(req.generated)
         if req.finish_reason == "eos":
             ids = ids[:-1]
