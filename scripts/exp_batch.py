@@ -18,9 +18,9 @@ configurations already in exp_batch.json; --render-only rewrites the Markdown an
 plot from it.
 
 --blocks K splits the prompts into K consecutive blocks and runs every configuration of a
-batch size on one block before the next block, so a slow spell of a noisy machine hits
-all configurations alike. Totals are summed over the blocks; the median of the
-per-block speedups is reported beside the total one.
+batch size on one block before the next block (in an order rotated from block to block),
+so a slow spell of a noisy machine hits all configurations alike. Totals are summed over
+the blocks; the median of the per-block speedups is reported beside the total one.
 
   python scripts/exp_batch.py --out bench_out/batch --prompts 96 --batch-sizes 1 2 4 8 16 24
 """
@@ -163,7 +163,10 @@ def main() -> None:
         keys = ["plain" if d == "none" else f"{d}/{m}" for d, m in todo]
         parts = res.setdefault("blocks", {}).setdefault(str(bs), {})
         for k, block in enumerate(blocks):
-            for key, (d, m) in zip(keys, todo, strict=True):
+            # Rotate the order from block to block: a configuration that always ran
+            # first (or last) in a block could carry a systematic effect of its place.
+            rot = k % len(todo)
+            for key, (d, m) in zip(keys[rot:] + keys[:rot], todo[rot:] + todo[:rot], strict=True):
                 done = parts.setdefault(key, [])
                 if key in runs or len(done) > k:
                     continue
