@@ -13,11 +13,13 @@ Stages (each resumable: bench runs use --resume, finished stages are skipped):
             without Token Recycling (= sam), on spec_bench
   grid      Figure 2: delta x tau in 1..8 (delta by exact replay of the sam drafter; tau
             needs model logits, so real runs of sam+recycling on --grid-per-category)
-  sizes     Figure 3: draft sizes 10..70 of sam+recycling, plus the cost-aware setting
+  sizes     Figure 3: draft sizes (--sizes, default 4, 8, 10, 16, 20..70) of sam+recycling,
+            plus the cost-aware setting
             (mode=adaptive), on --grid-per-category, engine max_draft_nodes 80
 
 Every bench report checks token identity with ar per question. Results: DIR/<stage>/...
-(bench outputs) and DIR/exp_sam.json + exp_sam.md + exp_sam_grid.png.
+(bench outputs, each with report.md and speedup.png) and DIR/exp_sam.json + exp_sam.md +
+exp_sam_sizes.png + exp_sam_tau.png.
 
   python scripts/exp_sam.py --out bench_out/sam --models smollm2-135m gemma3-270m \\
       --stages index table ablation grid sizes --per-category 20 --limit 40
@@ -64,6 +66,14 @@ def main() -> None:
     ap.add_argument("--grid-per-category", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--selfgen", type=Path, default=None, help="self-generated corpus .jsonl")
+    ap.add_argument("--sizes", nargs="+", type=int, default=[4, 8, 10, 16, 20, 30, 40, 50, 60, 70],
+                    help="fixed draft sizes of the sizes stage (the paper's 10..70 and the "
+                    "small sizes a CPU prefers)")
+    ap.add_argument("--suites", nargs="+", default=["spec_bench", "humaneval", "mbpp"],
+                    choices=["spec_bench", "humaneval", "mbpp"], help="table stage suites")
+    ap.add_argument("--methods", nargs="+", default=None,
+                    help="table stage methods instead of the default list; {index} and "
+                    "{selfgen} stand for the raw and self-generated index paths")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     res_path = a.out / "exp_sam.json"
@@ -80,16 +90,23 @@ def main() -> None:
         idx = a.out / f"raw-{model}.rsidx"
         if "index" in a.stages and not idx.exists():
             cli(["index", "build", "--model", model, "--corpus", *map(str, raw), "--out", str(idx)])
-        if a.selfgen is not None and not (a.out / f"selfgen-{model}.rsidx").exists():
+        sg = a.out / f"selfgen-{model}.rsidx" if a.selfgen is not None else None
+        if sg is not None and not sg.exists():
             cli(["index", "build", "--model", model, "--corpus", str(a.selfgen),
-                 "--out", str(a.out / f"selfgen-{model}.rsidx")])
+                 "--out", str(sg)])
         ix = f"index={idx}"
         sb = SuiteSelection(per_category=a.per_category)
         if "table" in a.stages:
-            methods = ["ar", "pld", "recycling", f"sam:{ix}", f"sam+recycling:{ix}",
-                       f"sam+draft-model:{ix}"]
-            for suite, sel in (("spec_bench", sb), ("humaneval", SuiteSelection(limit=a.limit)),
-                               ("mbpp", SuiteSelection(limit=a.limit))):
+            methods = a.methods or [
+                "ar", "pld", "recycling", f"sam:{ix}", f"sam+recycling:{ix}",
+                f"sam+recycling:{ix}:mode=adaptive", f"sam+draft-model:{ix}",
+                *([f"sam+recycling:index={sg}"] if sg is not None else []),
+            ]
+            methods = [m.replace("{index}", str(idx)).replace("{selfgen}", str(sg))
+                       for m in methods]
+            sels = {"spec_bench": sb, "humaneval": SuiteSelection(limit=a.limit),
+                    "mbpp": SuiteSelection(limit=a.limit)}
+            for suite, sel in ((s, sels[s]) for s in a.suites):
                 rep = _bench(a.out / "table" / model / suite, suite, methods, model, sel,
                              a.max_new_tokens)
                 res.setdefault("table", {}).setdefault(model, {})[suite] = _overall(rep)
@@ -120,13 +137,14 @@ def main() -> None:
             save()
         if "sizes" in a.stages:
             sizes = ["ar", *(f"sam+recycling:{ix}:max_tokens={n}:template=tr80"
-                             for n in range(10, 71, 10)),
+                             for n in a.sizes),
                      f"sam+recycling:{ix}:max_tokens=70:template=tr80:mode=adaptive"]
             rep = _bench(a.out / "sizes" / model, "spec_bench", sizes, model, gsel,
                          a.max_new_tokens, nodes=80)
             res.setdefault("sizes", {})[model] = _overall(rep)
             save()
     save()
+    plot(res, a.out)
 
 
 def render(res: dict[str, Any]) -> str:
@@ -145,6 +163,44 @@ def render(res: dict[str, Any]) -> str:
         lines += [f"| {m} | {v:.3f} |" for m, v in mats.items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def plot(res: dict[str, Any], out: Path) -> None:
+    """exp_sam_sizes.png (speedup and MAT against the fixed draft size, the cost-aware
+    setting as a line) and exp_sam_tau.png (speedup and MAT against tau)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+
+    def figure(stage: str, key: str, label: str, fname: str) -> None:
+        blocks = res.get(stage, {})
+        if not blocks:
+            return
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for model, methods in blocks.items():
+            pts = sorted((int(m.split(f"{key}=")[1].split(":")[0]), v)
+                         for m, v in methods.items() if f"{key}=" in m and "adaptive" not in m)
+            adaptive = [v for m, v in methods.items() if "mode=adaptive" in m]
+            for ax, stat in zip(axes, ("speedup", "mat"), strict=True):
+                line = ax.plot([x for x, _ in pts], [v[stat] for _, v in pts], marker="o",
+                               label=f"{model}, fixed")[0]
+                for v in adaptive:
+                    ax.axhline(v[stat], ls="--", color=line.get_color(),
+                               label=f"{model}, cost-aware")
+                ax.set_xlabel(label)
+                ax.set_ylabel("speedup vs ar" if stat == "speedup" else "mean accepted tokens")
+                ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=120)
+        plt.close(fig)
+
+    figure("sizes", "max_tokens", "draft size cap (max_tokens)", "exp_sam_sizes.png")
+    figure("grid_tau", "tau", "tau", "exp_sam_tau.png")
 
 
 if __name__ == "__main__":

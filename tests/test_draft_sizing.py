@@ -74,7 +74,7 @@ def test_acceptance_stats_conditional_and_prior() -> None:
     assert r.tolist() == pytest.approx(np.cumprod(c).tolist())  # a chain: products
     prior = AcceptanceStats(4, decay=1.0)
     for _ in range(50):
-        prior.update(CHAIN4, [0, 1, 2, 3], state=PARTIAL)
+        prior.update(CHAIN4, [0, 1, 2, 3], key=PARTIAL)
     assert prior.state == PARTIAL  # a shared prior keeps no state of its own
     fresh = AcceptanceStats(4)  # starts PARTIAL, where the prior recorded its drafts
     assert fresh.conditional_rates(prior.conditional_rates())[PARTIAL].min() > 0.95
@@ -107,15 +107,44 @@ def test_acceptance_conditioned_on_last_outcome() -> None:
     assert tree.state == PARTIAL and np.array_equal(tree.reached, before)
 
 
+def test_contexts_are_counted_apart() -> None:
+    """Two draft contexts (say a long and a short match) with opposite outcomes: each
+    context's estimate follows its own drafts, and a shared prior keeps them apart too."""
+    st = AcceptanceStats(4, decay=1.0, contexts=2)
+    prior = AcceptanceStats(4, decay=1.0, contexts=2)
+    rng = random.Random(0)  # contexts in random order: the outcome state alone can't tell
+    for _ in range(200):
+        st.context = rng.randint(0, 1)
+        key = st.key
+        acc = [0, 1, 2, 3] if st.context == 1 else []
+        st.update(CHAIN4, acc)
+        prior.update(CHAIN4, acc, key=key)
+    rates = {}
+    for c in (0, 1):
+        st.context = c
+        for s_ in (MISS, FULL):
+            st.state = s_
+            rates[c, s_] = st.node_rates(np.array(CHAIN4), st.conditional_rates())[0]
+    assert rates[1, MISS] > 0.9 and rates[1, FULL] > 0.9  # context 1: always accepted
+    assert rates[0, MISS] < 0.1 and rates[0, FULL] < 0.1  # context 0: never
+    fresh = AcceptanceStats(4, contexts=2)
+    fresh.state, fresh.context = FULL, 1
+    assert fresh.node_rates(np.array(CHAIN4), fresh.conditional_rates(
+        prior.conditional_rates()))[0] > 0.9
+    fresh.context = 2
+    with pytest.raises(ValueError, match="context"):
+        _ = fresh.key
+
+
 def test_unexplored_depths_are_not_frozen() -> None:
     """A depth that was rejected a few times and then no longer drafted follows the
     pooled rate of the other depths instead of keeping its old zero."""
     st = AcceptanceStats(8, decay=0.95)
     for _ in range(3):
-        st.update(list(range(-1, 7)), list(range(7)), state=FULL)  # node 7 rejected
+        st.update(list(range(-1, 7)), list(range(7)), key=FULL)  # node 7 rejected
     assert st.conditional_rates()[FULL][7] < 0.3
     for _ in range(60):
-        st.update(list(range(-1, 6)), list(range(7)), state=FULL)  # 7-chains, all accepted
+        st.update(list(range(-1, 6)), list(range(7)), key=FULL)  # 7-chains, all accepted
     c = st.conditional_rates()[FULL]
     assert c[7] > 0.8  # its old rejections faded; the pooled deep rate took over
 

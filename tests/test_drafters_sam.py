@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
@@ -15,10 +16,20 @@ from test_verify import chi2_pvalue
 from recallspec.drafters import create_drafter
 from recallspec.drafters.draft_model import DraftModelDrafter, SamDraftModelDrafter
 from recallspec.drafters.recycling import RecyclingDrafter
-from recallspec.drafters.sam import DYNAMIC, NONE, RECYCLING, STATIC, SamDrafter
+from recallspec.drafters.sam import (
+    DYNAMIC,
+    N_BUCKETS,
+    NONE,
+    RECYCLING,
+    SOURCES,
+    STATIC,
+    SamDrafter,
+    length_bucket,
+)
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import IndexFileError
 from recallspec.index import StaticIndex
+from recallspec.spec.draft_sizing import N_STATES
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
 
@@ -159,6 +170,50 @@ def test_sam_recycling_switches_on_tau() -> None:
     d.start(2, list(b"qqc"))  # l_d = 1 < tau: recycling from 'c' -> 'd'
     tree = d.propose(2, 60)
     assert d.last_source(2) == RECYCLING and tree.tokens[0] == ord("d")
+    # max_tokens caps the recycling tree as it caps automaton chains.
+    capped = create_drafter("sam+recycling", tau=4, max_tokens=3)
+    capped.start(0, list(b"abc"))
+    capped.observe(0, list(b"d"), DraftTree.empty(), logits)  # allocates the table
+    table = capped.recycling.table  # type: ignore[attr-defined]
+    assert table.rows is not None
+    table.rows[:] = (np.arange(v)[:, None] + np.arange(1, 9)) % v  # every row known
+    capped.start(3, list(b"qqc"))
+    assert len(capped.propose(3, 60)) == 3 and capped.last_source(3) == RECYCLING
+
+
+@pytest.mark.parametrize("name", ["sam", "sam+recycling", "sam+draft-model"])
+def test_context_names_the_next_proposals_source(tmp_path: Path, name: str) -> None:
+    """``context(rid)``, read before ``propose``, names the source the proposal then uses
+    (when it drafts anything: an empty automaton draft falls back, an empty auxiliary
+    draft is recorded as none) and the match length's bucket."""
+    rng = np.random.default_rng(1)
+    corpus = [rng.integers(97, 101, 60).tolist() for _ in range(4)]
+    path = tmp_path / "c.idx"
+    StaticIndex.build(corpus, 256, FP, path)
+    opts: dict[str, Any] = {"index": str(path), "tokenizer_fingerprint": FP, "delta": 2}
+    if name != "sam":
+        opts["tau"] = 3
+    if name == "sam+draft-model":
+        opts["model"] = noisy_draft_model()
+    d = create_drafter(name, **opts)
+    assert isinstance(d, SamDrafter) and d.contexts == len(SOURCES) * N_BUCKETS
+    text = corpus[0][:20] + rng.integers(97, 101, 80).tolist()  # corpus text, then noise
+    d.start(0, text[:3])
+    seen = set()
+    for i in range(3, len(text)):
+        ctx = d.context(0)
+        tree = d.propose(0, 8)
+        step = d.last_step(0)
+        if len(tree):
+            assert SOURCES[ctx // N_BUCKETS] == step.source
+            used = {STATIC: step.static_length, DYNAMIC: step.dynamic_length}.get(
+                step.source, max(step.static_length, step.dynamic_length))
+            assert ctx % N_BUCKETS == length_bucket(used)
+            seen.add(step.source)
+        d.observe(0, [text[i]], DraftTree.empty(), torch.zeros(1, 256))
+    assert STATIC in seen and DYNAMIC in seen
+    assert [length_bucket(n) for n in (0, 1, 2, 3, 4, 8, 15, 16, 31, 32, 999)] == [
+        0, 1, 2, 2, 3, 4, 4, 5, 5, 6, 6]
 
 
 def test_static_index_fingerprint_checked(tmp_path: Path) -> None:
@@ -244,11 +299,11 @@ def real(engine: Any, spec_bench_prompts: list[str]) -> Real:
 
 
 def _check(real: Real, drafter: str, options: dict[str, Any], n_prompts: int = 20,
-           eng: Any = None) -> list[GenerationResult]:
+           eng: Any = None, mode: str = "ems") -> list[GenerationResult]:
     base, prompts, ar = real
     eng = eng or base
     got = eng.generate(prompts[:n_prompts], SamplingParams(max_new_tokens=NEW_TOKENS),
-                       drafter=drafter, drafter_options=options)
+                       drafter=drafter, drafter_options=options, mode=mode)
     assert isinstance(got, list)
     bad = [i for i, (g, a) in enumerate(zip(got, ar, strict=False)) if g.token_ids != a.token_ids]
     assert not bad, f"{drafter} {options}: prompts {bad} differ from AR"
@@ -260,6 +315,18 @@ def test_real_lossless_20_prompts(real: Real, drafter: str) -> None:
     got = _check(real, drafter, {})
     if drafter == "recycling":
         assert sum(sum(g.accept_lengths) - g.steps for g in got) > 0  # drafts accepted
+
+
+def test_real_cost_aware_sam_recycling(real: Real) -> None:
+    """Cost-aware sizing with per-context statistics (source x match length) on the real
+    model: identical to AR, and the statistics really were kept per context."""
+    eng = real[0]
+    _check(real, "sam+recycling", {}, mode="adaptive")
+    d = eng.drafter("sam+recycling")
+    prior = eng._accept_prior[d.name]
+    assert prior.contexts == d.contexts
+    used = {row // N_STATES for row in np.flatnonzero(prior.reached.sum(axis=1))}
+    assert len(used) >= 2  # recycling trees and automaton chains were counted apart
 
 
 def test_real_full_size_trees(real: Real) -> None:

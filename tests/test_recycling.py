@@ -19,6 +19,7 @@ from recallspec.drafters.recycling import (
     RecyclingDrafter,
     TreeTemplate,
     get_template,
+    path_value,
 )
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.spec.sampling import SamplingParams
@@ -41,13 +42,28 @@ def test_template_shape(name: str, nodes: int, depth: int) -> None:
     assert np.all((tpl.ranks >= 0) & (tpl.ranks < TOPK))
     paths = _paths(tpl)
     assert len(set(paths)) == nodes  # siblings have distinct ranks
-    assert paths == sorted(paths, key=lambda p: (len(p), p))  # BFS order
-    for d in range(1, depth + 1):  # levels are contiguous
-        lo, hi = tpl.levels[d - 1], tpl.levels[d]
-        assert hi > lo and all(len(p) == d for p in paths[lo:hi])
-    assert tpl.levels[-1] == nodes
+    values = [path_value(p) for p in paths]
+    assert values == sorted(values, reverse=True)  # best-first
+    for d in range(1, depth + 1):  # by_depth partitions the nodes by depth
+        assert [i for i, p in enumerate(paths) if len(p) == d] == tpl.by_depth[d - 1].tolist()
     # The greedy rule that chose the paths keeps each rank-0 chain: depth 1..6 of rank 0.
     assert all((0,) * d in set(paths) for d in range(1, depth + 1))
+
+
+@pytest.mark.parametrize("name", ["sam60", "tr80"])
+def test_template_prefix_is_best_subtree(name: str) -> None:
+    """Every prefix [:m] is what growing a tree one best frontier node at a time (the
+    optimum for path values that shrink along a path) picks from the template's paths."""
+    paths = _paths(get_template(name))
+    pool = set(paths)
+    chosen: list[tuple[int, ...]] = []
+    for _ in range(len(paths)):
+        frontier = [p for p in pool - set(chosen) if len(p) == 1 or p[:-1] in chosen]
+        chosen.append(max(frontier, key=lambda p: (path_value(p), -len(p))))
+    for m in (1, 4, 8, 16, 30, len(paths)):
+        assert [path_value(p) for p in chosen[:m]] == pytest.approx(
+            [path_value(p) for p in paths[:m]])
+    assert max(len(p) for p in paths[:16]) >= 4  # a 16-node budget is not a 2-level stub
 
 
 def test_template_rejects_missing_prefix_and_bad_rank() -> None:

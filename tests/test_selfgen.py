@@ -9,7 +9,7 @@ import pytest
 from test_engine_fake import make_engine
 
 from recallspec.data.corpus import iter_documents
-from recallspec.data.selfgen import SelfGenConfig, generate_corpus, read_done
+from recallspec.data.selfgen import SelfGenConfig, generate_corpus, iter_prompts, read_done
 from recallspec.errors import DataError
 
 
@@ -56,3 +56,19 @@ def test_bad_inputs(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not a corpus record"):
         read_done(bad)
     assert bad.read_text() == '{"question_id": "a"}\nnot json\n'  # nothing lost
+
+
+def test_per_file_mixes_the_prompt_files(tmp_path: Path) -> None:
+    a = _prompts(tmp_path)
+    b = tmp_path / "b.jsonl"
+    b.write_text("".join(json.dumps({"question": f"what is {i} + {i}?", "answer": "x"}) + "\n"
+                         for i in range(4)))
+    assert [pid for pid, _ in iter_prompts([a, b], per_file=2)] == [
+        "alpaca.json:0", "alpaca.json:1", "b.jsonl:0", "b.jsonl:1"]
+    out = tmp_path / "mix.jsonl"
+    c = generate_corpus(make_engine(max_batch_size=2), [a, b], out,
+                        SelfGenConfig(max_new_tokens=4, batch_size=2, per_file=3, limit=5))
+    assert c["prompts"] == 5 and sorted(read_done(out)) == [
+        "alpaca.json:0", "alpaca.json:1", "alpaca.json:2", "b.jsonl:0", "b.jsonl:1"]
+    with pytest.raises(DataError, match="per_file"):
+        SelfGenConfig(per_file=0)

@@ -22,7 +22,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from recallspec.drafters.base import Drafter, create_drafter, has_costly_proposals
+from recallspec.drafters.base import (
+    Drafter,
+    create_drafter,
+    draft_context,
+    draft_contexts,
+    has_costly_proposals,
+)
 from recallspec.errors import ContextLengthError, DataError, RecallspecError, ResourceError
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.cost_curve import CostCurve, calibrate
@@ -471,14 +477,14 @@ class Engine:
             self.cache.commit(req.slot, meta.cache_lens[b], keep)
             committed.append(len(keep))
             if req.stats is not None:
-                state = req.stats.state
+                key = req.stats.key  # the row this draft was sized in
                 if req.probing and len(tree):
                     wait = self._probe_wait.get(d.name, PROBE_EVERY)
                     self._probe_wait[d.name] = (
                         PROBE_EVERY if verdict.accepted_nodes else min(2 * wait, PROBE_MAX)
                     )
                 req.stats.update(tree.parents, verdict.accepted_nodes)
-                self._prior(d).update(tree.parents, verdict.accepted_nodes, state=state)
+                self._prior(d).update(tree.parents, verdict.accepted_nodes, key=key)
             self.stats.draft_nodes += len(tree)
             before = len(req.generated)
             self._commit_tokens(
@@ -568,11 +574,14 @@ class Engine:
         """Adaptive mode: how many nodes of each request's (actual or prospective) draft
         tree ``parents`` to verify, maximising the batch's expected tokens per second."""
         curve = self.cost_curve()
-        prior = self._prior(d).conditional_rates()  # the same for every request this step
+        shared = self._prior(d)
+        prior = shared.conditional_rates()  # the same for every request this step
+        contexts = shared.contexts  # the request stats share the prior's rows
         gains = []
         for req, par in zip(decoding, parents, strict=True):
             if req.stats is None:
-                req.stats = AcceptanceStats(self.config.max_draft_nodes)
+                req.stats = AcceptanceStats(self.config.max_draft_nodes, contexts=contexts)
+            req.stats.context = draft_context(d, req.rid)
             gains.append(req.stats.node_rates(par, req.stats.conditional_rates(prior)))
         extra = self._step_overhead
         sizes = choose_draft_sizes(
@@ -594,7 +603,8 @@ class Engine:
     def _prior(self, d: Drafter) -> AcceptanceStats:
         """Engine-wide acceptance statistics of a drafter (the prior of new requests)."""
         if d.name not in self._accept_prior:  # keyed like _probe_wait
-            self._accept_prior[d.name] = AcceptanceStats(self.config.max_draft_nodes, decay=0.99)
+            self._accept_prior[d.name] = AcceptanceStats(
+                self.config.max_draft_nodes, decay=0.99, contexts=draft_contexts(d))
         return self._accept_prior[d.name]
 
     def _commit_tokens(

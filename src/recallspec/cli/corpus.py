@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--out", required=True, type=Path, help=".jsonl file (appended to)")
     g.add_argument("--model", default=None)
     g.add_argument("--limit", type=int, default=None, help="at most N prompts in total")
+    g.add_argument("--per-file", type=int, default=None,
+                   help="only the first N prompts of each file (mixes the files)")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.8)
     g.add_argument("--top-p", type=float, default=1.0)
@@ -44,11 +46,12 @@ def run_generate(args: argparse.Namespace) -> int:
 
     cfg = SelfGenConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-        batch_size=args.batch_size, limit=args.limit, max_prompt_tokens=args.max_prompt_tokens,
+        batch_size=args.batch_size, limit=args.limit, per_file=args.per_file,
+        max_prompt_tokens=args.max_prompt_tokens,
         seed=args.seed, drafter=args.drafter,
     )
     # Validate inputs before the (slow) model load.
-    n = sum(1 for _ in iter_prompts(args.prompts))
+    n = sum(1 for _ in iter_prompts(args.prompts, cfg.per_file))
     total = min(n, cfg.limit) if cfg.limit else n
     done = len(read_done(args.out))
     engine = Engine.load(args.model, dtype=args.dtype, max_batch_size=cfg.batch_size)

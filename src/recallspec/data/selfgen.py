@@ -32,6 +32,7 @@ class SelfGenConfig:
     top_p: float = 1.0
     batch_size: int = 8  # prompts decoded together
     limit: int | None = None  # prompts taken in total (over all files, in order)
+    per_file: int | None = None  # prompts taken from each file (its first ones), then limit
     max_prompt_tokens: int = 1024  # longer prompts are skipped
     seed: int = 0
     drafter: str = "none"  # any drafter: output distribution is the model's either way
@@ -41,17 +42,26 @@ class SelfGenConfig:
             raise DataError("need max_new_tokens >= 1, batch_size >= 1, temperature >= 0")
         if self.limit is not None and self.limit < 1:
             raise DataError("limit must be >= 1")
+        if self.per_file is not None and self.per_file < 1:
+            raise DataError("per_file must be >= 1")
 
 
-def iter_prompts(files: Sequence[str | os.PathLike[str]]) -> Iterator[tuple[str, str]]:
-    """(id, first user message) of every record that has one, file by file."""
+def iter_prompts(
+    files: Sequence[str | os.PathLike[str]], per_file: int | None = None,
+) -> Iterator[tuple[str, str]]:
+    """(id, first user message) of every record that has one, file by file; with
+    ``per_file``, only each file's first ``per_file`` such records (a mixed corpus)."""
     for f in files:
         p = Path(f)
         if not p.is_file():
             raise DataError(f"prompt file {p} does not exist")
+        taken = 0
         for i, rec in enumerate(iter_records(p)):
+            if per_file is not None and taken >= per_file:
+                break
             users = [m["content"] for m in record_messages(rec) if m["role"] == "user"]
             if users:
+                taken += 1
                 yield f"{p.name}:{i}", users[0]
 
 
@@ -87,7 +97,7 @@ def generate_corpus(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, int]:
     """Answer every prompt of ``files`` not yet in ``out``; returns counts."""
-    prompts = list(iter_prompts(files))
+    prompts = list(iter_prompts(files, cfg.per_file))
     if cfg.limit is not None:
         prompts = prompts[: cfg.limit]
     if not prompts:

@@ -18,6 +18,10 @@ requests at once; the engine calls it instead of ``propose`` when a drafter has 
 Optional: ``costly_proposals = True`` says a proposal's cost grows with max_nodes (a
 model forward per draft position); the engine's adaptive mode then sizes each request's
 draft before proposing, and asks for nothing where drafting does not pay.
+Optional: ``contexts`` (an int) and ``context(rid)`` (in ``[0, contexts)``): the kind
+of draft the next ``propose`` for rid will make (say, its source and match-length
+bucket); adaptive mode keeps acceptance statistics per context. ``context`` must not
+change the drafter's state and must be valid right after ``start`` and each ``observe``.
 
 Invariant: after start and each observe, the drafter's view of request rid is
 exactly prompt + all committed tokens, the same text the engine holds.
@@ -58,6 +62,18 @@ def has_costly_proposals(d: Drafter) -> bool:
     """Whether a drafter's proposals cost a model forward per draft position (its
     optional ``costly_proposals`` attribute; absent means cheap)."""
     return bool(getattr(d, "costly_proposals", False))
+
+
+def draft_contexts(d: Drafter) -> int:
+    """How many draft contexts a drafter distinguishes (1 without ``context``)."""
+    n = getattr(d, "contexts", 1)
+    return int(n) if callable(getattr(d, "context", None)) else 1
+
+
+def draft_context(d: Drafter, rid: int) -> int:
+    """The context of rid's next draft (0 for a drafter without contexts)."""
+    fn = getattr(d, "context", None)
+    return int(fn(rid)) if callable(fn) else 0
 
 
 DrafterFactory = Callable[..., Drafter]

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from recallspec.drafters.base import register_drafter
-from recallspec.drafters.sam import SamDrafter, SamOptions, _options
+from recallspec.drafters.sam import MODEL, SamDrafter, SamOptions, _options
 from recallspec.errors import DataError
 from recallspec.index import StaticIndex
 from recallspec.runtime.batch import SequenceInput, build_batch
@@ -60,7 +60,6 @@ from recallspec.spec.tree import DraftTree
 if TYPE_CHECKING:
     from recallspec.engine import Engine
 
-MODEL = "model"  # SamStep.source of a draft-model proposal
 
 
 @dataclass(frozen=True)
@@ -320,6 +319,7 @@ class SamDraftModelDrafter(SamDrafter):
 
     name = "sam+draft-model"
     needs_logits = False
+    auxiliary = MODEL
     costly_proposals = True  # a draft-model forward per draft position
 
     def __init__(self, options: SamOptions, draft: DraftModelOptions, *, tau: int = 5,

@@ -14,8 +14,11 @@ Templates are prefix-closed sets of *rank paths*: the path "01" is the node reac
 by taking the rank-0 successor of the root token, then the rank-1 successor of that.
 Both templates below were chosen by the same rule: the ``n`` paths of depth <= 6
 with the largest product of per-rank hit rates, assuming the rank-r successor is
-right with probability (0.52, 0.14, 0.07, 0.045, 0.03, 0.022, 0.017, 0.013)[r] (a
-typical top-8 profile; an assumption, not a measurement on this model).
+right with probability ``RANK_HIT[r]`` (a typical top-8 profile; an assumption, not a
+measurement on this model). Nodes are kept *best-first* (by that product), so the
+first ``m`` nodes of a template are the best ``m``-node tree under the same rule: a
+node budget (``max_nodes``, the engine's cap, cost-aware sizing) cuts the least likely
+nodes, not a whole level (a BFS prefix of 16 nodes would be depth 2 only).
 
 * ``sam60`` - the SAM-Decoding[T] setting: 60 nodes, depth 6.
 * ``tr80`` - the Token Recycling paper's size: 80 nodes, depth 6 (same rule, so its
@@ -35,6 +38,8 @@ from recallspec.drafters.base import register_drafter
 from recallspec.spec.tree import DraftTree
 
 TOPK = 8  # successors kept per token; ranks in templates are < TOPK
+# Assumed probability that the rank-r successor is the model's next token.
+RANK_HIT = (0.52, 0.14, 0.07, 0.045, 0.03, 0.022, 0.017, 0.013)
 
 _SAM60 = (
     "0 1 2 3 4 5 6 7 00 01 02 03 04 05 06 07 10 11 12 20 21 30 40 50 60 70 000 001 002 003 "
@@ -49,43 +54,48 @@ _TR80 = (
 )
 
 
+def path_value(path: Sequence[int]) -> float:
+    """The assumed probability that a whole rank path is accepted."""
+    return float(np.prod([RANK_HIT[r] for r in path]))
+
+
 @dataclass(frozen=True)
 class TreeTemplate:
-    """A static draft-tree shape in BFS order (depth, then parent, then rank).
+    """A static draft-tree shape, nodes best-first (decreasing ``path_value``).
 
-    Invariants: ``parents[i] < i``; nodes of depth d (1 = children of the root) are the
-    contiguous range ``levels[d-1]:levels[d]``; siblings have distinct ranks, so the
-    tokens they get from one table row are distinct.
+    Invariants: ``parents[i] < i`` (a child's value is below its parent's, and ties go
+    to the shorter path), so every prefix ``[:m]`` is itself a tree; siblings have
+    distinct ranks, so the tokens they get from one table row are distinct.
     """
 
     parents: npt.NDArray[np.int64]  # [n] parent node, -1 = root
     ranks: npt.NDArray[np.int64]  # [n] index into the parent token's top-k row
-    levels: tuple[int, ...]  # [depth + 1] level offsets, levels[0] = 0
+    by_depth: tuple[npt.NDArray[np.int64], ...]  # [depth] ascending node indices per depth
 
     def __len__(self) -> int:
         return int(self.parents.shape[0])
 
     @property
     def depth(self) -> int:
-        return len(self.levels) - 1
+        return len(self.by_depth)
 
     @staticmethod
     def from_paths(paths: Sequence[Sequence[int]]) -> TreeTemplate:
         """Build from rank paths; every proper prefix of a path must be a path too."""
-        uniq = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
-        index = {p: i for i, p in enumerate(uniq)}
-        parents, ranks = [], []
+        uniq = {tuple(int(r) for r in p) for p in paths}
         for p in uniq:
             if not p or any(not 0 <= r < TOPK for r in p):
                 raise ValueError(f"bad template path {p}: need 1..depth ranks in [0, {TOPK})")
-            if len(p) > 1 and p[:-1] not in index:
+            if len(p) > 1 and p[:-1] not in uniq:
                 raise ValueError(f"template path {p} lacks its prefix {p[:-1]}")
-            parents.append(index[p[:-1]] if len(p) > 1 else -1)
-            ranks.append(p[-1])
-        depths = [len(p) for p in uniq]
-        top = max(depths, default=0)
-        levels = tuple(int(np.searchsorted(depths, d)) for d in range(1, top + 2))
-        return TreeTemplate(np.asarray(parents, np.int64), np.asarray(ranks, np.int64), levels)
+        order = sorted(uniq, key=lambda p: (-path_value(p), len(p), p))
+        index = {p: i for i, p in enumerate(order)}
+        parents = np.asarray([index[p[:-1]] if len(p) > 1 else -1 for p in order], np.int64)
+        ranks = np.asarray([p[-1] for p in order], np.int64)
+        depths = np.asarray([len(p) for p in order], np.int64)
+        top = int(depths.max(initial=0))
+        by_depth = tuple(np.flatnonzero(depths == d).astype(np.int64) for d in range(1, top + 1))
+        return TreeTemplate(parents, ranks, by_depth)
 
     @staticmethod
     def from_string(spec: str) -> TreeTemplate:
@@ -125,26 +135,25 @@ class AdjacencyTable:
         self.rows[tokens, :k] = top
 
     def expand(self, root: int, tpl: TreeTemplate, max_nodes: int) -> DraftTree:
-        """The template's first ``max_nodes`` nodes, tokens gathered level by level.
+        """The template's first (best) ``max_nodes`` nodes, tokens gathered depth by depth.
 
         A node is dropped when its table entry is unknown or its parent was dropped;
-        the survivors are renumbered, keeping BFS order (parents before children).
+        the survivors are renumbered, keeping the template's order (parents first).
         """
         n = min(len(tpl), max_nodes)
         if self.rows is None or n <= 0 or not 0 <= root < self.rows.shape[0]:
             return DraftTree.empty()
         rows = self.rows
         tokens = np.full(n, -1, np.int64)
-        for d in range(tpl.depth):
-            lo, hi = tpl.levels[d], min(tpl.levels[d + 1], n)
-            if lo >= hi:
-                break
-            par = tpl.parents[lo:hi]
-            src = np.full(hi - lo, root, np.int64) if d == 0 else tokens[par]
+        for d, nodes in enumerate(tpl.by_depth):
+            idx = nodes[: int(np.searchsorted(nodes, n))]  # this depth's nodes among [:n]
+            if not len(idx):
+                break  # a prefix of a tree holds no deeper node either
+            src = np.full(len(idx), root, np.int64) if d == 0 else tokens[tpl.parents[idx]]
             ok = src >= 0  # a dropped parent (-1) drops its children
-            got = np.full(hi - lo, -1, np.int64)
-            got[ok] = rows[src[ok], tpl.ranks[lo:hi][ok]]
-            tokens[lo:hi] = got
+            got = np.full(len(idx), -1, np.int64)
+            got[ok] = rows[src[ok], tpl.ranks[idx][ok]]
+            tokens[idx] = got
         keep = tokens >= 0
         if keep.all():
             return DraftTree(tokens, tpl.parents[:n].copy())

@@ -17,6 +17,10 @@ static automaton's most frequent continuations as a tree).
 the automaton's draft as above, else the Token Recycling tree. The recycling table is
 refreshed from every verification, whichever source drafted.
 
+``context(rid)`` (the cost-aware sizing's draft context, ``drafters/base.py``) names the
+source the next proposal will use and a bucket of the match length it rests on
+(``length_bucket``): acceptance of copied text rises steeply with the match length.
+
 ``last_step(rid)`` / ``last_source(rid)`` report the latest proposal's match lengths
 and source; ``source_counts`` counts proposals per source over the instance's life.
 """
@@ -40,13 +44,22 @@ if TYPE_CHECKING:
     from recallspec.engine import Engine
 
 # Where a proposal came from.
-NONE, DYNAMIC, STATIC, RECYCLING = "none", "dynamic", "static", "recycling"
+NONE, DYNAMIC, STATIC, RECYCLING, MODEL = "none", "dynamic", "static", "recycling", "model"
+SOURCES = (NONE, DYNAMIC, STATIC, RECYCLING, MODEL)  # context = source index * buckets + bucket
+# Match-length bucket edges: 0 | 1 | 2-3 | 4-7 | 8-15 | 16-31 | 32+.
+_BUCKET_EDGES = (1, 2, 4, 8, 16, 32)
+N_BUCKETS = len(_BUCKET_EDGES) + 1
+
+
+def length_bucket(length: int) -> int:
+    """The bucket of a match length (0 for no match, N_BUCKETS - 1 for >= 32)."""
+    return sum(length >= e for e in _BUCKET_EDGES)
 
 
 @dataclass(frozen=True)
 class SamOptions:
     index: str | None = None  # static corpus index file; None = dynamic automaton only
-    max_tokens: int = 40  # draft size cap (chain length or tree nodes)
+    max_tokens: int = 40  # draft size cap (chain length or tree nodes, recycling's too)
     delta: int = 5  # static draft only if l_s > l_d + delta
     tree: bool = False  # static drafts as the corpus frequency tree instead of a chain
     dynamic: bool = True  # False: ignore the request's own automaton (Table 3 ablation)
@@ -81,6 +94,9 @@ class SamDrafter:
 
     name = "sam"
     needs_logits = False
+    contexts = len(SOURCES) * N_BUCKETS
+    auxiliary: str | None = None  # subclasses: the source of the drafter used below tau
+    tau = 0
 
     def __init__(self, options: SamOptions, static: StaticIndex | None = None) -> None:
         self.options = options
@@ -139,6 +155,22 @@ class SamDrafter:
     def stop(self, rid: int) -> None:
         self._states.pop(rid, None)
 
+    def context(self, rid: int) -> int:
+        """The next proposal's source and the bucket of its match length."""
+        st = self._states[rid]
+        source, length = self._next_source(st)
+        return SOURCES.index(source) * N_BUCKETS + length_bucket(length)
+
+    def _next_source(self, st: _State) -> tuple[str, int]:
+        """The source ``propose`` will draft from and the match length it uses (the
+        automaton's choice as in ``_automaton_draft``)."""
+        l_d, l_s = self._lengths(st)
+        if self.auxiliary is not None and max(l_d, l_s - self.options.delta) < self.tau:
+            return self.auxiliary, max(l_d, l_s)
+        if st.cursor is not None and l_s > l_d + self.options.delta:
+            return STATIC, l_s
+        return (DYNAMIC, l_d) if l_d > 0 else (NONE, 0)
+
     # -- statistics --------------------------------------------------------------
     def last_step(self, rid: int) -> SamStep:
         return self._states[rid].last
@@ -193,6 +225,7 @@ class SamRecyclingDrafter(SamDrafter):
 
     name = "sam+recycling"
     needs_logits = True  # the recycling table learns from every verification
+    auxiliary = RECYCLING
 
     def __init__(
         self, options: SamOptions, *, tau: int = 5, template: str = "sam60", k: int = TOPK,
@@ -209,8 +242,9 @@ class SamRecyclingDrafter(SamDrafter):
         self.recycling.start(rid, prompt)
 
     def propose(self, rid: int, max_nodes: int) -> DraftTree:
+        n = min(max_nodes, self.options.max_tokens)  # the draft size cap holds for trees too
         return self._automaton_or(
-            rid, max_nodes, self.tau, lambda: self.recycling.propose(rid, max_nodes), RECYCLING
+            rid, max_nodes, self.tau, lambda: self.recycling.propose(rid, n), RECYCLING
         )
 
     def observe(

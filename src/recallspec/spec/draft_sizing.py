@@ -22,6 +22,13 @@ verification (first node rejected / accepted part way / accepted to a leaf): ret
 drafts are bimodal (inside a copied span nearly everything is accepted, after a miss
 little is), and an unconditioned average under-drafts in spans.
 
+Draft context. A drafter may also say *what kind* of draft it is about to make
+(optional ``contexts`` / ``context(rid)``, ``drafters/base.py``): for the SAM drafters
+the draft's source (dynamic / static automaton, auxiliary) and a bucket of its match
+length, since a 20-token match predicts its continuation far better than a 2-token one.
+Counts are kept per (context, outcome) pair, the row ``key = context * N_STATES +
+state``; a drafter without contexts has one.
+
 Exploration. An index that is never drafted would keep whatever estimate it had when
 drafting stopped, and a low one would never be revised. So each index is shrunk toward
 the pooled rate of all deeper indices of the same state (one pseudo-observation), and a
@@ -45,32 +52,44 @@ N_STATES = 3
 
 @dataclass
 class AcceptanceStats:
-    """Decayed per-state, per-node-index counts of reached and accepted draft nodes."""
+    """Decayed per-row, per-node-index counts of reached and accepted draft nodes, one
+    row per (draft context, previous outcome) pair."""
 
     max_nodes: int
-    decay: float = 0.95  # weight of the past per update (~20-step memory per state)
+    decay: float = 0.95  # weight of the past per update (~20-step memory per row)
+    contexts: int = 1  # draft contexts the drafter distinguishes
     state: int = PARTIAL  # the previous verification's outcome (new requests: PARTIAL)
-    reached: npt.NDArray[np.float64] = field(init=False)  # [N_STATES, max_nodes]
-    accepted: npt.NDArray[np.float64] = field(init=False)  # [N_STATES, max_nodes]
+    context: int = 0  # the context of the draft being sized (set before each step)
+    reached: npt.NDArray[np.float64] = field(init=False)  # [contexts * N_STATES, max_nodes]
+    accepted: npt.NDArray[np.float64] = field(init=False)  # [contexts * N_STATES, max_nodes]
 
     def __post_init__(self) -> None:
-        self.reached = np.zeros((N_STATES, self.max_nodes))
-        self.accepted = np.zeros((N_STATES, self.max_nodes))
+        if self.contexts < 1:
+            raise ValueError("contexts must be >= 1")
+        self.reached = np.zeros((self.contexts * N_STATES, self.max_nodes))
+        self.accepted = np.zeros((self.contexts * N_STATES, self.max_nodes))
+
+    @property
+    def key(self) -> int:
+        """The row of the current (context, state) pair."""
+        if not 0 <= self.context < self.contexts:
+            raise ValueError(f"draft context {self.context} outside [0, {self.contexts})")
+        return self.context * N_STATES + self.state
 
     def update(
         self, parents: Sequence[int] | npt.NDArray[np.int64], accepted_nodes: Sequence[int],
-        *, state: int | None = None,
+        *, key: int | None = None,
     ) -> None:
         """Record one verification of a draft tree (``parents``, -1 = root) of which
         ``accepted_nodes`` were accepted (a path from the root).
 
-        ``state``: the state the draft was made in; by default this request's own state,
-        which then moves to the outcome (a shared prior passes the request's state and
-        keeps none of its own). A step without a draft changes nothing."""
+        ``key``: the row the draft was made in; by default this request's own ``key``,
+        whose state then moves to the outcome (a shared prior passes the request's key
+        and keeps no state of its own). A step without a draft changes nothing."""
         par = [int(p) for p in parents]
         if not par:
             return
-        s = self.state if state is None else state
+        s = self.key if key is None else key
         acc = set(accepted_nodes)
         self.reached[s] *= self.decay
         self.accepted[s] *= self.decay
@@ -79,7 +98,7 @@ class AcceptanceStats:
                 self.reached[s, j] += 1.0
                 if j in acc:
                     self.accepted[s, j] += 1.0
-        if state is None:
+        if key is None:
             last = max(acc, default=-1)
             leaf = last >= 0 and last not in par  # no drafted child below the path's end
             self.state = MISS if last < 0 else FULL if leaf else PARTIAL
@@ -88,10 +107,11 @@ class AcceptanceStats:
         self, prior: npt.NDArray[np.float64] | None = None, prior_weight: float = 4.0,
         default: float = 0.5,
     ) -> npt.NDArray[np.float64]:
-        """[N_STATES, max_nodes] estimated P(node j accepted | its parent accepted).
+        """[rows, max_nodes] estimated P(node j accepted | its parent accepted), rows as
+        ``key``.
 
         Without ``prior``, index 0 shrinks toward ``default`` and deeper indices toward
-        the pooled rate of all deeper indices of the state (itself shrunk toward
+        the pooled rate of all deeper indices of the row (itself shrunk toward
         ``default``; one pseudo-observation each).
         ``prior`` (the engine-wide stats' ``conditional_rates()``) replaces that target
         and counts as ``prior_weight`` observations."""
@@ -99,7 +119,7 @@ class AcceptanceStats:
             deep_num = self.accepted[:, 1:].sum(axis=1)
             deep_den = self.reached[:, 1:].sum(axis=1)
             pooled = (deep_num + default) / (deep_den + 1.0)  # never exactly 0: explore
-            target = np.empty((N_STATES, self.max_nodes))
+            target = np.empty_like(self.reached)
             target[:, 0] = default
             target[:, 1:] = pooled[:, None]
             weight = 1.0
@@ -112,8 +132,8 @@ class AcceptanceStats:
         self, parents: npt.NDArray[np.int64], conditional: npt.NDArray[np.float64],
     ) -> npt.NDArray[np.float64]:
         """[len(parents)] estimated acceptance probability of each node of a draft tree in
-        the current state: the product of conditional rates along its path."""
-        c = conditional[self.state]
+        the current row (``key``): the product of conditional rates along its path."""
+        c = conditional[self.key]
         r = np.zeros(len(parents))
         for j, p in enumerate(parents.tolist()[: self.max_nodes]):
             r[j] = c[j] * (1.0 if p < 0 else r[p])
