@@ -136,6 +136,33 @@ def test_replay_equals_real_engine_run() -> None:
     assert accepted_any
 
 
+@pytest.mark.skipif(not _have_model(), reason="model loader or default model missing")
+def test_replay_cli_checks_a_corpus_index_against_the_recorded_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``sam:index=...`` replays with the recorded model's tokenizer fingerprint; an index
+    of another tokenizer is refused with a clear error (not a traceback)."""
+    from recallspec.index import StaticIndex
+    from recallspec.models import load_tokenizer
+
+    eng = Engine(CycleModel(5), ByteTokenizer(), EngineConfig(max_len=512))
+    run_bench(BenchConfig(suite="demo", methods=("ar",), max_new_tokens=30), tmp_path,
+              engine=eng, progress=False, log=lambda m: None)
+    ar = answers_path(tmp_path, "ar")
+    corpus = [r["choices"][0]["token_ids"][0] for r in read_answers(ar)]
+    fp = load_tokenizer().fingerprint  # the recorded run's model: the default
+    good, other = tmp_path / "good.rsidx", tmp_path / "other.rsidx"
+    StaticIndex.build(corpus, 49152, fp, good)
+    StaticIndex.build(corpus, 49152, "another-tokenizer", other)
+    assert main(["bench", "replay", "--answers", str(ar), "--methods",
+                 f"sam:index={good}:delta=0", "--json"]) == 0
+    mat = json.loads(capsys.readouterr().out)["mat"][f"sam:index={good}:delta=0"]
+    assert mat["overall"]["mat"] > 1.5  # the corpus holds the answers themselves
+    assert main(["bench", "replay", "--answers", str(ar), "--methods",
+                 f"sam:index={other}"]) == 2  # the CLI's exit status for bad input
+    assert "different tokenizer" in capsys.readouterr().err
+
+
 def test_replay_eos_inside_accepted_draft() -> None:
     succ = torch.arange(V).roll(-1)  # t -> t + 1
     succ[7] = EOS  # 5 -> 6 -> 7 -> EOS

@@ -61,6 +61,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pl = bsub.add_parser("replay", help="exact offline acceptance replay on recorded ar answers")
     pl.add_argument("--answers", required=True, help="an ar answer file (DIR/answers/ar.jsonl)")
     pl.add_argument("--methods", default="pld,llma", help="model-free drafters to replay")
+    pl.add_argument("--model", default=None,
+                    help="whose tokenizer a corpus index must match (default: the recorded "
+                    "run's model)")
     pl.add_argument("--max-draft-nodes", type=int, default=None,
                     help="default: the recorded run's setting, else 16")
     pl.add_argument("--max-new-tokens", type=int, default=None,
@@ -161,11 +164,19 @@ def run_replay(args: argparse.Namespace) -> int:
     from recallspec.bench.methods import parse_method
 
     replayed = {}
+    fingerprint: str | None = None
     for m in _csv(args.methods) or ():
         name, opts = parse_method(m)
         if "mode" in opts:
             raise DataError(f"{m}: batch modes change timing-driven choices; replay cannot run "
                             "them (use a real run)")
+        if "index" in opts and "tokenizer_fingerprint" not in opts:
+            # No engine here: the recorded model's tokenizer is what the index must match.
+            if fingerprint is None:
+                from recallspec.models import load_tokenizer
+
+                fingerprint = load_tokenizer(args.model or settings.get("model")).fingerprint
+            opts["tokenizer_fingerprint"] = fingerprint
         replayed[m] = replay_answers(recs, name, cfg, opts)
     rep = replay_report(recs, replayed)
     if args.json:
