@@ -340,8 +340,7 @@ class SamDraftModelDrafter(SamDrafter):
 
     def propose(self, rid: int, max_nodes: int) -> DraftTree:
         return self._automaton_or(
-            rid, max_nodes, self.tau,
-            lambda: DraftTree.chain(self.draft.propose(rid, max_nodes)), MODEL,
+            rid, max_nodes, lambda: DraftTree.chain(self.draft.propose(rid, max_nodes))
         )
 
     def observe(

@@ -162,14 +162,11 @@ class SamDrafter:
         return SOURCES.index(source) * N_BUCKETS + length_bucket(length)
 
     def _next_source(self, st: _State) -> tuple[str, int]:
-        """The source ``propose`` will draft from and the match length it uses (the
-        automaton's choice as in ``_automaton_draft``)."""
-        l_d, l_s = self._lengths(st)
-        if self.auxiliary is not None and max(l_d, l_s - self.options.delta) < self.tau:
-            return self.auxiliary, max(l_d, l_s)
-        if st.cursor is not None and l_s > l_d + self.options.delta:
-            return STATIC, l_s
-        return (DYNAMIC, l_d) if l_d > 0 else (NONE, 0)
+        """The source ``propose`` will draft from and the match length it uses (an
+        empty automaton draft, which falls back to the auxiliary, aside)."""
+        if self._auxiliary_turn(st):
+            return str(self.auxiliary), max(self._lengths(st))
+        return self._automaton_source(st)
 
     # -- statistics --------------------------------------------------------------
     def last_step(self, rid: int) -> SamStep:
@@ -183,33 +180,48 @@ class SamDrafter:
         l_d = st.dyn.match_length if self.options.dynamic else 0
         return l_d, (st.cursor.match_length if st.cursor is not None else 0)
 
-    def _automaton_draft(self, st: _State, max_nodes: int) -> tuple[DraftTree, str]:
-        """The static draft if ``l_s > l_d + delta``, else the dynamic one."""
-        n = min(self.options.max_tokens, max_nodes)
+    def _automaton_source(self, st: _State) -> tuple[str, int]:
+        """The automaton to draft from and its match length: the static one if
+        ``l_s > l_d + delta``, else the dynamic one; none without an earlier occurrence
+        (``l_d`` = 0: nothing to copy)."""
         l_d, l_s = self._lengths(st)
+        if st.cursor is not None and l_s > l_d + self.options.delta:
+            return STATIC, l_s
+        return (DYNAMIC, l_d) if l_d > 0 else (NONE, 0)
+
+    def _auxiliary_turn(self, st: _State) -> bool:
+        """SAM-Decoding[T]'s switch: the auxiliary drafter (if any) drafts when
+        ``max(l_d, l_s - delta) < tau``."""
+        l_d, l_s = self._lengths(st)
+        return self.auxiliary is not None and max(l_d, l_s - self.options.delta) < self.tau
+
+    def _automaton_draft(self, st: _State, max_nodes: int) -> tuple[DraftTree, str]:
+        """The draft of the automaton ``_automaton_source`` picks."""
+        n = min(self.options.max_tokens, max_nodes)
         if n <= 0:
             return DraftTree.empty(), NONE
-        if st.cursor is not None and l_s > l_d + self.options.delta:
+        source, _ = self._automaton_source(st)
+        if source == STATIC:
+            assert st.cursor is not None
             if self.options.tree:
                 return st.cursor.draft_tree(n), STATIC
             return DraftTree.chain(st.cursor.draft_chain(n).tolist()), STATIC
-        if l_d > 0:  # length 0 = no earlier occurrence: nothing to copy
+        if source == DYNAMIC:
             return DraftTree.chain(st.dyn.draft_chain(n).tolist()), DYNAMIC
         return DraftTree.empty(), NONE
 
     def _automaton_or(
-        self, rid: int, max_nodes: int, tau: int, auxiliary: Callable[[], DraftTree], source: str
+        self, rid: int, max_nodes: int, auxiliary: Callable[[], DraftTree]
     ) -> DraftTree:
-        """SAM-Decoding[T] (Algorithm 2): the automaton's draft when
-        ``max(l_d, l_s - delta) >= tau`` and it is non-empty, else ``auxiliary()``
-        (recorded under ``source``)."""
+        """SAM-Decoding[T] (Algorithm 2): the automaton's draft unless it is the auxiliary
+        drafter's turn (``_auxiliary_turn``) or the automaton's draft is empty, else
+        ``auxiliary()`` (recorded under ``self.auxiliary``)."""
         st = self._states[rid]
-        l_d, l_s = self._lengths(st)
-        if max(l_d, l_s - self.options.delta) >= tau:
+        if not self._auxiliary_turn(st):
             tree, src = self._automaton_draft(st, max_nodes)
             if len(tree):
                 return self._record(st, tree, src)
-        return self._record(st, auxiliary(), source)
+        return self._record(st, auxiliary(), str(self.auxiliary))
 
     def _record(self, st: _State, tree: DraftTree, source: str) -> DraftTree:
         l_d, l_s = self._lengths(st)
@@ -243,9 +255,7 @@ class SamRecyclingDrafter(SamDrafter):
 
     def propose(self, rid: int, max_nodes: int) -> DraftTree:
         n = min(max_nodes, self.options.max_tokens)  # the draft size cap holds for trees too
-        return self._automaton_or(
-            rid, max_nodes, self.tau, lambda: self.recycling.propose(rid, n), RECYCLING
-        )
+        return self._automaton_or(rid, max_nodes, lambda: self.recycling.propose(rid, n))
 
     def observe(
         self, rid: int, accepted: Sequence[int], tree: DraftTree, logits: torch.Tensor | None
