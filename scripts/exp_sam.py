@@ -10,7 +10,8 @@ Stages (each resumable: bench runs use --resume, finished stages are skipped):
             sam+recycling, sam+draft-model on spec_bench (--per-category), humaneval and
             mbpp (--limit), per model; one interleaved bench run per suite and model
   ablation  Table 3: sam+recycling without the static SAM, without the dynamic SAM,
-            without Token Recycling (= sam), on spec_bench
+            without Token Recycling (= sam), on spec_bench (--per-category), all
+            cost-aware (mode=adaptive)
   grid      Figure 2: delta x tau in 1..8 (delta by exact replay of the sam drafter; tau
             needs model logits, so real runs of sam+recycling on --grid-per-category)
   sizes     Figure 3: draft sizes (--sizes, default 4, 8, 10, 16, 20..70) of sam+recycling,
@@ -112,8 +113,11 @@ def main() -> None:
                 res.setdefault("table", {}).setdefault(model, {})[suite] = _overall(rep)
                 save()
         if "ablation" in a.stages:
-            methods = ["ar", f"sam+recycling:{ix}", "sam+recycling",
-                       f"sam+recycling:{ix}:dynamic=false", f"sam:{ix}"]
+            # All variants size their drafts cost-aware (our sam+recycling setting), so
+            # each row removes one draft source, not a sizing choice.
+            ca = "mode=adaptive"
+            methods = ["ar", f"sam+recycling:{ix}:{ca}", f"sam+recycling:{ca}",
+                       f"sam+recycling:{ix}:dynamic=false:{ca}", f"sam:{ix}:{ca}"]
             rep = _bench(a.out / "ablation" / model, "spec_bench", methods, model, sb,
                          a.max_new_tokens)
             res.setdefault("ablation", {})[model] = _overall(rep)

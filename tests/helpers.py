@@ -54,6 +54,9 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode())
 
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i).decode(errors="replace")
 

@@ -36,6 +36,9 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return [1 + b % (V - 1) for b in text.encode()]
 
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
     def decode(self, ids: list[int]) -> str:
         return " ".join(map(str, ids))
 

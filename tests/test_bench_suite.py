@@ -35,6 +35,9 @@ class FakeTokenizer:
     def encode(self, text: str) -> list[int]:
         return [b or 1 for b in text.encode("utf-8")]
 
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
     def decode(self, ids: list[int]) -> str:
         return bytes(int(i) for i in ids).decode("latin-1")
 

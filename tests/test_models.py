@@ -243,6 +243,25 @@ def test_tokenizer_matches_transformers(hf_smol_tokenizer: Any) -> None:
     assert tok.eos_token_ids == {tok._tok.token_to_id("<|im_end|>"), 2}
 
 
+def test_prompt_bos_matches_transformers(hf_smol_tokenizer: Any) -> None:
+    """Prompt ids = transformers' ``encode(add_special_tokens=True)``: SmolLM2 gets no BOS,
+    Gemma exactly one, also when the text already carries it."""
+    refs = [(load_tokenizer(None), hf_smol_tokenizer, False)]
+    if has_gemma:
+        g = resolve_model("gemma3-270m")
+        hf = transformers.AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
+        refs.append((load_tokenizer("gemma3-270m"), hf, True))
+    for tok, hf, wants_bos in refs:
+        for text in TEXTS:
+            ids = tok.encode_prompt(text)
+            assert ids == hf.encode(text, add_special_tokens=True), text
+            if wants_bos:
+                assert ids[0] == tok.bos_token_id and ids[1:] == tok.encode(text)
+                assert tok.encode_prompt(tok.bos_token + text) == ids  # not doubled
+            else:
+                assert ids == tok.encode(text)
+
+
 def test_chat_template_matches_transformers(hf_smol_tokenizer: Any) -> None:
     tok = load_tokenizer(None)
     assert tok.has_chat_template

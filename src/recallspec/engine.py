@@ -234,7 +234,7 @@ class Engine:
             prompt = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True
             )
-        return list(self.tokenizer.encode(prompt))
+        return list(self.tokenizer.encode_prompt(prompt))
 
     def drafter(self, name: str, **options: Any) -> Drafter:
         """The engine's instance of a drafter: kept across requests so that drafters

@@ -32,4 +32,5 @@ def conversation_text(tokenizer: Any, users: Sequence[str], answers: Sequence[st
 
 
 def conversation_ids(tokenizer: Any, users: Sequence[str], answers: Sequence[str]) -> list[int]:
-    return [int(t) for t in tokenizer.encode(conversation_text(tokenizer, users, answers))]
+    """Prompt ids (with BOS where the model wants one, as ``Engine.encode_prompt``)."""
+    return [int(t) for t in tokenizer.encode_prompt(conversation_text(tokenizer, users, answers))]

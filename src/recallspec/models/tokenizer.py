@@ -98,6 +98,18 @@ class Tokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of a prompt: with the special tokens the tokenizer's post-processor adds
+        (Gemma's BOS: without it that model only repeats the prompt's last line), but
+        one BOS only when the text (e.g. a rendered chat template) starts with it already.
+        Corpus text is encoded without them (``encode``)."""
+        ids = self.encode(text, add_special_tokens=True)
+        bos = self.bos_token_id
+        added = len(ids) - len(self.encode(text))
+        if added > 0 and bos is not None and ids[:2] == [bos, bos]:
+            del ids[0]
+        return ids
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [list(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
