@@ -267,6 +267,28 @@ def test_sampling_distribution_sam_draft_model() -> None:
     assert chi2_pvalue(counts, probs, n) > 1e-3
 
 
+@pytest.mark.parametrize(("name", "opts", "mode"), [
+    ("sam", {}, "ems"),
+    ("sam+recycling", {"tau": 6}, "ems"),
+    ("sam+recycling", {"tau": 6}, "adaptive"),
+])
+def test_sampling_distribution_sam_and_recycling(name: str, opts: dict[str, Any],
+                                                 mode: str) -> None:
+    """Temperature 1: three generated tokens follow the exact bigram chain distribution
+    with automaton chains and recycling trees, fixed-size and cost-aware (a flat cost
+    curve, so the adaptive mode really drafts)."""
+    from recallspec.runtime.cost_curve import CostCurve
+
+    table, prompt, keys, probs, _ = sampling_chain_case()
+    eng = Engine(BigramModel(table), ByteTokenizer(), EngineConfig(max_draft_nodes=16))
+    eng.use_cost_curve(CostCurve((1, 64), (1.0, 1.0), 0.0))
+    n = 3000
+    counts, drafted = sample_chain_counts(eng, prompt, keys, n, drafter=name,
+                                          drafter_options=opts, mode=mode)
+    assert drafted > n // 4  # drafts were proposed and partly accepted
+    assert chi2_pvalue(counts, probs, n) > 1e-3
+
+
 def test_registered_names_and_defaults() -> None:
     from recallspec.drafters import available_drafters
 
