@@ -105,8 +105,9 @@ class Tokenizer:
         Corpus text is encoded without them (``encode``)."""
         ids = self.encode(text, add_special_tokens=True)
         bos = self.bos_token_id
-        added = len(ids) - len(self.encode(text))
-        if added > 0 and bos is not None and ids[:2] == [bos, bos]:
+        # Re-encoding without special tokens (is the first BOS the post-processor's?)
+        # is needed only in the rare case of a doubled BOS.
+        if bos is not None and ids[:2] == [bos, bos] and len(ids) > len(self.encode(text)):
             del ids[0]
         return ids
 
