@@ -236,11 +236,27 @@ INTERNAL_WEIGHTS = "recallspec.safetensors"
 
 
 def convert_gguf(path: Path, out_dir: Path) -> None:
-    """Write the converted directory for ``path`` into ``out_dir`` (which must exist).
-
-    Weights are saved already in our internal layout (fused QKV / gate-up, effective norm
-    scales) so a cached load is a memory map with no copies; ``config.json`` is HF-style.
+    """Write the converted directory for ``path`` into ``out_dir`` (which must exist):
+    HF-style ``config.json`` and the tokenizer files. Weights files are written on demand
+    for the format a load asks for (``write_float_weights``, ``models/quantized.py``).
     """
+    from recallspec.models.config import ModelConfig
+
+    reader = open_reader(path)
+    cfg = hf_config_from_gguf(reader)
+    ModelConfig.from_hf_dict(cfg)  # an unsupported model fails before anything is written
+    tokenizer_json, tok_cfg = _gguf_tokenizer_files(path, reader)
+    (out_dir / "tokenizer.json").write_text(tokenizer_json)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))  # last: marks complete
+
+
+def write_float_weights(path: Path, out: Path) -> None:
+    """fp32 weights of GGUF ``path`` in our internal layout (fused QKV / gate-up, effective
+    norm scales) into ``out``, so a cached load is a memory map with no copies; written to
+    a temporary sibling and renamed, so a reader never sees a partial file."""
+    import tempfile
+
     from safetensors.torch import save_file
 
     from recallspec.models.config import ModelConfig
@@ -248,14 +264,16 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
 
     reader = open_reader(path)
     cfg = hf_config_from_gguf(reader)
-    config = ModelConfig.from_hf_dict(cfg)
-    tokenizer_json, tok_cfg = _gguf_tokenizer_files(path, reader)
-    weights = internal_weights(config, dequantized_state_dict(reader, cfg))
-    save_file(weights, str(out_dir / INTERNAL_WEIGHTS), metadata={"format": "recallspec"})
-    (out_dir / "tokenizer.json").write_text(tokenizer_json)
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))  # last: marks complete
+    weights = internal_weights(ModelConfig.from_hf_dict(cfg), dequantized_state_dict(reader, cfg))
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".tmp-", dir=out.parent)
+    os.close(fd)
+    try:
+        save_file(weights, tmp, metadata={"format": "recallspec"})
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 __all__ = ["check_magic", "convert_gguf", "gguf_architecture", "hf_config_from_gguf",
-           "open_reader", "unsupported_architecture"]
+           "open_reader", "unsupported_architecture", "write_float_weights"]

@@ -104,6 +104,8 @@ def file_key(path: Path) -> str:
 
 
 def _converted_dir(gguf: Path) -> Path:
+    """The cached directory of a GGUF: config.json and tokenizer files (weights files are
+    added by ``_gguf_weights`` for the formats asked for)."""
     from recallspec.models import gguf_loader
 
     if not gguf_loader.check_magic(gguf):
@@ -126,15 +128,20 @@ def _converted_dir(gguf: Path) -> Path:
     return target
 
 
-def _hf_dir_for(model: str | os.PathLike[str] | None) -> Path:
+def _model_source(model: str | os.PathLike[str] | None) -> tuple[Path, Path | None]:
+    """(HF-style directory, the GGUF file it was converted from or None)."""
     p = resolve_model(model)
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise ModelLoadError(f"{p} is not a model directory (no config.json)")
-        return p
+        return p, None
     if p.suffix.lower() == ".gguf" or p.is_file():
-        return _converted_dir(p)
+        return _converted_dir(p), p
     raise ModelLoadError(f"{p} is neither a .gguf file nor a model directory")
+
+
+def _hf_dir_for(model: str | os.PathLike[str] | None) -> Path:
+    return _model_source(model)[0]
 
 
 def read_config(directory: Path) -> ModelConfig:
@@ -160,16 +167,26 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def internal_weights(config: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _cat(parts: list[Any]) -> Any:
+    """Stack matrices along their output rows: tensors or quantized weights."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat(parts)
+    from recallspec.runtime.qlinear import QuantizedWeight
+
+    return QuantizedWeight.concat(parts)
+
+
+def internal_weights(config: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
     """HF-named tensors -> our internal names, fusing QKV and gate/up; consumes ``hf``.
 
-    Norm weights become effective scales (Gemma: ``1 + w``).
+    Matrices may be tensors or ``QuantizedWeight``s (fused alike); norm weights become
+    effective scales (Gemma: ``1 + w``).
     """
     # Multimodal Gemma 3 checkpoints nest the text model under "language_model".
     hf = {k.replace("model.language_model.", "model.").replace("language_model.", ""): v
           for k, v in hf.items()}
 
-    def take(name: str) -> torch.Tensor:
+    def take(name: str) -> Any:
         t = hf.pop(name, None)
         if t is None:
             raise ModelLoadError(f"checkpoint lacks tensor {name!r}")
@@ -179,7 +196,7 @@ def internal_weights(config: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[s
         t = take(name).float()
         return t + 1.0 if config.norm_offset_one else t
 
-    w: dict[str, torch.Tensor] = {"embed": take("model.embed_tokens.weight")}
+    w: dict[str, Any] = {"embed": take("model.embed_tokens.weight")}
     if not config.tie_embeddings:
         w["lm_head"] = take("lm_head.weight")
     else:
@@ -188,14 +205,14 @@ def internal_weights(config: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[s
     for i in range(config.num_layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
         a = p + "self_attn."
-        w[o + "qkv_w"] = torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"])
+        w[o + "qkv_w"] = _cat([take(a + f"{x}_proj.weight") for x in "qkv"])
         if f"{a}q_proj.bias" in hf:
             w[o + "qkv_b"] = torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"])
         w[o + "o_w"] = take(a + "o_proj.weight")
         if f"{a}o_proj.bias" in hf:
             w[o + "o_b"] = take(a + "o_proj.bias")
-        w[o + "gate_up_w"] = torch.cat([take(p + "mlp.gate_proj.weight"),
-                                        take(p + "mlp.up_proj.weight")])
+        w[o + "gate_up_w"] = _cat([take(p + "mlp.gate_proj.weight"),
+                                   take(p + "mlp.up_proj.weight")])
         w[o + "down_w"] = take(p + "mlp.down_proj.weight")
         w[o + "attn_norm"] = norm(p + "input_layernorm.weight")
         if config.sandwich_norms:
@@ -228,23 +245,71 @@ def load_tokenizer(model: str | os.PathLike[str] | None = None) -> Tokenizer:
 
 
 def load_model(
-    path: str | os.PathLike[str] | None = None, dtype: torch.dtype = torch.float32
+    path: str | os.PathLike[str] | None = None, dtype: str | torch.dtype = "auto"
 ) -> tuple[CausalLM, Tokenizer]:
-    directory = _hf_dir_for(path)
+    """Load a model and its tokenizer; ``dtype`` is a weight format (``WEIGHT_FORMATS``)
+    or a torch dtype (float32, bfloat16)."""
+    directory, gguf = _model_source(path)
+    fmt = weight_format(dtype, gguf)
     config = read_config(directory)
     tokenizer = Tokenizer.from_dir(directory, extra_eos_ids=_extra_eos(directory))
-    from recallspec.models.gguf_loader import INTERNAL_WEIGHTS
-
-    internal = directory / INTERNAL_WEIGHTS
-    if internal.is_file():  # converted GGUF: already in our layout, memory-mapped
-        from safetensors.torch import load_file
-
-        try:
-            weights = load_file(str(internal))
-        except Exception as e:
-            raise ModelLoadError(f"cannot read {internal}: {e}") from None
+    if gguf is not None:
+        weights = _gguf_weights(gguf, directory, config, fmt)
     else:
         weights = internal_weights(config, _read_safetensors(directory))
-    model = CausalLM(config, weights, dtype=dtype)
+        if fmt == "quantized":
+            from recallspec.models.quantized import quantize_floats
+
+            weights = quantize_floats(weights)
+    model = CausalLM(
+        config, weights, dtype=_TORCH_DTYPES.get(fmt, torch.float32), quantized=fmt == "quantized"
+    )
     model.eval()
     return model, tokenizer
+
+
+# Weight formats: "quantized" keeps a GGUF's own blocks (float matrices are quantized to
+# Q8_0) and runs the batch-invariant integer kernel with 8-bit activations; "float32"
+# (the reference: parity with transformers) and "bfloat16" hold dense weights; "auto" is
+# "quantized" for a GGUF and "float32" for an HF directory.
+WEIGHT_FORMATS = ("auto", "quantized", "float32", "bfloat16")
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def weight_format(dtype: str | torch.dtype, gguf: Path | None) -> str:
+    """Resolve a dtype argument to "quantized", "float32" or "bfloat16"."""
+    if isinstance(dtype, torch.dtype):
+        for name, t in _TORCH_DTYPES.items():
+            if t == dtype:
+                return name
+        raise ModelLoadError(f"unsupported dtype {dtype}")
+    if dtype not in WEIGHT_FORMATS:
+        raise ModelLoadError(f"dtype must be one of {', '.join(WEIGHT_FORMATS)}, got {dtype!r}")
+    if dtype == "auto":
+        return "quantized" if gguf is not None else "float32"
+    return dtype
+
+
+def _gguf_weights(gguf: Path, directory: Path, config: ModelConfig, fmt: str) -> dict[str, Any]:
+    """A converted GGUF's weights in our internal layout, from the cache or built once."""
+    from recallspec.models import gguf_loader, quantized
+
+    if fmt == "quantized":
+        path = directory / quantized.QUANTIZED_WEIGHTS
+        cached = quantized.load_quantized(path)
+        if cached is not None:
+            return cached
+        reader = gguf_loader.open_reader(gguf)
+        cfg = gguf_loader.hf_config_from_gguf(reader)
+        weights = internal_weights(config, quantized.quantized_state_dict(reader, cfg))
+        quantized.save_quantized(weights, path)
+        return weights
+    internal = directory / gguf_loader.INTERNAL_WEIGHTS
+    if not internal.is_file():
+        gguf_loader.write_float_weights(gguf, internal)
+    from safetensors.torch import load_file
+
+    try:
+        return dict(load_file(str(internal)))  # memory-mapped
+    except Exception as e:
+        raise ModelLoadError(f"cannot read {internal}: {e}") from None

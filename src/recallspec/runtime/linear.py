@@ -4,8 +4,9 @@ Few-row products (decoding, verification of small drafts) go to the C++ kernel i
 ``recallspec._kernels``, which streams W once for all rows at close to memory
 bandwidth and is batch-invariant: row m of the result is bit-identical whatever the
 number of rows, so verifying a draft gives exactly the logits of one-at-a-time
-decoding through these layers. Larger products (prefill) and CPUs without AVX-512
-use ``torch.nn.functional.linear``.
+decoding through these layers. fp32 runs on every path of ``runtime.isa`` (AVX-512,
+AVX2, scalar: the same bits on each); bf16 needs AVX512_BF16. Larger products (prefill)
+and other dtypes use ``torch.nn.functional.linear``.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ import torch
 import torch.nn.functional as F
 
 from recallspec import _kernels
+from recallspec.runtime import isa as _isa
 from recallspec.runtime.threads import kernel_threads, torch_threads
 
 # Up to this many rows the kernel beats MKL here (measured: fp32 M=1 20 ms vs 46 ms for
 # SmolLM2's weights; M=16 43 ms vs 61 ms).
 MAX_KERNEL_ROWS = 32
 
-_HAS_AVX512 = bool(_kernels.has_avx512())
-_HAS_BF16 = _HAS_AVX512 and bool(_kernels.has_avx512_bf16())
+# The fp32 kernel runs on the chosen path (RECALLSPEC_KERNELS); bf16 only on
+# AVX512_BF16, and not when the portable paths are forced.
+_F32_ISA = _isa.code()
+_HAS_BF16 = _isa.ISA == "avx512" and bool(_kernels.has_avx512_bf16())
 
 
 def forward_threads(rows: int, threads: int | None = None) -> AbstractContextManager[None]:
@@ -46,7 +50,7 @@ def kernel_supports(x: torch.Tensor, w: torch.Tensor) -> bool:
         and x.device.type == "cpu"
         and w.device.type == "cpu"
         and (
-            (x.dtype == torch.float32 and _HAS_AVX512)
+            x.dtype == torch.float32
             or (x.dtype == torch.bfloat16 and _HAS_BF16)
         )
     )
@@ -64,7 +68,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype)
     threads = kernel_threads()
     if x.dtype == torch.float32:
-        _kernels.linear_f32(x, w, out, threads)
+        _kernels.linear_f32(x, w, out, threads, _F32_ISA)
     else:
         _kernels.linear_bf16(
             x.view(torch.int16), w.view(torch.int16), out.view(torch.int16), threads

@@ -1,0 +1,125 @@
+// Shared by every kernel of recallspec._kernels: the instruction-set paths and a tiny
+// persistent thread pool. The fp32/bf16 linear kernel and the quantized kernels live in
+// one module so that one set of workers exists (two pools would spin against each
+// other on a 2-core machine).
+//
+// Invariant: run(n, fn) calls fn(part) exactly once for each part in [0, n) and returns
+// after all have finished; the caller runs part 0. Which thread runs a part never
+// changes what a kernel computes (each part writes its own outputs, in a fixed order).
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+namespace rs {
+
+class Pool {
+  static constexpr int kSpinRounds = 256;
+  static constexpr int kPollRounds = 20000;
+
+ public:
+  explicit Pool(unsigned n_workers) {
+    for (unsigned i = 0; i < n_workers; ++i) workers_.emplace_back([this, i] { loop(i + 1); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+      gen_.fetch_add(1);
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  unsigned parts() const { return unsigned(workers_.size()) + 1; }
+
+  // Run fn(part) for part in [0, n_parts) (n_parts <= parts()) and wait for all.
+  // Workers beyond n_parts wake up and find nothing to do.
+  void run(unsigned n_parts, const std::function<void(unsigned)>& fn) {
+    if (workers_.empty() || n_parts <= 1) { fn(0); return; }
+    active_ = n_parts;
+    job_ = &fn;
+    pending_.store(unsigned(workers_.size()), std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    fn(0);
+    // Never spin blindly on a worker that may not be scheduled: yield after a moment.
+    for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
+      if (i < kSpinRounds) _mm_pause(); else std::this_thread::yield();
+    }
+  }
+
+ private:
+  void loop(unsigned part) {
+    uint64_t seen = 0;
+    for (;;) {
+      // Decode steps issue many back-to-back calls, so poll for the next job: a short
+      // busy spin, then sched_yield (which hands the core to any other runnable thread,
+      // so an oversubscribed machine does not stall), then sleep on the condition.
+      for (int i = 0; gen_.load(std::memory_order_acquire) == seen && i < kPollRounds; ++i) {
+        if (i < kSpinRounds) _mm_pause(); else std::this_thread::yield();
+      }
+      if (gen_.load(std::memory_order_acquire) == seen) {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return gen_.load() != seen; });
+      }
+      seen = gen_.load(std::memory_order_acquire);
+      if (stop_) return;
+      if (part < active_) (*job_)(part);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<unsigned> pending_{0};
+  const std::function<void(unsigned)>* job_ = nullptr;
+  unsigned active_ = 1;
+  bool stop_ = false;
+};
+
+// One pool per process (an inline function's static is unique within the module).
+inline Pool& pool() {
+  static Pool p(std::max(1u, std::thread::hardware_concurrency()) - 1);
+  return p;
+}
+
+// Kernel instruction-set paths. The caller names one explicitly (nothing in C++ reads
+// the environment); check_isa refuses a path the CPU cannot execute.
+enum Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
+
+inline bool cpu_has_isa(int isa) {
+  switch (isa) {
+    case kScalar: return true;
+    case kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case kAvx512Vnni: return cpu_has_isa(kAvx512) && __builtin_cpu_supports("avx512vnni");
+    default: return false;
+  }
+}
+
+inline void require_isa(int isa) {
+  if (isa < kScalar || isa > kAvx512Vnni)
+    throw std::invalid_argument("kernels: isa must be 0 (scalar), 1 (avx2), 2 (avx512) or 3 (avx512+vnni)");
+  if (!cpu_has_isa(isa))
+    throw std::invalid_argument("kernels: this CPU cannot run the requested instruction-set path");
+}
+
+}  // namespace rs

@@ -1,0 +1,105 @@
+// Quantized linear kernels: y[m, n] = sum_k w[n, k] * x[m, k] with w in a block format
+// (GGUF's values, repacked) and x quantized per row to int8 blocks of 32.
+//
+// Weight layout of one segment (written by runtime/qlinear.py): output rows in groups
+// of 16 (the last group padded with zero rows), sub-blocks of SB = 32 or 16 along K.
+//   qs    [G][K/SB][SB/4][16][4] bytes (u8 storage): element (row 16g+r, k = b*SB+4c+j)
+//         at qs[g][b][c][r][j], so one 64-byte vector holds 4 consecutive k of each of
+//         the 16 rows in its 32-bit lane r (the vpdpbusd operand order);
+//         u4 storage (SB = 32 only): [G][K/32][4][16][4] bytes, byte [g][b][v][r][j]
+//         holding chunk v (k = 4v+j) in its low nibble and chunk v+4 in its high nibble.
+//   scale [G][K/SB][16] fp16 or fp32 (s), mins the same or absent (m),
+//   zero  [G*16] int32 per row (z) or absent (all zero).
+// An element is w = s * (u - z) + m.
+//
+// Activation format (row-local, so the product is batch-invariant): per row and block
+// of 32 along K, amax = max|x|, d = amax / 127, id = d ? 1/d : 0, q = nearbyint(x*id)
+// (round half to even) as int8, xs = sum q over each weight sub-block, dxs = d * xs.
+//
+// Canonical arithmetic of every output (identical on every path, any M, any thread):
+//   acc = 0; for each sub-block b in increasing order:
+//     isum = sum u*q over the sub-block - z * xs   (exact in int32)
+//     acc  = fmaf(s, (float)isum * d, acc)         (the product rounded, then one fma)
+//     acc  = fmaf(m, dxs, acc)                      (only when the segment has mins)
+// Integer sums are exact, so each path may add them in any order; the float sequence
+// is fixed and runs one output per vector lane.
+#pragma once
+
+#include <cstdint>
+
+namespace qk {
+
+struct QW {
+  const uint8_t* qs;
+  const void* scale;
+  const void* mins;      // nullptr: no mins
+  const int32_t* zero;   // nullptr: z = 0 for every row
+  int64_t n, k, groups;  // real output rows, K, G = ceil(n / 16)
+  int sb;                // 32 or 16
+  bool u4, f16;          // nibble storage; fp16 (else fp32) scales and mins
+  int64_t nsb() const { return k / sb; }
+  int64_t sb_bytes() const { return u4 ? 8 * sb : 16 * sb; }  // qs bytes per (group, b)
+};
+
+// Quantized activations of M rows; xs and dxs are per weight sub-block (sb of the QW).
+struct QX {
+  const int8_t* q;     // [M][K]
+  const int16_t* qw;   // [M][K]: per 4 values (q0, q2, q1, q3) as int16 (vpmaddwd paths)
+  const float* d;      // [M][K/32]
+  const int32_t* xs;   // [M][K/sb]
+  const float* dxs;    // [M][K/sb]
+  int64_t m, k;
+  int sb;
+};
+
+struct QXBuf {
+  int8_t* q;
+  int16_t* qw;  // nullptr: not needed by the path
+  float* d;
+  int32_t* xs;
+  float* dxs;
+};
+
+// The per-block outputs of the activation quantizer: d, and xs and dxs per weight
+// sub-block from the sums of the two 16-value halves (added when SB = 32). static: each
+// translation unit (compiled for its own instruction set) keeps its own copy.
+static inline void store_block(const QXBuf& buf, int64_t m, int64_t k, int sb, int64_t b,
+                               float d, const int32_t half[2]) {
+  buf.d[m * (k / 32) + b] = d;
+  const int64_t nsb = k / sb;
+  if (sb == 32) {
+    const int32_t s = half[0] + half[1];
+    buf.xs[m * nsb + b] = s;
+    buf.dxs[m * nsb + b] = d * float(s);
+  } else {
+    for (int h = 0; h < 2; ++h) {
+      buf.xs[m * nsb + 2 * b + h] = half[h];
+      buf.dxs[m * nsb + 2 * b + h] = d * float(half[h]);
+    }
+  }
+}
+
+// Rows [m0, m1) of x ([M][K], row stride ldx) into buf; all three give the same values.
+void quantize_scalar(const float* x, int64_t ldx, int64_t k, int sb, int64_t m0, int64_t m1,
+                     const QXBuf& buf);
+void quantize_avx2(const float* x, int64_t ldx, int64_t k, int sb, int64_t m0, int64_t m1,
+                   const QXBuf& buf);
+void quantize_avx512(const float* x, int64_t ldx, int64_t k, int sb, int64_t m0, int64_t m1,
+                     const QXBuf& buf);
+// Fill qw from q for rows [m0, m1) (portable code: a reordering, no arithmetic).
+void widen_pairs(const QXBuf& buf, int64_t k, int64_t m0, int64_t m1);
+
+// out[m * ldo + n] for every input row m and output rows n of groups [g0, g1), n < w.n.
+void gemm_scalar(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
+void gemm_avx2(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
+void gemm_avx512(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
+void gemm_avx512vnni(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
+
+// Dequantized rows ids[i] -> out[i][0..K): s * (float)(u - z) + m, rounded after the
+// product and after the sum (no fma), as gguf.quants.dequantize computes them.
+void dequant_rows(const QW& w, const int64_t* ids, int64_t n_ids, float* out);
+
+// fp16 bits -> fp32, exact (the scalar path's F16C).
+float half_to_float(uint16_t h);
+
+}  // namespace qk

@@ -1,0 +1,113 @@
+"""Which instruction-set path the C++ kernels run.
+
+``RECALLSPEC_KERNELS`` = ``auto`` (default) | ``avx512`` | ``avx2`` | ``scalar`` is read
+once, at import. ``auto`` takes the best path this CPU has: ``avx512`` (AVX-512 F/BW/VL,
+with VNNI for the quantized kernels where present), ``avx2`` (AVX2 + FMA + F16C), else
+``scalar``. Naming a path the CPU lacks is an error at import (a forced run must not
+silently test something else).
+
+Every path gives the same bits for the same row (the kernels fix the order of every
+floating-point operation), so the choice changes speed only; tests run all available
+paths and compare. The C++ functions take the path as an explicit code (see ``code``):
+nothing in C++ reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+
+from recallspec import _kernels
+
+ENV_VAR = "RECALLSPEC_KERNELS"
+CHOICES = ("auto", "avx512", "avx2", "scalar")
+
+# Kernel variants and their C++ codes (kernel_common.h). "avx512-novnni" is the AVX-512
+# path without vpdpbusd, which "avx512" runs on CPUs without VNNI; tests select it
+# explicitly to cover that path on a VNNI machine.
+_CODES = {"scalar": 0, "avx2": 1, "avx512-novnni": 2, "avx512": 3}
+_NAMES = {"scalar": "portable C++, no SIMD", "avx2": "AVX2, FMA, F16C", "avx512": "AVX512F/BW/VL"}
+
+
+class KernelIsaError(RuntimeError):
+    """The requested instruction-set path cannot run on this CPU (or is unknown)."""
+
+
+def _has(variant: str) -> bool:
+    return bool(_kernels.cpu_has_isa(_CODES[variant]))
+
+
+HAS_VNNI: bool = _has("avx512")  # AVX-512 VNNI (implies the AVX-512 path)
+
+
+def available_isas() -> list[str]:
+    """The paths this CPU can run, best first (``scalar`` is always last)."""
+    return [name for name in ("avx512", "avx2", "scalar") if _has(
+        "avx512-novnni" if name == "avx512" else name)]
+
+
+def variants() -> list[str]:
+    """Every kernel variant this CPU can run, for tests: the paths of
+    ``available_isas`` plus ``avx512-novnni`` where the CPU has VNNI."""
+    out = available_isas()
+    if HAS_VNNI:
+        out.insert(1, "avx512-novnni")
+    return out
+
+
+def _choose(requested: str) -> str:
+    req = requested.strip().lower() or "auto"
+    if req not in CHOICES:
+        raise KernelIsaError(f"{ENV_VAR}={requested!r}: expected one of {', '.join(CHOICES)}")
+    avail = available_isas()
+    if req == "auto":
+        return avail[0]
+    if req not in avail:
+        raise KernelIsaError(
+            f"{ENV_VAR}={req}: this CPU ({cpu_model()}) cannot run it; available: "
+            f"{', '.join(avail)}"
+        )
+    return req
+
+
+def code(isa: str | None = None) -> int:
+    """The C++ code of a path or variant (default: ``ISA``); ``avx512`` means VNNI where
+    the CPU has it. Refuses a variant this CPU cannot run. (Called per product: a dict
+    lookup once the module is imported.)"""
+    c = _RUNNABLE.get(ISA if isa is None else isa)
+    if c is None:
+        if isa not in _CODES:
+            raise KernelIsaError(f"unknown kernel path {isa!r}; expected one of {sorted(_CODES)}")
+        raise KernelIsaError(f"this CPU cannot run the {isa} kernels")
+    return c
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def describe(isa: str | None = None) -> str:
+    """One line for test headers and benchmark reports: CPU model, the chosen path and
+    the instruction sets its kernels use, e.g. ``AMD EPYC; kernels avx512
+    (AVX512F/BW/VL, VNNI)``."""
+    name = ISA if isa is None else isa
+    sets = _NAMES.get(name.removesuffix("-novnni"), name)
+    if name == "avx512" and HAS_VNNI:
+        sets += ", VNNI"
+    if name.startswith("avx512") and bool(_kernels.has_avx512_bf16()):
+        sets += ", BF16"
+    return f"{cpu_model()}; kernels {name} ({sets})"
+
+
+ISA: str = _choose(os.environ.get(ENV_VAR, "auto"))
+# Variant -> C++ code for what this CPU runs ("avx512" resolved to VNNI where present).
+_RUNNABLE: dict[str, int] = {
+    v: _CODES["avx512-novnni" if v == "avx512" and not HAS_VNNI else v] for v in variants()
+}

@@ -1,0 +1,211 @@
+"""GGUF block formats decoded to one canonical form, and the kernel's packed layout.
+
+Canonical form of an [n, k] weight (``Canon``): every element is an unsigned integer u
+(< 16 for 4-bit storage, < 256 for 8-bit), with a scale s and optionally a min m per
+(row, sub-block of ``sb`` = 32 or 16 along k) and an integer zero point z per row:
+``w = s * (u - z) + m``. The GGUF formats map onto it exactly:
+
+========  =======  ====  ==================  =====================  =====  ===========
+type      storage  sb    s                   m                      z      s, m dtype
+========  =======  ====  ==================  =====================  =====  ===========
+Q4_0      u4       32    d                   -                      8      fp16
+Q4_1      u4       32    d                   m                      0      fp16
+Q5_0      u8       32    d                   -                      16     fp16
+Q5_1      u8       32    d                   m                      0      fp16
+Q8_0      u8       32    d                   -                      128    fp16
+Q4_K      u4       32    d * sc              -(dmin * mn)           0      fp32
+Q5_K      u8       32    d * sc              -(dmin * mn)           0      fp32
+Q6_K      u8       16    d * sc              -                      32     fp32
+========  =======  ====  ==================  =====================  =====  ===========
+
+(Q8_0 stores q + 128.) d, dmin, m are the blocks' fp16 fields, kept as fp16 (exact).
+For K-quants d * sc is a fp16 times a 6- or 8-bit integer, exact in fp32 (at most 19
+significant bits), and is what ``gguf.quants`` multiplies by; so dequantizing
+``s * (u - z) (+ m)`` with one rounding after the product and one after the sum gives
+exactly ``gguf.quants.dequantize``'s floats (Q4_K's ``d*q - dm`` is ``d*q + (-dm)``).
+
+Packed layout (``pack``; the C++ side documents it in csrc/qkernels.h): rows in groups
+of 16 (zero rows pad the last group), for each group and sub-block the 16 rows' u in
+64-byte vectors of 4 consecutive k per row; u4 vectors carry chunk v in the low nibbles
+and chunk v+4 in the high nibbles; scales and mins [G][k/sb][16]; z [G*16] int32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+# block size in elements, bytes per block
+BLOCKS: dict[T, tuple[int, int]] = {
+    T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q5_0: (32, 22), T.Q5_1: (32, 24),
+    T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
+}
+
+
+@dataclass(frozen=True)
+class Canon:
+    """A weight in canonical form (see the module docstring). ``mins``/``zero`` are
+    None when absent (m = 0 / z = 0 for every element)."""
+
+    u: np.ndarray  # uint8 [n, k]
+    scale: np.ndarray  # float16 or float32 [n, k // sb]
+    mins: np.ndarray | None  # same dtype and shape as scale
+    zero: np.ndarray | None  # int32 [n]
+    sb: int
+    u4: bool
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """The fp16 field in the last axis (2 bytes) of b, as float16 [..]."""
+    return np.ascontiguousarray(b).view(np.float16)[..., 0]
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """[..., L] bytes -> [..., 2L]: the L low nibbles, then the L high nibbles."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
+    """[..., 4] bytes holding a little-endian uint32 -> bit i for i < count, as uint8."""
+    word = np.ascontiguousarray(qh).view("<u4")  # [..., 1]
+    return ((word >> np.arange(count, dtype=np.uint32)) & 1).astype(np.uint8)
+
+
+def _k_scales(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8 six-bit scales and mins packed in a K-quant block's 12 bytes."""
+    d, m, md = sc12[..., 0:4], sc12[..., 4:8], sc12[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
+    """GGUF block bytes of an [n, k] tensor (row-major, as a GGUFReader gives them) ->
+    canonical form."""
+    bs, ts = BLOCKS[qtype]
+    if k % bs:
+        raise ValueError(f"{qtype.name}: row length {k} is not a multiple of {bs}")
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // bs, ts)
+    mins: np.ndarray | None = None
+    zero: int | None = None
+    sb, u4 = 32, False
+    if qtype in (T.Q4_0, T.Q4_1):
+        off = 2 if qtype == T.Q4_0 else 4
+        u = _nibbles(b[..., off:off + 16])
+        scale = _f16(b[..., 0:2])
+        if qtype == T.Q4_1:
+            mins = _f16(b[..., 2:4])
+        else:
+            zero = 8
+        u4 = True
+    elif qtype in (T.Q5_0, T.Q5_1):
+        off = 2 if qtype == T.Q5_0 else 4
+        u = _nibbles(b[..., off + 4:off + 20]) | (_high_bits(b[..., off:off + 4], 32) << 4)
+        scale = _f16(b[..., 0:2])
+        if qtype == T.Q5_1:
+            mins = _f16(b[..., 2:4])
+        else:
+            zero = 16
+    elif qtype == T.Q8_0:
+        u, scale, zero = b[..., 2:34] ^ np.uint8(0x80), _f16(b[..., 0:2]), 128
+    elif qtype in (T.Q4_K, T.Q5_K):
+        d = _f16(b[..., 0:2]).astype(np.float32)[..., None]
+        dmin = _f16(b[..., 2:4]).astype(np.float32)[..., None]
+        sc, mn = _k_scales(b[..., 4:16])
+        scale = d * sc.astype(np.float32)  # [n, nbk, 8]
+        mins = -(dmin * mn.astype(np.float32))
+        off = 16 if qtype == T.Q4_K else 48
+        # 4 runs of 32 bytes: low nibbles are sub-block 2c, high nibbles 2c+1
+        ql = b[..., off:off + 128].reshape(n, k // bs, 4, 1, 32)
+        u = np.concatenate([ql & 0x0F, ql >> 4], axis=-2).reshape(n, k // bs, 8, 32)
+        if qtype == T.Q5_K:  # bit i of qh[l] is the 5th bit of sub-block i, element l
+            qh = b[..., 16:48][..., None, :]
+            u = u | (((qh >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4)
+        u4 = qtype == T.Q4_K
+    elif qtype == T.Q6_K:
+        # two halves of 128: ql (64 bytes) low nibbles -> t < 64, high -> t >= 64;
+        # qh (32 bytes) bits 2i..2i+1 -> t in [32i, 32i+32)
+        ql = b[..., 0:128].reshape(n, k // bs, 2, 1, 64)
+        low = np.concatenate([ql & 0x0F, ql >> 4], axis=-2).reshape(n, k // bs, 2, 128)
+        qh = b[..., 128:192].reshape(n, k // bs, 2, 1, 32)
+        shifts = np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
+        high = ((qh >> shifts) & 3).reshape(n, k // bs, 2, 128)
+        u = low | (high << 4)
+        sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8)
+        scale = _f16(b[..., 208:210]).astype(np.float32)[..., None] * sc.astype(np.float32)
+        sb, zero = 16, 32
+    else:
+        raise ValueError(f"no canonical form for GGUF type {qtype.name}")
+    return Canon(
+        u=np.ascontiguousarray(u, dtype=np.uint8).reshape(n, k),
+        scale=np.ascontiguousarray(scale).reshape(n, k // sb),
+        mins=None if mins is None else np.ascontiguousarray(mins).reshape(n, k // sb),
+        zero=None if zero is None else np.full(n, zero, dtype=np.int32),
+        sb=sb,
+        u4=u4,
+    )
+
+
+def concat(parts: list[Canon]) -> Canon:
+    """Stack canonical forms of the same storage, sub-block and scale dtype along n.
+    Absent mins become -0.0 and absent zero points 0: ``x + (-0.0) == x`` for every x
+    and the kernel's accumulator is never -0.0, so both change no result bit."""
+    first = parts[0]
+    for p in parts:
+        if (p.u4, p.sb, p.scale.dtype) != (first.u4, first.sb, first.scale.dtype):
+            raise ValueError("concat: parts differ in storage, sub-block or scale dtype")
+    mins = None
+    if any(p.mins is not None for p in parts):
+        mins = np.concatenate([
+            p.mins if p.mins is not None else np.full_like(p.scale, -0.0) for p in parts])
+    zero = None
+    if any(p.zero is not None for p in parts):
+        zero = np.concatenate([
+            p.zero if p.zero is not None else np.zeros(len(p.u), np.int32) for p in parts])
+    return Canon(np.concatenate([p.u for p in parts]), np.concatenate([p.scale for p in parts]),
+                 mins, zero, first.sb, first.u4)
+
+
+def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
+    if len(a) == rows:
+        return a
+    return np.concatenate([a, np.zeros((rows - len(a), *a.shape[1:]), a.dtype)])
+
+
+def pack(c: Canon) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Canonical form -> (qs, scale, mins, zero) flat arrays in the kernel layout."""
+    n, k = c.u.shape
+    g, nsb = (n + 15) // 16, k // c.sb
+    u = _pad_rows(c.u, 16 * g).reshape(g, 16, nsb, c.sb // 4, 4).transpose(0, 2, 3, 1, 4)
+    if c.u4:  # chunk v in the low nibble, chunk v+4 in the high one
+        u = u[:, :, :4] | (u[:, :, 4:] << 4)
+
+    def per_group(s: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(
+            _pad_rows(s, 16 * g).reshape(g, 16, nsb).transpose(0, 2, 1)).reshape(-1)
+
+    return (
+        np.ascontiguousarray(u).reshape(-1),
+        per_group(c.scale),
+        None if c.mins is None else per_group(c.mins),
+        None if c.zero is None else _pad_rows(c.zero, 16 * g),
+    )
+
+
+def unpack(qs: np.ndarray, scale: np.ndarray, mins: np.ndarray | None,
+           zero: np.ndarray | None, n: int, k: int, sb: int, u4: bool) -> Canon:
+    """The inverse of ``pack``."""
+    g, nsb = (n + 15) // 16, k // sb
+    v = qs.reshape(g, nsb, -1, 16, 4)
+    if u4:
+        v = np.concatenate([v & 0x0F, v >> 4], axis=2)
+    u = np.ascontiguousarray(v.transpose(0, 3, 1, 2, 4)).reshape(16 * g, k)[:n]
+
+    def rows(s: np.ndarray) -> np.ndarray:
+        per_row = np.ascontiguousarray(s.reshape(g, nsb, 16).transpose(0, 2, 1))
+        return per_row.reshape(16 * g, nsb)[:n]
+
+    return Canon(u, rows(scale), None if mins is None else rows(mins),
+                 None if zero is None else zero[:n].copy(), sb, u4)
