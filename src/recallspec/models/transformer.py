@@ -3,8 +3,11 @@
 One forward processes the T new tokens of B sequences (``BatchMetadata``): all dense work
 (norms, projections, MLP) runs once over the T flat rows; only attention is per sequence,
 reading its keys/values as a view of its KV-cache slot. Weights are stored as ``[out, in]``
-for ``runtime.linear.linear`` (a batch-invariant C++ kernel for few rows, torch otherwise),
-with Q/K/V and gate/up fused at load time so each layer does 4 matmuls.
+with Q/K/V and gate/up fused at load time so each layer does 4 matmuls. They are either
+dense tensors for ``runtime.linear.linear`` (the fp32 reference: a batch-invariant C++
+kernel for few rows, torch otherwise) or ``QuantizedWeight``s for ``runtime.qlinear``
+(the GGUF's own blocks; batch-invariant integer kernel at every row count, activations
+quantized per row to 8-bit blocks); activations, norms and the KV cache stay float32.
 
 Conventions (those of the HF checkpoints the weights come from):
   * RoPE uses the rotate-half layout (GGUF llama weights are un-permuted by the loader);
@@ -27,6 +30,18 @@ from recallspec.runtime.attention import build_attention_masks
 from recallspec.runtime.batch import BatchMetadata
 from recallspec.runtime.kv_cache import KVCache
 from recallspec.runtime.linear import linear
+from recallspec.runtime.native import NativeModel
+from recallspec.runtime.native import enabled_by_default as native_enabled_by_default
+from recallspec.runtime.qlinear import QuantizedWeight, qlinear
+
+Weight = torch.Tensor | QuantizedWeight
+
+
+def _matmul(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ w^T -> [M, N] (+ bias), in the kernel that owns w's format."""
+    if isinstance(w, QuantizedWeight):
+        return qlinear(x, w, bias)
+    return linear(x, w, bias)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -44,14 +59,15 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class DecoderLayer(nn.Module):
-    """Weights of one layer (buffers, not parameters: inference only)."""
+    """Weights of one layer (buffers, not parameters: inference only; quantized matrices
+    are plain attributes)."""
 
-    qkv_w: torch.Tensor
+    qkv_w: Weight
     qkv_b: torch.Tensor | None
-    o_w: torch.Tensor
+    o_w: Weight
     o_b: torch.Tensor | None
-    gate_up_w: torch.Tensor
-    down_w: torch.Tensor
+    gate_up_w: Weight
+    down_w: Weight
     attn_norm: torch.Tensor
     ffn_norm: torch.Tensor
     q_norm: torch.Tensor | None
@@ -59,52 +75,78 @@ class DecoderLayer(nn.Module):
     post_attn_norm: torch.Tensor | None
     post_ffn_norm: torch.Tensor | None
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor | None]) -> None:
+    def __init__(self, tensors: Mapping[str, Weight | None]) -> None:
         super().__init__()
         for name in (
             "qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w", "attn_norm", "ffn_norm",
             "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm",
         ):
-            self.register_buffer(name, tensors.get(name), persistent=True)
+            t = tensors.get(name)
+            if isinstance(t, QuantizedWeight):
+                setattr(self, name, t)
+            else:
+                self.register_buffer(name, t, persistent=True)
 
 
 class CausalLM(nn.Module):
     """Decoder-only LM. ``forward(meta, cache)`` -> float32 logits for ``meta.logits_indices``."""
 
-    embed_w: torch.Tensor
-    lm_head_w: torch.Tensor
+    embed_w: Weight
+    lm_head_w: Weight
     final_norm: torch.Tensor
 
     def __init__(
-        self, config: ModelConfig, weights: Mapping[str, torch.Tensor],
-        dtype: torch.dtype = torch.float32,
+        self, config: ModelConfig, weights: Mapping[str, Weight],
+        dtype: torch.dtype = torch.float32, *, quantized: bool = False,
+        native: bool | None = None,
     ) -> None:
-        """``weights`` use our internal names (see ``loader.internal_weights``)."""
+        """``weights`` use our internal names (see ``loader.internal_weights``); with
+        ``quantized`` the matrices are ``QuantizedWeight``s and ``dtype`` is float32.
+        ``native``: run ``forward`` in the native C++ forward (``runtime.native``); None =
+        yes for quantized models unless ``RECALLSPEC_NATIVE=0``, no for dense ones (True
+        on a float32 model: the dense native path, a test oracle, slow)."""
         super().__init__()
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ModelLoadError(f"unsupported dtype {dtype}")
+        if quantized and dtype != torch.float32:
+            raise ModelLoadError("quantized weights compute with float32 activations")
         self.config = config
         self.dtype = dtype
+        self.quantized = quantized
+        # "quantized" | "float32" | "bfloat16": the arithmetic, for cache keys and reports.
+        self.weight_format = "quantized" if quantized else str(dtype).removeprefix("torch.")
         c = config
 
-        def get(name: str, *, norm: bool = False, optional: bool = False) -> torch.Tensor | None:
+        def get(name: str, *, norm: bool = False, optional: bool = False) -> Weight | None:
             t = weights.get(name)
             if t is None:
                 if optional:
                     return None
                 raise ModelLoadError(f"checkpoint lacks tensor {name!r}")
-            return t.to(torch.float32 if norm else dtype).contiguous()
+            if isinstance(t, QuantizedWeight):
+                if not quantized:
+                    raise ModelLoadError(f"tensor {name!r} is quantized; the model is not")
+                return t
+            if quantized and t.ndim == 2:
+                raise ModelLoadError(f"tensor {name!r} is dense in a quantized model")
+            return t.to(torch.float32 if norm or quantized else dtype).contiguous()
 
         embed = get("embed")
         assert embed is not None
-        self.register_buffer("embed_w", embed)
         head = embed if c.tie_embeddings else get("lm_head")
-        self.register_buffer("lm_head_w", head)
-        self.register_buffer("final_norm", get("final_norm", norm=True))
+        assert head is not None
+        if isinstance(embed, QuantizedWeight) or isinstance(head, QuantizedWeight):
+            self.embed_w, self.lm_head_w = embed, head
+        else:
+            self.register_buffer("embed_w", embed)
+            self.register_buffer("lm_head_w", head)
+        final_norm = get("final_norm", norm=True)
+        assert isinstance(final_norm, torch.Tensor)  # norms are never quantized
+        self.register_buffer("final_norm", final_norm)
         layers = []
         for i in range(c.num_layers):
             p = f"layers.{i}."
-            t: dict[str, torch.Tensor | None] = {
+            t: dict[str, Weight | None] = {
                 k: get(p + k, optional=k.endswith("_b")) for k in
                 ("qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w")
             }
@@ -128,8 +170,30 @@ class CausalLM(nn.Module):
         exps = torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim
         self._inv_freq = {b: 1.0 / (b**exps) for b in bases}
         self._rope_tables: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.rope_bases: tuple[float, ...] = tuple(self._inv_freq)
+        # The native forward, built once over these weights; None: the Python forward.
+        if native and dtype != torch.float32:
+            raise ModelLoadError("the native forward runs quantized or float32 models")
+        use_native = (quantized and native_enabled_by_default()) if native is None else native
+        self.native: NativeModel | None = NativeModel(self) if use_native else None
 
     # ---- helpers ---------------------------------------------------------------
+    def weight_bytes(self) -> int:
+        """Resident bytes of the weights (a tied head counted once)."""
+        seen: set[int] = set()
+        total = 0
+        objs: list[object] = [self.embed_w, self.lm_head_w, self.final_norm]
+        for layer in self.layers:
+            objs.extend(getattr(layer, n) for n in (
+                "qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w", "attn_norm", "ffn_norm",
+                "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"))
+        for o in objs:
+            if o is None or id(o) in seen:
+                continue
+            seen.add(id(o))
+            total += o.nbytes if isinstance(o, QuantizedWeight) else o.numel() * o.element_size()  # type: ignore[attr-defined]
+        return total
+
     def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
         c = self.config
         return KVCache(
@@ -154,13 +218,24 @@ class CausalLM(nn.Module):
     def forward(
         self, meta: BatchMetadata, cache: KVCache, *, num_layers: int | None = None
     ) -> torch.Tensor:
+        """Logits of ``meta.logits_indices`` (float32); writes the batch's keys and values
+        into ``cache``. ``num_layers``: run only the first layers (early exit), then the
+        final norm and head. The native forward when the model has one, else
+        ``forward_reference``."""
+        if self.native is None:
+            return self.forward_reference(meta, cache, num_layers=num_layers)
+        n_layers, max_pos = self._check_batch(meta, cache, num_layers)
+        rope = [self._rope_table(base, max_pos) for base in self.rope_bases]
+        return self.native.forward(meta, cache, n_layers, rope)
+
+    def _check_batch(
+        self, meta: BatchMetadata, cache: KVCache, num_layers: int | None
+    ) -> tuple[int, int]:
+        """(layers to run, largest position + 1 in the batch), or the error."""
         c = self.config
         n_layers = c.num_layers if num_layers is None else num_layers
         if not 0 <= n_layers <= c.num_layers:
             raise ValueError(f"num_layers={n_layers} outside [0, {c.num_layers}]")
-        T = meta.num_tokens
-        H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
-        positions = meta.positions
         max_pos = max(cl + (meta.query_start[b + 1] - meta.query_start[b])
                       for b, cl in enumerate(meta.cache_lens))
         if max_pos > c.max_position:
@@ -171,6 +246,19 @@ class CausalLM(nn.Module):
             raise ContextLengthError(
                 f"batch needs {max_pos} cache positions, the KV cache holds {cache.max_len}"
             )
+        return n_layers, max_pos
+
+    @torch.inference_mode()
+    def forward_reference(
+        self, meta: BatchMetadata, cache: KVCache, *, num_layers: int | None = None
+    ) -> torch.Tensor:
+        """The Python forward: the readable reference and the native forward's parity
+        oracle (the only forward of dense models)."""
+        c = self.config
+        n_layers, max_pos = self._check_batch(meta, cache, num_layers)
+        T = meta.num_tokens
+        H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
+        positions = meta.positions
 
         # RoPE cos/sin gathered once per distinct base: [T, 1, D].
         rope: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -182,14 +270,17 @@ class CausalLM(nn.Module):
         seqs = [(meta.cache_slots[b], meta.kv_len(b), meta.rows(b)) for b in range(meta.num_seqs)]
         single = len(seqs) == 1
 
-        h = F.embedding(meta.input_ids, self.embed_w)
+        if isinstance(self.embed_w, QuantizedWeight):
+            h = self.embed_w.rows(meta.input_ids)
+        else:
+            h = F.embedding(meta.input_ids, self.embed_w)
         if self._embed_scale != 1.0:
             h = h * self._embed_scale
         eps = c.rms_norm_eps
         for li in range(n_layers):
             layer: DecoderLayer = self.layers[li]  # type: ignore[assignment]
             x = _rms_norm(h, layer.attn_norm, eps)
-            qkv = linear(x, layer.qkv_w, layer.qkv_b)
+            qkv = _matmul(x, layer.qkv_w, layer.qkv_b)
             q = qkv[:, : self._q_size].view(T, H, D)
             k = qkv[:, self._q_size : self._q_size + self._kv_size].view(T, Hkv, D)
             v = qkv[:, self._q_size + self._kv_size :].view(T, Hkv, D)
@@ -208,19 +299,19 @@ class CausalLM(nn.Module):
                 attn = torch.empty(T, H * D, dtype=h.dtype)
                 for b, (slot, kv_len, rows) in enumerate(seqs):
                     attn[rows] = self._attend(q[rows], cache, li, slot, kv_len, layer_masks[b])
-            o = linear(attn, layer.o_w, layer.o_b)
+            o = _matmul(attn, layer.o_w, layer.o_b)
             if layer.post_attn_norm is not None:
                 o = _rms_norm(o, layer.post_attn_norm, eps)
             h = h + o
             x = _rms_norm(h, layer.ffn_norm, eps)
-            gate, up = linear(x, layer.gate_up_w).chunk(2, dim=-1)
-            m = linear(self._act(gate) * up, layer.down_w)
+            gate, up = _matmul(x, layer.gate_up_w).chunk(2, dim=-1)
+            m = _matmul(self._act(gate) * up, layer.down_w)
             if layer.post_ffn_norm is not None:
                 m = _rms_norm(m, layer.post_ffn_norm, eps)
             h = h + m
 
         h = _rms_norm(h[meta.logits_indices], self.final_norm, eps)
-        logits = linear(h, self.lm_head_w).float()
+        logits = _matmul(h, self.lm_head_w).float()
         if c.final_logit_softcap is not None:
             cap = c.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap

@@ -1,0 +1,264 @@
+// The computation of the native forward (native_model.h: what and the invariant).
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+
+#include "kernel_common.h"
+#include "native_model.h"
+#include "qkernels.h"
+
+namespace nf {
+
+namespace {
+
+using ns_clock = std::chrono::steady_clock;
+
+// Rows below which the row-wise steps (norms, RoPE, activations, quantization) run in
+// the calling thread: a fork-join costs microseconds, and each one is a point where a
+// descheduled worker stalls the step on a busy machine.
+constexpr int64_t kParallelRows = 32;
+// Attention below this many (key x head_dim) products runs in the calling thread.
+constexpr int64_t kParallelAttn = 1 << 15;
+
+// Run fn(a, b) on contiguous parts [a, b) of [0, total), one part per thread.
+template <class F>
+void split(int64_t total, unsigned parts, F&& fn) {
+  const int64_t np = std::max<int64_t>(1, std::min<int64_t>(parts, total));
+  if (np == 1) {
+    if (total > 0) fn(int64_t(0), total);
+    return;
+  }
+  const int64_t per = (total + np - 1) / np;
+  rs::pool().run(unsigned(np), [&](unsigned p) {
+    const int64_t a = std::min<int64_t>(total, int64_t(p) * per);
+    const int64_t b = std::min<int64_t>(total, a + per);
+    if (a < b) fn(a, b);
+  });
+}
+
+}  // namespace
+
+void NativeModel::tick(Counter c, ns_clock::time_point& t0) {
+  if (!profiling_) return;
+  const ns_clock::time_point t1 = ns_clock::now();
+  counters_[c] += (t1 - t0).count();
+  if (c == kGemm) counters_[c] -= quant_in_gemm_;
+  quant_in_gemm_ = 0;
+  t0 = t1;
+}
+
+void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out, const float* bias) {
+  if (m.dense) {
+    split((m.n + 15) / 16, parts_, [&](int64_t a, int64_t b) {
+      ops_->dense(x, M, m.k, m.dense, 16 * a, std::min(m.n, 16 * b), out, m.n);
+    });
+  }
+  const bool widened = isa_ == rs::kAvx2 || isa_ == rs::kAvx512;  // the vpmaddwd paths
+  bool done32 = false, done16 = false;
+  for (size_t i = 0; i < m.segs.size(); ++i) {
+    const qk::QW& w = *m.segs[i];
+    QBuf& qb = w.sb == 32 ? q32_ : q16_;
+    bool& done = w.sb == 32 ? done32 : done16;
+    const qk::QXBuf buf = qb.prepare(M, m.k, w.sb, widened);
+    if (!done) {  // one quantization per sub-block length serves every segment
+      auto quant = [&](int64_t a, int64_t b) {
+        if (isa_ >= rs::kAvx512) qk::quantize_avx512(x, m.k, m.k, w.sb, a, b, buf);
+        else if (isa_ == rs::kAvx2) qk::quantize_avx2(x, m.k, m.k, w.sb, a, b, buf);
+        else qk::quantize_scalar(x, m.k, m.k, w.sb, a, b, buf);
+        if (buf.qw) qk::widen_pairs(buf, m.k, a, b);
+      };
+      ns_clock::time_point q0;
+      if (profiling_) q0 = ns_clock::now();
+      if (M >= kParallelRows) split(M, parts_, quant);
+      else quant(0, M);
+      done = true;
+      if (profiling_) {
+        const int64_t dt = (ns_clock::now() - q0).count();
+        counters_[kQuant] += dt;
+        quant_in_gemm_ += dt;
+      }
+    }
+    const qk::QX qx{buf.q, buf.qw, buf.d, buf.xs, buf.dxs, M, m.k, w.sb};
+    float* o = out + m.offs[i];
+    split(w.groups, parts_, [&](int64_t g0, int64_t g1) {
+      switch (isa_) {
+        case rs::kAvx512Vnni: qk::gemm_avx512vnni(w, qx, o, m.n, g0, g1); break;
+        case rs::kAvx512: qk::gemm_avx512(w, qx, o, m.n, g0, g1); break;
+        case rs::kAvx2: qk::gemm_avx2(w, qx, o, m.n, g0, g1); break;
+        default: qk::gemm_scalar(w, qx, o, m.n, g0, g1); break;
+      }
+    });
+  }
+  if (bias)
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t j = 0; j < m.n; ++j) out[r * m.n + j] += bias[j];  // as `out += bias`
+}
+
+void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs& r, int64_t n_layers,
+                          float* out, unsigned threads, int isa) {
+  const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim, hid = cfg_.hidden;
+  const int64_t I = cfg_.inter, nq = H * D, nkv = Hkv * D, nqkv = nq + 2 * nkv, group = H / Hkv;
+  const float eps = cfg_.eps;
+  if (n_layers < 0 || n_layers > cfg_.layers) throw std::invalid_argument("forward: num_layers out of range");
+  if (embed_.empty() || head_.empty()) throw std::logic_error("forward: weights not set");
+  std::vector<int32_t> windows, ropes;
+  for (int64_t li = 0; li < n_layers; ++li) {
+    if (!layers_[size_t(li)].ready) throw std::logic_error("forward: a layer's weights are not set");
+    windows.push_back(layers_[size_t(li)].window);
+    ropes.push_back(layers_[size_t(li)].rope);
+  }
+  // (A cache may hold fewer layers than the model: a self-draft's own cache for the
+  // first layers it runs.)
+  if (c.layers < n_layers || c.kv_heads != Hkv || c.head_dim != D)
+    throw std::invalid_argument("forward: the KV cache does not match the model");
+  rs::require_isa(isa);
+  nanobind::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(mu_);
+  ns_clock::time_point t0 = ns_clock::now();
+  const ns_clock::time_point start = t0;
+  plan_.build(a, c, r, windows, ropes, cfg_.vocab);  // validates every index used below
+  parts_ = std::max(1u, std::min(threads, rs::pool().parts()));
+  isa_ = isa;
+  ops_ = isa >= rs::kAvx512 ? &ops_avx512() : isa == rs::kAvx2 ? &ops_avx2() : &ops_scalar();
+  const Ops& op = *ops_;
+  const int64_t T = a.T, R = a.R;
+  for (auto* v : {&h_, &x_, &o_}) v->resize(size_t(T * hid));
+  qkv_.resize(size_t(T * nqkv));
+  att_.resize(size_t(T * nq));
+  gu_.resize(size_t(T * 2 * I));
+  act_.resize(size_t(T * I));
+  float *h = h_.data(), *x = x_.data(), *qkv = qkv_.data(), *att = att_.data(), *o = o_.data();
+  float *gu = gu_.data(), *act = act_.data();
+  // fn(t) for every row, split over the threads when there are enough rows.
+  auto rows = [&](auto&& fn) {
+    auto range = [&](int64_t t0_, int64_t t1_) {
+      for (int64_t t = t0_; t < t1_; ++t) fn(t);
+    };
+    if (T >= kParallelRows) split(T, parts_, range);
+    else range(0, T);
+  };
+
+  // Embeddings: the dequantized rows (QuantizedWeight.rows), times Gemma's scale.
+  rows([&](int64_t t) {
+    const int64_t id = a.ids[t];
+    if (embed_.dense) {
+      std::memcpy(h + t * hid, embed_.dense + id * hid, size_t(hid) * sizeof(float));
+    } else {
+      size_t s = 0;
+      while (s + 1 < embed_.segs.size() && id >= embed_.offs[s + 1]) ++s;
+      const int64_t local = id - embed_.offs[s];
+      qk::dequant_rows(*embed_.segs[s], &local, 1, h + t * hid);
+    }
+    if (cfg_.embed_scale != 1.0f) op.scale(h + t * hid, hid, cfg_.embed_scale);
+  });
+  tick(kOther, t0);
+
+  for (int64_t li = 0; li < n_layers; ++li) {
+    const Layer& l = layers_[size_t(li)];
+    rows([&](int64_t t) { op.rms_norm(h + t * hid, l.attn_norm, x + t * hid, hid, eps); });
+    tick(kOther, t0);
+    matmul(l.qkv, x, T, qkv, l.qkv_b);
+    tick(kGemm, t0);
+    // q/k norms and RoPE per head; keys and values into the cache at (slot, cache_pos).
+    const float* cos_t = r.cos[size_t(l.rope)];
+    const float* sin_t = r.sin[size_t(l.rope)];
+    rows([&](int64_t t) {
+      float* row = qkv + t * nqkv;
+      const float* cs = cos_t + a.positions[t] * D;
+      const float* sn = sin_t + a.positions[t] * D;
+      for (int64_t hh = 0; hh < H + Hkv; ++hh) {
+        const float* nw = hh < H ? l.q_norm : l.k_norm;
+        if (nw) op.rms_norm(row + hh * D, nw, row + hh * D, D, eps);
+        op.rope(row + hh * D, cs, sn, D);
+      }
+      for (int64_t g = 0; g < Hkv; ++g) {
+        const int64_t at = c.offset(li, plan_.slot(t), g, plan_.cache_pos(t));
+        std::memcpy(c.k + at, row + nq + g * D, size_t(D) * sizeof(float));
+        std::memcpy(c.v + at, row + nq + nkv + g * D, size_t(D) * sizeof(float));
+      }
+    });
+    tick(kOther, t0);
+    // Attention: items (block of rows, group of hb query heads of one kv head), split by
+    // their key counts; an item runs in one thread. hb: the largest divisor of the kv
+    // group (<= 4) that still spreads the items evenly over the threads (a SmolLM2
+    // decode row: 9 single heads, not 3 groups of 3, for two threads); the heads of an
+    // item share key and value loads, which matters once a head's keys outgrow L2
+    // (Gemma's 256-wide heads). Nothing of this changes a head's arithmetic.
+    const Plan::Kind& kind = plan_.kind(l.window);
+    const int64_t nb = int64_t(kind.blocks.size()), np = int64_t(parts_);
+    int64_t hb = std::min<int64_t>(group, 4);
+    for (; hb > 1; --hb) {
+      const int64_t items = nb * Hkv * (group / hb);
+      if (group % hb == 0 && items >= np && (items % np == 0 || items >= 2 * np)) break;
+    }
+    const int64_t groups = H / hb;  // items per row block
+    auto attend = [&](int64_t i0, int64_t i1) {
+      static thread_local std::vector<float> scratch;
+      for (int64_t i = i0; i < i1; ++i) {
+        const Plan::RowBlock& b = kind.blocks[size_t(i / groups)];
+        const int64_t h0 = (i % groups) * hb;
+        Keys keys[kMaxAttnRows];
+        int64_t most = 0;
+        for (int64_t r = 0; r < b.rows; ++r) {
+          keys[r] = kind.keys(b.t + r);
+          most = std::max(most, keys[r].size());
+        }
+        scratch.resize(size_t(b.rows * hb * (most + 16 + D)));
+        const int64_t base = c.offset(li, plan_.slot(b.t), h0 / group, 0);
+        const AttnBlock ab{qkv + b.t * nqkv + h0 * D, nqkv, att + b.t * nq + h0 * D, nq, keys,
+                           b.rows, hb, c.k + base, c.v + base, D, cfg_.attn_scale};
+        op.attend(ab, scratch.data());
+      }
+    };
+    if (parts_ > 1 && kind.total_keys * H * D >= kParallelAttn) {
+      const std::vector<int64_t> cuts = kind.cuts(groups, parts_);
+      rs::pool().run(parts_, [&](unsigned p) { attend(cuts[p], cuts[p + 1]); });
+    } else {
+      attend(0, nb * groups);
+    }
+    tick(kAttn, t0);
+    matmul(l.o, att, T, o, l.o_b);
+    tick(kGemm, t0);
+    rows([&](int64_t t) {
+      if (l.post_attn) op.rms_norm(o + t * hid, l.post_attn, o + t * hid, hid, eps);
+      op.add(h + t * hid, o + t * hid, hid);
+      op.rms_norm(h + t * hid, l.ffn_norm, x + t * hid, hid, eps);
+    });
+    tick(kOther, t0);
+    matmul(l.gate_up, x, T, gu, nullptr);
+    tick(kGemm, t0);
+    rows([&](int64_t t) { op.glu(gu + t * 2 * I, act + t * I, I, cfg_.gelu); });
+    tick(kOther, t0);
+    matmul(l.down, act, T, o, nullptr);
+    tick(kGemm, t0);
+    rows([&](int64_t t) {
+      if (l.post_ffn) op.rms_norm(o + t * hid, l.post_ffn, o + t * hid, hid, eps);
+      op.add(h + t * hid, o + t * hid, hid);
+    });
+    tick(kOther, t0);
+  }
+
+  // The final norm and the head for the requested rows only.
+  if (R > 0) {
+    fin_.resize(size_t(R * hid));
+    for (int64_t i = 0; i < R; ++i)
+      op.rms_norm(h + a.logits_rows[i] * hid, final_norm_, fin_.data() + i * hid, hid, eps);
+    tick(kOther, t0);
+    matmul(head_, fin_.data(), R, out, nullptr);
+    tick(kGemm, t0);
+    if (cfg_.softcap > 0.0f) op.softcap(out, R * cfg_.vocab, cfg_.softcap);
+    tick(kOther, t0);
+  }
+  if (profiling_) {
+    counters_[kTotal] += (ns_clock::now() - start).count();
+    ++calls_;
+  }
+}
+
+}  // namespace nf

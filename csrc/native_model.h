@@ -1,0 +1,128 @@
+// The native forward of a quantized CausalLM (models/transformer.py): one call runs the
+// whole model over a flat ragged batch (runtime/batch.py): embeddings, per layer RMSNorm,
+// the fused QKV product, q/k norms, RoPE, the KV-cache write, attention of every row over
+// its own sequence's keys with the tree / window / padding mask, the output product, the
+// gated MLP, residuals, and the final norm and head for the requested rows only.
+// runtime/native.py builds it from the model's weights (native_bind.cpp) and marshals
+// each call; native_forward.cpp computes. The Python forward stays the readable
+// reference, which native_forward.cpp follows step by step.
+//
+// Invariant (batch invariance by construction): every output of a row is computed by a
+// fixed sequence of float operations that depends only on that row's inputs and its own
+// visible keys: the weight products are the kernels of qkernels.h (row-local activation
+// quantization, exact integer dots, fixed accumulation), the rest the kernels of
+// native_ops.h (fixed lane/tree orders, attention of one (row, head) in increasing key
+// position, masked keys skipped). The split of rows, groups and (row, heads) items over
+// threads varies with the thread count; what one output computes never does, and every
+// instruction-set path computes the same bits.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+
+#include "native_ops.h"
+#include "native_plan.h"
+#include "qkernels.h"
+
+namespace nf {
+
+// A weight matrix [n, k]: quantized segments (rows [off, off + seg.n) of the output
+// each), or dense fp32 rows (a float32 model's weights: the tests' tight parity oracle).
+struct Matrix {
+  std::vector<const qk::QW*> segs;
+  std::vector<int64_t> offs;
+  const float* dense = nullptr;
+  int64_t n = 0, k = 0;
+  bool empty() const { return segs.empty() && !dense; }
+};
+
+struct Layer {
+  Matrix qkv, o, gate_up, down;
+  const float *qkv_b = nullptr, *o_b = nullptr, *attn_norm = nullptr, *ffn_norm = nullptr;
+  const float *q_norm = nullptr, *k_norm = nullptr, *post_attn = nullptr, *post_ffn = nullptr;
+  int32_t window = 0;  // 0: global attention
+  int32_t rope = 0;    // which RoPE table (one per base)
+  bool ready = false;
+};
+
+// Quantized activations for one sub-block length (qkernels.h), reused across calls.
+struct QBuf {
+  std::vector<int8_t> q;
+  std::vector<int16_t> qw;
+  std::vector<float> d, dxs;
+  std::vector<int32_t> xs;
+  qk::QXBuf prepare(int64_t M, int64_t K, int sb, bool widened) {
+    q.resize(size_t(M * K));
+    if (widened) qw.resize(size_t(M * K));
+    d.resize(size_t(M * K / 32));
+    xs.resize(size_t(M * K / sb));
+    dxs.resize(size_t(M * K / sb));
+    return {q.data(), widened ? qw.data() : nullptr, d.data(), xs.data(), dxs.data()};
+  }
+};
+
+enum Counter { kQuant, kGemm, kAttn, kOther, kTotal, kCounters };
+
+struct Config {
+  int64_t hidden, inter, vocab, layers, heads, kv_heads, head_dim;
+  float eps, embed_scale, attn_scale, softcap;  // softcap 0: none
+  bool gelu;                                    // tanh GELU, else SiLU
+};
+
+class NativeModel {
+ public:
+  explicit NativeModel(const Config& cfg);
+
+  // Weights (native_bind.cpp): matrices as lists of (QSeg, first row) or dense float32
+  // [n, k] tensors; vectors as float32 tensors; None for absent optional ones.
+  void set_embed(nanobind::object w);
+  void set_head(nanobind::object w, nanobind::object final_norm);
+  void set_layer(int64_t index, int32_t window, int32_t rope, nanobind::object qkv,
+                 nanobind::object o, nanobind::object gate_up, nanobind::object down,
+                 nanobind::object qkv_b, nanobind::object o_b, nanobind::object attn_norm,
+                 nanobind::object ffn_norm, nanobind::object q_norm, nanobind::object k_norm,
+                 nanobind::object post_attn, nanobind::object post_ffn);
+
+  // Runs the first n_layers layers, then the head for a.logits_rows into out [R, vocab];
+  // releases the GIL. threads: parts of the pool to use; isa: kernel_common.h's code.
+  void forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs& r, int64_t n_layers,
+               float* out, unsigned threads, int isa);
+
+  // Seconds per counter since the last reset (a clock read between the parts of a
+  // forward while profiling is on), and the number of calls.
+  void set_profiling(bool on) { profiling_ = on; }
+  std::vector<double> seconds(bool reset, int64_t* calls);
+
+ private:
+  Matrix matrix(nanobind::object w, int64_t n, int64_t k);
+  const float* vec(nanobind::object v, int64_t n, bool optional);
+  void matmul(const Matrix& m, const float* x, int64_t M, float* out, const float* bias);
+  // Adds the time since t0 to counter c and restarts t0; a product's quantization is
+  // timed inside matmul and taken out of the gemm counter.
+  void tick(Counter c, std::chrono::steady_clock::time_point& t0);
+
+  const Config cfg_;
+  std::vector<Layer> layers_;
+  Matrix embed_, head_;
+  const float* final_norm_ = nullptr;
+  std::vector<nanobind::object> keep_;  // the Python objects whose memory the pointers use
+
+  // Per-call state (the mutex serializes calls; buffers grow and are reused).
+  std::mutex mu_;
+  unsigned parts_ = 1;
+  int isa_ = 0;
+  const Ops* ops_ = nullptr;
+  QBuf q32_, q16_;
+  std::vector<float> h_, x_, qkv_, att_, o_, gu_, act_, fin_;
+  Plan plan_;
+  bool profiling_ = false;
+  int64_t counters_[kCounters] = {};
+  int64_t quant_in_gemm_ = 0;  // quantization time inside the interval the next tick closes
+  int64_t calls_ = 0;
+};
+
+}  // namespace nf

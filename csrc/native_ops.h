@@ -1,0 +1,87 @@
+// The float work of the native forward outside the weight products (native_forward.cpp):
+// RMSNorm, RoPE, attention of one (row, head), the gated activations, soft-capping.
+// One set per instruction-set path (native_ops.inc compiled three times); every set
+// gives the same bits, because the arithmetic of each output is fixed here and written
+// once, in GCC vector code whose semantics are lane-wise IEEE operations (the files are
+// compiled with -ffp-contract=off and without -ffast-math: no contraction, no
+// reassociation, no approximate reciprocals), with fma explicit.
+//
+// Canonical arithmetic (u = a 16-lane vector; reduce16 = the tree of kernels.cpp:
+// pairs (l, l+8), then (l, l+4), (l, l+2), (0, 1)):
+//   dot(a, b), n % 16 == 0: lane l = fma chain over a[16i+l]*b[16i+l] in increasing i,
+//     from +0; then reduce16.
+//   rms_norm: ss = dot(x, x); r = 1 / sqrt(ss / n + eps); y = (x * r) * w.
+//   rope (rotate-half, the reference's own three operations per element):
+//     y[i] = x[i]*cos[i] - x[i+h]*sin[i], y[i+h] = x[i+h]*cos[i+h] + x[i]*sin[i].
+//   exp: our polynomial (exp_v below), 0 below -86, clamped at 88: the same on every path.
+//   attention of one query row q and one head over its visible keys k_0..k_{n-1}, in
+//     increasing cache position (the order defines j): s_j = dot(q, k_j) * scale;
+//     m = max s_j (exact); p_j = exp(s_j - m); l = reduce16 of lanes l = sum of p_j over
+//     j = l mod 16 in increasing j; o[d] = fma chain of p_j * v_j[d] in increasing j;
+//     out[d] = o[d] * (1 / l). Only visible keys enter (a masked key contributes
+//     nothing), so a row's result depends on its own keys only, never on the batch,
+//     the tree around it, the thread that runs it or the path.
+//   silu(g) * u = (g / (1 + exp(-g))) * u;
+//   gelu_tanh(g) * u = ((0.5 * g) * (1 + tanh(c * (g + 0.044715 * (g * g * g))))) * u,
+//     c = sqrt(2/pi) as fp32; tanh(a) = sign(a) * (1 - e) / (1 + e), e = exp(-2|a|).
+//   softcap: x = tanh(x / cap) * cap.
+#pragma once
+
+#include <cstdint>
+
+namespace nf {
+
+// The keys one query row sees, as cache positions of its sequence's slot: the range
+// [lo, hi) and then list[0, cnt) (increasing, all >= hi).
+struct Keys {
+  int32_t lo, hi;
+  const int32_t* list;
+  int32_t cnt;
+  int64_t size() const { return int64_t(hi - lo) + cnt; }
+  int32_t at(int64_t j) const { return j < hi - lo ? lo + int32_t(j) : list[j - (hi - lo)]; }
+};
+
+// A block of attention work: rows (<= kMaxAttnRows) of one sequence whose visible keys
+// all start at the same lo, and `heads` (<= 4) query heads sharing one kv head. Row r,
+// head h: query at q + r * q_stride + h * d, result at out + r * out_stride + h * d.
+constexpr int64_t kMaxAttnRows = 8;
+struct AttnBlock {
+  const float* q;
+  int64_t q_stride;
+  float* out;
+  int64_t out_stride;
+  const Keys* keys;  // [rows]
+  int64_t rows, heads;
+  const float *k, *v;  // position 0 of the kv head's [N, d] cache rows
+  int64_t d;
+  float scale;
+};
+
+struct Ops {
+  // y = rms_norm(x) * w over n (n % 16 == 0); y may be x.
+  void (*rms_norm)(const float* x, const float* w, float* y, int64_t n, float eps);
+  // Rotate-half RoPE of one head of d values (d % 32 == 0) in place.
+  void (*rope)(float* x, const float* cos, const float* sin, int64_t d);
+  // Attention of a block of rows x heads (AttnBlock); scratch holds
+  // rows * heads * (the most keys of a row + 16 + d) floats. Each (row, head)'s result is
+  // the one it would get alone: the block only shares loads and hides latencies.
+  void (*attend)(const AttnBlock& block, float* scratch);
+  // out[i] = act(gu[i]) * gu[n + i] for i < n (n % 16 == 0); gelu: tanh GELU, else SiLU.
+  void (*glu)(const float* gu, float* out, int64_t n, bool gelu);
+  // x = tanh(x / cap) * cap for n values (any n).
+  void (*softcap)(float* x, int64_t n, float cap);
+  // out[m * ldo + n] = dot(x[m], w[n]) for m < M and n in [n0, n1), x [M, k], w [N, k]
+  // (k % 16 == 0): the arithmetic of linear_f32 (kernels.cpp), so dense fp32 weights give
+  // the fp32 reference model's own bits (the native forward's tight parity oracle).
+  void (*dense)(const float* x, int64_t M, int64_t k, const float* w, int64_t n0, int64_t n1,
+                float* out, int64_t ldo);
+  // h += o; x *= s (n % 16 == 0).
+  void (*add)(float* h, const float* o, int64_t n);
+  void (*scale)(float* x, int64_t n, float s);
+};
+
+const Ops& ops_scalar();
+const Ops& ops_avx2();
+const Ops& ops_avx512();
+
+}  // namespace nf
