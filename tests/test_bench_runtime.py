@@ -67,9 +67,13 @@ def test_tiny_runtime_run_with_transformers(tmp_path: Path) -> None:
 
 
 def _tiny(tmp_path: Path, hf: bool) -> None:
-    cfg = RuntimeConfig(repeats=1, new_tokens=4, dtypes=("float32",), ks=(1, 4), cached=64,
-                        stream_mib=64, hf=hf)
+    cfg = RuntimeConfig(repeats=1, new_tokens=4, dtypes=("quantized", "float32"), ks=(1, 4),
+                        cached=64, stream_mib=64, hf=hf, llamacpp=False)
     res = run_runtime_bench(cfg, out=tmp_path, log=lambda m: None)
+    q = res["dtypes"]["quantized"]
+    # SmolLM2's GGUF is 98 MB (Q4_1 layers, Q8_0 tied embedding); resident <= 1.25x.
+    assert 60 < q["resident_weight_mb"] < 1.25 * 98.4
+    assert q["weight_bytes"]["total"] < 1.25 * 98.4e6 and q["weight_bytes"]["tied"] == 1
     r = res["dtypes"]["float32"]
     assert set(r["cost_ms"]) == {"1", "4"} and r["cost_ratio"]["1"] == 1.0
     # Timings only as sanity (no bounds: a loaded machine makes them anything).

@@ -289,8 +289,10 @@ def test_demo_smoke_real_model(tmp_path: Path) -> None:
 @needs_model
 @pytest.mark.skipif(not importlib.util.find_spec("transformers"), reason="transformers missing")
 def test_hf_greedy_same_weights_same_tokens(tmp_path: Path) -> None:
-    # Same weights, prompt ids, dtype and EOS handling: greedy outputs agree with ar.
+    # Same (fp32 reference) weights, prompt ids and EOS handling: greedy outputs agree
+    # with ar on the fp32 path (hf-* peers always run the fp32 weights).
     rc = main(["bench", "--suite", "demo", "--limit", "1", "--max-new-tokens", "12",
+               "--dtype", "float32",
                "--methods", "ar,hf-greedy,hf-pld", "--out", str(tmp_path), "--no-progress"])
     assert rc == 0
     rep = json.loads((tmp_path / "report.json").read_text())

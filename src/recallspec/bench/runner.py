@@ -21,6 +21,7 @@ from typing import Any
 
 from recallspec.bench.answers import AnswerWriter, answers_path, read_answers
 from recallspec.bench.methods import Method, MethodFactory, TurnOutput, check_method_names
+from recallspec.bench.peers import PeerCrashed
 from recallspec.bench.prompting import conversation_ids
 from recallspec.bench.suites import Question, SuiteSelection, load_suite
 from recallspec.errors import DataError, RecallspecError
@@ -37,7 +38,7 @@ class BenchConfig:
     repeats: int = 1
     temperature: float = 0.0
     max_draft_nodes: int = 16
-    dtype: str = "float32"
+    dtype: str = "auto"
     data_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -167,8 +168,10 @@ def make_record(
 def run_bench(
     cfg: BenchConfig, out: Path, *, resume: bool = False, overwrite: bool = False,
     engine: Any = None, log: Log = _stderr, progress: bool = True,
+    factory: MethodFactory | None = None,
 ) -> list[str]:
-    """Run (or resume) a suite into ``out``; returns the methods that ran."""
+    """Run (or resume) a suite into ``out``; returns the methods that ran (a peer whose
+    process crashed is logged and dropped; the others go on)."""
     questions = load_suite(cfg.suite, cfg.selection, cfg.data_dir)
     methods, skipped = check_method_names(cfg.methods)
     for msg in skipped:
@@ -195,23 +198,41 @@ def run_bench(
         log(f"loading model {cfg.model or '(default)'} ({cfg.dtype})")
         engine = Engine.load(cfg.model, dtype=cfg.dtype, max_draft_nodes=cfg.max_draft_nodes)
     model_id = _model_id(cfg.model)
-    factory = MethodFactory(engine, cfg.model)
+    factory = factory or MethodFactory(engine, cfg.model, cfg.dtype)
     ready: list[Method] = []
-    for name in methods:
-        if all(str(q.question_id) in done.get(name, set()) for q in questions):
-            log(f"{name}: all {len(questions)} questions already answered")
-            continue
-        try:
-            method = factory.create(name)
-        except RecallspecError:
-            raise
-        except ImportError as e:
-            log(f"skipping {name}: {e}")
-            continue
-        _warm_up(method, engine.tokenizer, questions[0], cfg)
-        ready.append(method)
-    _run_interleaved(ready, engine.tokenizer, questions, done, cfg, out, model_id, log, progress)
+    try:
+        for name in methods:
+            if all(str(q.question_id) in done.get(name, set()) for q in questions):
+                log(f"{name}: all {len(questions)} questions already answered")
+                continue
+            try:
+                created = factory.create(name)
+            except PeerCrashed as e:
+                log(f"{name} failed and is dropped from this run: {e}")
+                continue
+            except ImportError as e:
+                log(f"skipping {name}: {e}")
+                continue
+            ready.append(created)
+            try:
+                _warm_up(created, engine.tokenizer, questions[0], cfg)
+            except PeerCrashed as e:
+                log(f"{name} failed and is dropped from this run: {e}")
+                _close(ready.pop())
+                continue
+        _run_interleaved(
+            ready, engine.tokenizer, questions, done, cfg, out, model_id, log, progress
+        )
+    finally:
+        for r in ready:
+            _close(r)
     return methods
+
+
+def _close(method: Method) -> None:
+    close = getattr(method, "close", None)
+    if callable(close):
+        close()
 
 
 def _params(cfg: BenchConfig, q: Question) -> SamplingParams:
@@ -241,6 +262,7 @@ def _run_interleaved(
 
     pending = {m.name: {str(q.question_id) for q in questions} - done.get(m.name, set())
                for m in methods}
+    crashed: set[str] = set()
     tokens = dict.fromkeys(pending, 0)
     seconds = dict.fromkeys(pending, 0.0)
     with ExitStack() as stack, tqdm(
@@ -251,14 +273,21 @@ def _run_interleaved(
                    for m in methods}
         for q in questions:
             for method in methods:
-                if str(q.question_id) not in pending[method.name]:
+                if method.name in crashed or str(q.question_id) not in pending[method.name]:
                     continue
                 try:
                     answered = answer_question(method, tokenizer, q, _params(cfg, q), cfg.repeats)
+                except PeerCrashed as e:  # that method is over; the others go on
+                    log(f"{method.name} failed and is dropped from this run: {e}")
+                    crashed.add(method.name)
+                    bar.update(len(pending[method.name]))
+                    continue
                 except RecallspecError as e:  # e.g. a prompt longer than the context
                     log(f"{method.name}: question {q.question_id} skipped: {e}")
+                    pending[method.name].discard(str(q.question_id))
                     bar.update(1)
                     continue
+                pending[method.name].discard(str(q.question_id))
                 rec = make_record(method, model_id, q, answered, tokenizer.eos_token_ids)
                 writers[method.name].write(rec)
                 c = rec["choices"][0]

@@ -3,13 +3,15 @@
 Three measurements, each the median of ``repeats`` timings after a warm-up:
 
 1. AR decoding tokens/s: our engine (drafter none, greedy, EOS ignored so every run
-   emits exactly ``new_tokens``) vs transformers ``generate`` on the same weights,
-   prompt ids and dtype, for each dtype. Reported end-to-end (prefill included) and
-   decode-only (time(N) - time(1) for the N - 1 tokens after the first).
+   emits exactly ``new_tokens``) for each weight format (quantized: the GGUF's own
+   blocks; float32: the reference), vs transformers ``generate`` on the fp32 weights
+   and vs llama.cpp greedy on the same GGUF (child process, ``bench/runtime_llamacpp.py``),
+   same prompt ids and threads. Reported end-to-end (prefill included) and decode-only
+   (time(N) - time(1) for the N - 1 tokens after the first).
 2. Verification cost curve: one forward of a chain of k new tokens (all rows with
    logits, as the engine's verification) on top of 512 cached tokens, as ms and as
-   a ratio to k = 1; transformers' forward at k = 1 and 16 with a 512-token cache for
-   reference.
+   a ratio to k = 1; transformers' forward at k = 1 and 16 with a 512-token cache and
+   llama.cpp's k-token ``eval`` for reference.
 3. Achieved memory bandwidth: weight bytes one decode step reads (every parameter
    once; the embedding table only one row unless it is also the lm_head) / decode
    time per token, vs a streaming read bandwidth measured in the same run on a buffer
@@ -48,8 +50,9 @@ class RuntimeConfig:
     model: str | None = None
     repeats: int = 5
     new_tokens: int = 128
-    dtypes: tuple[str, ...] = ("float32", "bfloat16")
-    hf: bool = True  # compare with transformers
+    dtypes: tuple[str, ...] = ("quantized", "float32")
+    hf: bool = True  # compare with transformers (on the fp32 weights)
+    llamacpp: bool = True  # compare with llama.cpp (when llama-cpp-python is installed)
     ks: tuple[int, ...] = KS
     cached: int = CACHED
     stream_mib: int = 1024  # streaming-bandwidth buffer (>> L3)
@@ -58,9 +61,11 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.new_tokens < 2:
             raise DataError("need repeats >= 1 and new_tokens >= 2")
-        bad = [d for d in self.dtypes if d not in ("float32", "bfloat16")]
+        bad = [d for d in self.dtypes if d not in ("quantized", "float32", "bfloat16")]
         if bad or not self.dtypes:
-            raise DataError(f"dtypes must be float32 and/or bfloat16, got {self.dtypes}")
+            raise DataError(
+                f"dtypes must be among quantized, float32, bfloat16; got {self.dtypes}"
+            )
 
 
 # ---- memory bandwidth -------------------------------------------------------------
@@ -105,6 +110,17 @@ def weight_bytes_per_token(model: torch.nn.Module, vocab: int, hidden: int) -> d
     embed_row = hidden * es
     return {"total": other + lm_head + embed_row, "lm_head": lm_head, "other": other,
             "tied": int(len(tables) == 1)}
+
+
+def quantized_bytes_per_token(model: Any) -> dict[str, int]:
+    """``weight_bytes_per_token`` for a model whose matrices are ``QuantizedWeight``s."""
+    resident = int(model.weight_bytes())
+    embed, head = model.embed_w, model.lm_head_w
+    row = embed.nbytes // embed.n  # one embedding row per token
+    tied = int(embed is head)
+    other = resident - head.nbytes - (0 if tied else embed.nbytes)
+    return {"total": other + head.nbytes + row, "lm_head": int(head.nbytes), "other": other,
+            "tied": tied}
 
 
 # ---- our model ----------------------------------------------------------------------
@@ -219,12 +235,16 @@ def run_runtime_bench(
         curve = _our_cost_curve(engine, cfg)
         r["cost_ms"] = curve
         r["cost_ratio"] = {k: v / curve["1"] for k, v in curve.items()} if "1" in curve else {}
-        wb = weight_bytes_per_token(engine.model, int(mc.vocab_size), int(mc.hidden_size))
+        if getattr(engine.model, "quantized", False):
+            wb = quantized_bytes_per_token(engine.model)
+        else:
+            wb = weight_bytes_per_token(engine.model, int(mc.vocab_size), int(mc.hidden_size))
         r["weight_bytes"] = wb
+        r["resident_weight_mb"] = engine.model.weight_bytes() / 1e6
         sec = r["ours"]["decode_ms_per_tok"] / 1000
         r["achieved_gb_s"] = wb["total"] / sec / 1e9
         r["bandwidth_fraction"] = r["achieved_gb_s"] / res["stream"]["read_gb_s"]
-        if cfg.hf:
+        if cfg.hf and dt == "float32":
             from recallspec.bench.hf import hf_model_from_engine
 
             say(f"[{dt}] transformers generate on the same weights")
@@ -237,7 +257,25 @@ def run_runtime_bench(
             r["hf_cost_ms"] = hc
             del hf
         res["dtypes"][dt] = r
+        tokenizer, threads = engine.tokenizer, engine.threads
         del engine
+    if cfg.llamacpp:
+        from recallspec.bench.hf import gguf_path_for
+        from recallspec.bench.runtime_llamacpp import llamacpp_runtime
+
+        g = torch.Generator().manual_seed(0)
+        ctx = torch.randint(0, int(mc.vocab_size), (cfg.cached + max(cfg.ks),), generator=g)
+        lc = llamacpp_runtime(
+            gguf_path_for(cfg.model), tokenizer, ids, [int(t) for t in ctx],
+            new_tokens=cfg.new_tokens, repeats=cfg.repeats, ks=cfg.ks, cached=cfg.cached,
+            threads=threads, say=say,
+        )
+        if lc is not None:
+            res["llamacpp"] = lc
+            base: dict[str, float] = lc.get("greedy") or {}
+            for r in res["dtypes"].values() if base else ():
+                r["speedup_vs_llamacpp_decode"] = r["ours"]["decode_tok_s"] / base["decode_tok_s"]
+                r["speedup_vs_llamacpp_e2e"] = r["ours"]["e2e_tok_s"] / base["e2e_tok_s"]
     res["machine_after"] = _machine()
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -252,30 +290,40 @@ def render_runtime_markdown(res: dict[str, Any]) -> str:
     after = res.get("machine_after", {})
     lines = [
         f"Machine: {res['machine']['cpu']}, {res['machine']['torch_threads']} torch threads, "
-        f"torch {res['machine']['torch']}; {res['date']}; 1-min load "
+        f"torch {res['machine']['torch']}; {res['machine'].get('kernels', '')}; "
+        f"{res['date']}; 1-min load "
         f"{res['machine'].get('loadavg_1m')} before, {after.get('loadavg_1m')} after.",
         f"Streaming bandwidth ({s['buffer_mib']:.0f} MiB buffer): read {s['read_gb_s']:.1f} GB/s, "
         f"copy {s['copy_gb_s']:.1f} GB/s.",
         "",
-        "| dtype | ours decode tok/s | HF decode tok/s | ours/HF decode | ours e2e tok/s "
-        "| HF e2e tok/s | ours/HF e2e | weight MB/token | achieved GB/s | fraction of read BW |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| engine | decode tok/s | e2e tok/s | decode vs llama.cpp | e2e vs llama.cpp "
+        "| resident weight MB | weight MB/token | achieved GB/s | fraction of read BW |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for dt, r in res["dtypes"].items():
-        hf = r.get("hf")
         lines.append(
-            f"| {dt} | {r['ours']['decode_tok_s']:.1f} | {_f(hf, 'decode_tok_s')} "
-            f"| {_x(r.get('speedup_vs_hf_decode'))} | {r['ours']['e2e_tok_s']:.1f} "
-            f"| {_f(hf, 'e2e_tok_s')} | {_x(r.get('speedup_vs_hf_e2e'))} "
+            f"| ours {dt} | {r['ours']['decode_tok_s']:.1f} | {r['ours']['e2e_tok_s']:.1f} "
+            f"| {_x(r.get('speedup_vs_llamacpp_decode'))} "
+            f"| {_x(r.get('speedup_vs_llamacpp_e2e'))} "
+            f"| {r.get('resident_weight_mb', 0):.0f} "
             f"| {r['weight_bytes']['total'] / 1e6:.0f} | {r['achieved_gb_s']:.1f} "
             f"| {100 * r['bandwidth_fraction']:.0f}% |"
         )
+        hf = r.get("hf")
+        if hf:
+            lines.append(f"| transformers {dt} | {hf['decode_tok_s']:.1f} "
+                         f"| {hf['e2e_tok_s']:.1f} | | | | | | |")
+    lc = res.get("llamacpp", {}).get("greedy")
+    if lc:
+        lines.append(f"| llama.cpp greedy (same GGUF) | {lc['decode_tok_s']:.1f} "
+                     f"| {lc['e2e_tok_s']:.1f} | 1.00x | 1.00x | | | | |")
     lines += ["", f"Verification cost: one forward of k new tokens on {res['config']['cached']} "
               "cached (ms; ratio to k=1)", ""]
     dts = list(res["dtypes"])
+    lc_cost = res.get("llamacpp", {}).get("cost_ms", {})
     lines.append("| k | " + " | ".join(f"ours {d}" for d in dts)
-                 + " | " + " | ".join(f"HF {d}" for d in dts) + " |")
-    lines.append("|---|" + "---|" * (2 * len(dts)))
+                 + " | " + " | ".join(f"HF {d}" for d in dts) + " | llama.cpp |")
+    lines.append("|---|" + "---|" * (2 * len(dts) + 1))
     for k in [str(k) for k in res["config"]["ks"]]:
         cells = []
         for d in dts:
@@ -284,6 +332,8 @@ def render_runtime_markdown(res: dict[str, Any]) -> str:
         for d in dts:
             hc = res["dtypes"][d].get("hf_cost_ms", {})
             cells.append(f"{hc[k]:.2f} ({hc[k] / hc['1']:.2f}x)" if k in hc and "1" in hc else "-")
+        cells.append(f"{lc_cost[k]:.2f} ({lc_cost[k] / lc_cost['1']:.2f}x)"
+                     if k in lc_cost and "1" in lc_cost else "-")
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -308,6 +358,10 @@ def _plot(res: dict[str, Any], path: Path) -> None:
     for dt, r in res["dtypes"].items():
         ks = [int(k) for k in r["cost_ratio"]]
         ax.plot(ks, list(r["cost_ratio"].values()), marker="o", label=f"ours {dt}")
+    lc = res.get("llamacpp", {}).get("cost_ms", {})
+    if "1" in lc:
+        ax.plot([int(k) for k in lc], [v / lc["1"] for v in lc.values()], marker="s",
+                label="llama.cpp")
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"k new tokens (on {res['config']['cached']} cached)")
     ax.set_ylabel("forward time / time at k=1")

@@ -1,0 +1,161 @@
+#!/usr/bin/env python
+"""Quality of the quantized path (issue 17): perplexity and greedy agreement.
+
+* Perplexity on held-out text: CNN/DailyMail articles from the shared data (the first
+  ``--articles`` articles, each scored alone as ``Article: ...`` up to ``--max-tokens``
+  tokens), for our fp32 reference (dequantized GGUF), our quantized path (the GGUF's own
+  blocks, 8-bit activations) and llama.cpp on the same GGUF (child process, when
+  llama-cpp-python is installed: ``make peers``).
+* Greedy agreement with the fp32 path on Spec-Bench prompts (``--per-category`` per
+  category, first turns, chat template, ``--new-tokens``): tokens until the first
+  divergence (median, and the fraction of answers identical) for our quantized path and
+  for llama.cpp greedy.
+
+  .venv/bin/python scripts/exp_quant_quality.py --out bench_out/quality
+
+Writes quality.json and quality.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recallspec.bench.hf import gguf_path_for
+from recallspec.bench.methods import llamacpp_available
+from recallspec.bench.peers import ChildMethod, peer_command
+from recallspec.bench.prompting import conversation_ids
+from recallspec.bench.report import _machine
+from recallspec.bench.suites import SuiteSelection, load_suite
+from recallspec.data.paths import data_dir
+from recallspec.engine import Engine
+from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.spec.sampling import SamplingParams
+
+
+def articles(n: int) -> list[str]:
+    path = data_dir() / "cnn_dailymail" / "cad_cnndm_1_0.jsonl"
+    out: list[str] = []
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            text = json.loads(line)["context_string"]
+            text = text.split("\n")[0]  # "Article: ..." (the file also holds a summary prompt)
+            if text not in seen:  # each article is in the file twice
+                seen.add(text)
+                out.append(text)
+            if len(out) == n:
+                break
+    return out
+
+
+def nll_ours(engine: Any, ids: list[int]) -> tuple[float, int]:
+    model = engine.model
+    cache = model.new_cache(1, len(ids) + 1)
+    with torch.inference_mode():
+        logits = model(build_batch([SequenceInput(0, 0, ids[:-1])]), cache).double()
+    logp = torch.log_softmax(logits, dim=-1)
+    tgt = torch.tensor(ids[1:])
+    return float(-logp[torch.arange(len(tgt)), tgt].sum()), len(tgt)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--articles", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=1024)
+    ap.add_argument("--per-category", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    res: dict[str, Any] = {"machine": _machine(), "args": vars(args),
+                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    engines = {fmt: Engine.load(args.model, dtype=fmt) for fmt in ("float32", "quantized")}
+    tok = engines["float32"].tokenizer
+    docs = [tok.encode_prompt(t)[: args.max_tokens] for t in articles(args.articles)]
+    lc = None
+    if llamacpp_available():
+        gguf = gguf_path_for(args.model)
+        lc = ChildMethod("llamacpp-pld", peer_command("llamacpp-pld", gguf, engines[
+            "float32"].threads), tok, "llamacpp-greedy")
+    ppl: dict[str, float] = {}
+    for name in ("float32", "quantized", "llama.cpp"):
+        if name == "llama.cpp" and lc is None:
+            continue
+        total, count = 0.0, 0
+        for ids in docs:
+            if name == "llama.cpp":
+                assert lc is not None
+                r = lc.request({"op": "nll", "tokens": ids})
+                nll, n = float(r["nll"]), int(r["count"])
+            else:
+                nll, n = nll_ours(engines[name], ids)
+            total += nll
+            count += n
+        ppl[name] = math.exp(total / count)
+        say(f"perplexity {name}: {ppl[name]:.3f} over {count} tokens")
+    res["perplexity"] = {"values": ppl, "tokens": sum(len(d) - 1 for d in docs),
+                         "articles": len(docs)}
+    if lc is not None:
+        lc.close()
+
+    qs = load_suite("spec_bench", SuiteSelection(per_category=args.per_category))
+    prompts = [conversation_ids(tok, q.turns[:1], []) for q in qs]
+    params = SamplingParams(max_new_tokens=args.new_tokens)
+    ref = [engines["float32"].generate(p, params).token_ids for p in prompts]
+    agree: dict[str, Any] = {}
+    others: dict[str, list[list[int]]] = {
+        "quantized": [engines["quantized"].generate(p, params).token_ids for p in prompts]}
+    if llamacpp_available():
+        g = ChildMethod("llamacpp-greedy", peer_command(
+            "llamacpp-greedy", gguf_path_for(args.model), engines["float32"].threads), tok,
+            "llamacpp-greedy")
+        others["llama.cpp"] = [g.generate(p, params).token_ids for p in prompts]
+        g.close()
+    for name, outs in others.items():
+        div = [first_divergence(a, b) for a, b in zip(ref, outs, strict=True)]
+        same = sum(a == b for a, b in zip(ref, outs, strict=True))
+        agree[name] = {"median_tokens_to_divergence": statistics.median(div),
+                       "identical": same / len(ref), "prompts": len(ref),
+                       "per_prompt": div}
+        say(f"greedy vs fp32, {name}: median {statistics.median(div)} tokens to the first "
+            f"divergence, {same}/{len(ref)} identical")
+    res["greedy_agreement"] = agree
+    (out / "quality.json").write_text(json.dumps(res, indent=2), encoding="utf-8")
+    lines = [
+        f"{res['machine']['cpu']}, {res['machine']['kernels']}; {res['date']}", "",
+        f"Perplexity on {len(docs)} CNN/DailyMail articles "
+        f"({res['perplexity']['tokens']} scored tokens):", "",
+        "| weights / engine | perplexity |", "|---|---|",
+        *[f"| {k} | {v:.3f} |" for k, v in ppl.items()], "",
+        f"Greedy agreement with our fp32 path, Spec-Bench {len(prompts)} first turns, "
+        f"{args.new_tokens} new tokens:", "",
+        "| engine | median tokens to first divergence | identical answers |", "|---|---|---|",
+        *[f"| {k} | {v['median_tokens_to_divergence']} | {100 * v['identical']:.0f}% |"
+          for k, v in agree.items()],
+    ]
+    (out / "quality.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,194 @@
+"""The child process that runs one peer method (``llamacpp-*``, ``hf-*``) for a benchmark.
+
+Peers run out of our process: llama-cpp-python crashes when loaded beside torch and our
+kernels, and a native peer that segfaults (as llama.cpp's AMX kernels do under some
+hypervisors) must fail alone instead of taking the benchmark down. The parent
+(``bench/peers.py``) starts ``python .../peer_worker.py METHOD MODEL THREADS DTYPE`` (a script,
+so the llama.cpp child never imports our package or torch)
+and talks JSON lines over the pipes:
+
+  parent -> child   {"prompt_ids": [...], "max_new_tokens": n, "temperature": t,
+                     "top_p": p, "top_k": k, "seed": s, "ignore_eos": b, "eos": [...]}
+  child -> parent   {"token_ids": [...], "accept_lengths": [...], "wall_time": s,
+                     "finish_reason": "eos" | "length"}      (or {"error": "..."})
+  parent -> child   {"op": "eval_cost", "tokens": [...], "cached": n, "ks": [...],
+                     "repeats": r}                           (llama.cpp only)
+  child -> parent   {"cost_ms": {"1": ms, ...}}
+  parent -> child   {"op": "nll", "tokens": [...]}            (llama.cpp, logits_all)
+  child -> parent   {"nll": summed NLL of tokens[1:], "count": n - 1}
+
+The first line the child writes is {"ready": true, "info": {...}} once the model is loaded.
+Only the llama.cpp path is kept free of torch: it imports nothing but llama_cpp.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+HF_PLD_TOKENS = 10  # prompt-lookup draft length of the hf-pld and llamacpp-pld peers
+
+
+class _LlamaCpp:
+    def __init__(self, name: str, gguf_path: str, threads: int, n_ctx: int = 4096) -> None:
+        from llama_cpp import Llama
+
+        draft = None
+        if name == "llamacpp-pld":
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=HF_PLD_TOKENS)
+        # Greedy decoding needs the last position's logits only (logits_all=False, as a
+        # user opens it); prompt lookup verifies several positions per eval, so the
+        # speculative path needs every position's logits.
+        self.llm = Llama(
+            model_path=gguf_path, n_ctx=n_ctx, logits_all=draft is not None,
+            draft_model=draft, n_threads=threads, n_threads_batch=threads, verbose=False,
+        )
+        self.info = {"llama_cpp": _version("llama_cpp"), "logits_all": draft is not None,
+                     "threads": threads}
+
+    def eval_cost(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Milliseconds of one ``eval`` of k new tokens after ``cached`` tokens (median
+        of ``repeats``), for each k: llama.cpp's verification cost curve."""
+        import statistics
+
+        ctx = [int(t) for t in req["tokens"]]
+        cached = int(req["cached"])
+        out: dict[str, float] = {}
+        for k in req["ks"]:
+            times = []
+            for _ in range(int(req["repeats"]) + 1):  # the first is a warm-up
+                self.llm.reset()
+                self.llm.eval(ctx[:cached])
+                t0 = time.perf_counter()
+                self.llm.eval(ctx[cached : cached + int(k)])
+                times.append(time.perf_counter() - t0)
+            out[str(k)] = 1000 * statistics.median(times[1:])
+        return {"cost_ms": out}
+
+    def nll(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Summed negative log-likelihood of tokens[1:] given their prefixes (needs a model
+        opened with logits_all=True: llamacpp-pld's child)."""
+        import numpy as np
+
+        toks = [int(t) for t in req["tokens"]]
+        self.llm.reset()
+        self.llm.eval(toks)
+        logits = np.asarray(self.llm.scores[: len(toks) - 1], dtype=np.float64)
+        m = logits.max(axis=1, keepdims=True)
+        logz = m[:, 0] + np.log(np.exp(logits - m).sum(axis=1))
+        picked = logits[np.arange(len(toks) - 1), toks[1:]]
+        return {"nll": float((logz - picked).sum()), "count": len(toks) - 1}
+
+    def generate(self, req: dict[str, Any]) -> dict[str, Any]:
+        eos = set(req["eos"])
+        gen: list[int] = []
+        finish = "length"
+        temp = float(req["temperature"])
+        self.llm.reset()
+        t0 = time.perf_counter()
+        for tok in self.llm.generate(
+            req["prompt_ids"], temp=temp, top_k=int(req["top_k"]) if temp > 0 else 1,
+            top_p=float(req["top_p"]), reset=True,
+        ):
+            if tok in eos and not req["ignore_eos"]:
+                finish = "eos"
+                break
+            gen.append(int(tok))
+            if len(gen) >= int(req["max_new_tokens"]):
+                break
+        wall = time.perf_counter() - t0
+        # llama-cpp-python does not expose per-step acceptance: left empty.
+        return {"token_ids": gen, "accept_lengths": [], "wall_time": wall,
+                "finish_reason": finish}
+
+
+class _HF:
+    def __init__(self, name: str, model_spec: str | None, threads: int, dtype: str) -> None:
+        import torch
+
+        from recallspec.bench.hf import hf_model_from_model
+        from recallspec.bench.methods import HFMethod
+        from recallspec.models import load_model
+
+        torch.set_num_threads(threads)
+        # transformers runs our weights in a torch dtype: the reference fp32 weights for
+        # the quantized default (the same values our fp32 path computes with).
+        model, tok = load_model(model_spec, dtype=dtype if dtype == "bfloat16" else "float32")
+        self.method = HFMethod(hf_model_from_model(model), tok, name)
+        del model
+        import transformers
+
+        self.info = {"transformers": transformers.__version__, "torch": torch.__version__,
+                     "threads": threads}
+
+    def generate(self, req: dict[str, Any]) -> dict[str, Any]:
+        from recallspec.spec.sampling import SamplingParams
+
+        params = SamplingParams(
+            temperature=float(req["temperature"]), top_p=float(req["top_p"]),
+            top_k=int(req["top_k"]), max_new_tokens=int(req["max_new_tokens"]),
+            seed=req["seed"], ignore_eos=bool(req["ignore_eos"]),
+        )
+        o = self.method.generate(list(req["prompt_ids"]), params)
+        return {"token_ids": o.token_ids, "accept_lengths": o.accept_lengths,
+                "wall_time": o.wall_time, "finish_reason": o.finish_reason}
+
+
+def _version(pkg: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(pkg.replace("_", "-") if pkg == "llama_cpp" else pkg)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _send(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 4:
+        print("usage: peer_worker.py METHOD MODEL|- THREADS DTYPE", file=sys.stderr)
+        return 2
+    name, model, threads = argv[0], (None if argv[1] == "-" else argv[1]), int(argv[2])
+    dtype = argv[3]
+    runner: _LlamaCpp | _HF
+    if name.startswith("llamacpp-"):
+        if model is None:
+            print("llamacpp methods need a GGUF path", file=sys.stderr)
+            return 2
+        runner = _LlamaCpp(name, model, threads)
+    elif name.startswith("hf-"):
+        runner = _HF(name, model, threads, dtype)
+    else:
+        print(f"unknown peer method {name!r}", file=sys.stderr)
+        return 2
+    _send({"ready": True, "info": runner.info})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            op = req.get("op", "generate")
+            if op == "eval_cost" and isinstance(runner, _LlamaCpp):
+                out = runner.eval_cost(req)
+            elif op == "nll" and isinstance(runner, _LlamaCpp):
+                out = runner.nll(req)
+            elif op == "generate":
+                out = runner.generate(req)
+            else:
+                out = {"error": f"unsupported op {op!r}"}
+        except Exception as e:  # report and keep serving: one bad prompt is not a crash
+            out = {"error": f"{type(e).__name__}: {e}"}
+        _send(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

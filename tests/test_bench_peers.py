@@ -1,0 +1,106 @@
+"""Peer methods in child processes: a peer that crashes fails alone, the run goes on.
+
+The children here are small scripts that speak the peer protocol
+(``bench/peer_worker.py``): one answers every prompt, one segfaults (a real SIGSEGV, as
+llama.cpp's AMX kernels do under some hypervisors) after a given number of prompts.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from test_bench_suite import fake_engine
+
+from recallspec.bench.answers import answers_path, read_answers
+from recallspec.bench.methods import Method, MethodFactory
+from recallspec.bench.peers import ChildMethod, PeerCrashed
+from recallspec.bench.report import write_report
+from recallspec.bench.runner import BenchConfig, run_bench
+from recallspec.bench.suites import load_suite
+
+WORKER = """
+import ctypes, json, sys
+crash_after = int(sys.argv[1])
+print(json.dumps({"ready": True, "info": {"fake": True}}), flush=True)
+n = 0
+for line in sys.stdin:
+    req = json.loads(line)
+    if n >= crash_after:
+        sys.stderr.write("fake peer: about to crash\\n"); sys.stderr.flush()
+        ctypes.string_at(0)  # SIGSEGV
+    n += 1
+    ids = [(t % 200) + 1 for t in req["prompt_ids"][-req["max_new_tokens"]:]]
+    print(json.dumps({"token_ids": ids, "accept_lengths": [], "wall_time": 0.01,
+                      "finish_reason": "length"}), flush=True)
+"""
+
+
+def _worker(tmp_path: Path) -> Path:
+    p = tmp_path / "fake_peer.py"
+    p.write_text(WORKER)
+    return p
+
+
+class FakePeers(MethodFactory):
+    """hf-greedy: a child that crashes after ``crash_after`` prompts; hf-pld: a child that
+    never crashes. Our own methods as usual."""
+
+    def __init__(self, engine: Any, worker: Path, crash_after: int) -> None:
+        super().__init__(engine, None)
+        self.worker, self.crash_after = worker, crash_after
+
+    def create(self, name: str) -> Method:
+        if name.startswith("hf-"):
+            n = self.crash_after if name == "hf-greedy" else 10**6
+            cmd = [sys.executable, str(self.worker), str(n)]
+            return ChildMethod(name, cmd, self.engine.tokenizer, "hf-greedy")
+        return super().create(name)
+
+
+def test_crashing_peer_fails_alone(tmp_path: Path) -> None:
+    worker = _worker(tmp_path)
+    out = tmp_path / "run"
+    logs: list[str] = []
+    engine = fake_engine()
+    # 1 warm-up prompt + 2 prompts answered, then the segfault on the next one.
+    cfg = BenchConfig(suite="demo", methods=("ar", "hf-greedy", "hf-pld", "pld"),
+                      max_new_tokens=8)
+    run_bench(cfg, out, engine=engine, progress=False, log=logs.append,
+              factory=FakePeers(engine, worker, crash_after=3))
+    n = len(load_suite("demo"))
+    assert n >= 4
+    for m in ("ar", "hf-pld", "pld"):
+        assert len(read_answers(answers_path(out, m))) == n, m
+    kept = read_answers(answers_path(out, "hf-greedy"))
+    # The answers given before the crash stay on disk (2 prompts: a question or two,
+    # depending on the demo questions' turns).
+    assert 1 <= len(kept) < n
+    crash_lines = [line for line in logs if line.startswith("hf-greedy failed")]
+    assert len(crash_lines) == 1
+    assert "killed by SIGSEGV" in crash_lines[0] and "about to crash" in crash_lines[0]
+    rep = write_report(out)  # the report covers every method, the crashed one included
+    assert {"ar", "hf-greedy", "hf-pld", "pld"} <= set(rep["methods"])
+
+
+def test_peer_crash_at_start_is_one_clear_error(tmp_path: Path) -> None:
+    worker = _worker(tmp_path)
+    logs: list[str] = []
+    engine = fake_engine()
+    cfg = BenchConfig(suite="demo", methods=("ar", "hf-greedy"), max_new_tokens=8)
+    run_bench(cfg, tmp_path / "run", engine=engine, progress=False, log=logs.append,
+              factory=FakePeers(engine, worker, crash_after=0))  # dies on its warm-up
+    assert len(read_answers(answers_path(tmp_path / "run", "ar"))) == len(load_suite("demo"))
+    assert any(line.startswith("hf-greedy failed") and "SIGSEGV" in line for line in logs)
+
+
+def test_child_that_exits_before_ready(tmp_path: Path) -> None:
+    engine = fake_engine()
+    cmd = [sys.executable, "-c", "import sys; sys.stderr.write('no model here\\n'); sys.exit(3)"]
+    try:
+        ChildMethod("hf-greedy", cmd, engine.tokenizer, "hf-greedy")
+    except PeerCrashed as e:
+        assert "exited with status 3" in str(e) and "no model here" in str(e)
+    else:
+        raise AssertionError("a child that exits at start must raise PeerCrashed")
