@@ -345,7 +345,7 @@ def test_real_cost_aware_sam_recycling(real: Real) -> None:
     eng = real[0]
     _check(real, "sam+recycling", {}, mode="adaptive")
     d = eng.drafter("sam+recycling")
-    prior = eng._accept_prior[d.name]
+    prior = eng.planner.priors[d.name]
     assert prior.contexts == d.contexts
     used = {row // N_STATES for row in np.flatnonzero(prior.reached.sum(axis=1))}
     assert len(used) >= 2  # recycling trees and automaton chains were counted apart

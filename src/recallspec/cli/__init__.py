@@ -16,6 +16,7 @@ from recallspec.errors import RecallspecError
 # Command modules, in the order `recallspec --help` lists them.
 _COMMAND_MODULES = (
     "recallspec.cli.generate",
+    "recallspec.cli.serve",
     "recallspec.cli.bench",
     "recallspec.cli.index",
     "recallspec.cli.datastore",

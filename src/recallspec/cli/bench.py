@@ -4,6 +4,7 @@
     recallspec bench report --out DIR                          re-render a run's report
     recallspec bench replay --answers DIR/answers/ar.jsonl --methods pld,llma
     recallspec bench runtime [--model M] [--json] [--out DIR]
+    recallspec bench serve --targets ours-off,llamacpp --rates 0.5,1,2 --out DIR [--url URL]
 
 More sub-commands plug in through ``_EXTRA_SUBCOMMAND_MODULES``: each module there
 exposes ``register_bench(subparsers)`` and sets ``handler`` on its parser, exactly
@@ -43,7 +44,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1, help="time each question R times (median)")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"],
+                   help="weights: auto = a GGUF's own blocks (quantized kernel), float32 = "
+                        "the dequantized reference")
     p.add_argument("--max-draft-nodes", type=int, default=16)
     p.add_argument("--out", default="bench_out", help="output directory (default bench_out)")
     p.add_argument("--resume", action="store_true", help="skip questions already answered")
@@ -79,13 +82,53 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rt.add_argument("--out", default=None, help="also write runtime.json/.md/.png here")
     rt.add_argument("--repeats", type=int, default=5)
     rt.add_argument("--new-tokens", type=int, default=128)
-    rt.add_argument("--dtypes", default="float32,bfloat16")
+    rt.add_argument("--dtypes", default="quantized,float32",
+                    help="our weight formats to time: quantized, float32, bfloat16")
+    rt.add_argument("--no-llamacpp", action="store_true",
+                    help="skip llama.cpp (otherwise run when llama-cpp-python is installed)")
     rt.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     rt.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     rt.set_defaults(handler=run_runtime)
 
+    _register_serve(bsub)
+
     for name in _EXTRA_SUBCOMMAND_MODULES:
         importlib.import_module(name).register_bench(bsub)
+
+
+def _register_serve(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from recallspec.bench.serve_targets import TARGETS
+
+    sv = bsub.add_parser("serve", help="OpenAI servers under Poisson load: ours (speculation "
+                         "off, fixed, cost-aware), llama.cpp's and vLLM's, one at a time")
+    sv.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated: "
+                    f"{', '.join(TARGETS)} (unavailable peers are skipped with a note)")
+    sv.add_argument("--rates", default="0.5,1,2,4", help="offered loads, requests/s")
+    sv.add_argument("--per-category", type=int, default=2,
+                    help="Spec-Bench questions per category (6 categories)")
+    sv.add_argument("--limit", type=int, default=None, help="first N of those")
+    sv.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    sv.add_argument("--max-tokens", type=int, default=128)
+    sv.add_argument("--seed", type=int, default=0, help="arrival times and prompt order")
+    sv.add_argument("--url", default=None, help="an already running server on 127.0.0.1 "
+                    "(targets then only choose request fields: ours-* pick drafter and mode)")
+    sv.add_argument("--model", default=None, help="ours and llama.cpp (GGUF); default SmolLM2")
+    sv.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"])
+    sv.add_argument("--threads", type=int, default=None, help="per server (default: all CPUs)")
+    sv.add_argument("--max-batch-size", type=int, default=8,
+                    help="ours: KV slots; vLLM: --max-num-seqs")
+    sv.add_argument("--context", type=int, default=2048, help="every server's context length")
+    sv.add_argument("--fixed-drafter", default="pld", help="drafter of ours-fixed")
+    sv.add_argument("--adaptive-drafter", default=None,
+                    help="drafter of ours-adaptive (default: the engine's, else sam+recycling)")
+    sv.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    sv.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server start")
+    sv.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    sv.add_argument("--vllm-model", default="build/smollm2-hf",
+                    help="transformers directory vLLM serves (make build/smollm2-hf/config.json)")
+    sv.add_argument("--data-dir", default=None, help="benchmark data (default: ../shared/data)")
+    sv.add_argument("--out", default="bench_out/serve", help="output directory")
+    sv.set_defaults(handler=run_serve)
 
 
 def _csv(s: str | None) -> tuple[str, ...] | None:
@@ -192,7 +235,39 @@ def run_runtime(args: argparse.Namespace) -> int:
     cfg = RuntimeConfig(
         model=args.model, repeats=args.repeats, new_tokens=args.new_tokens,
         dtypes=_csv(args.dtypes) or (), hf=not args.no_hf, threads=args.threads,
+        llamacpp=not args.no_llamacpp,
     )
     res = run_runtime_bench(cfg, out=Path(args.out) if args.out else None)
     print(json.dumps(res, indent=2) if args.json else render_runtime_markdown(res))
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from recallspec.bench.serve import ServeBenchConfig, run_serve_bench
+    from recallspec.bench.serve_report import render_markdown
+    from recallspec.bench.suites import SuiteSelection
+
+    try:
+        rates = tuple(float(r) for r in _csv(args.rates) or ())
+    except ValueError:
+        raise DataError(f"--rates: not numbers: {args.rates!r}") from None
+    cfg = ServeBenchConfig(
+        targets=_csv(args.targets) or (), rates=rates,
+        selection=SuiteSelection(args.per_category, args.limit, _csv(args.categories)),
+        max_tokens=args.max_tokens, seed=args.seed, url=args.url, model=args.model,
+        dtype=args.dtype, threads=args.threads, max_batch_size=args.max_batch_size,
+        context=args.context, fixed_drafter=args.fixed_drafter,
+        adaptive_drafter=args.adaptive_drafter, request_timeout=args.request_timeout,
+        start_timeout=args.start_timeout, vllm_python=args.vllm_python,
+        vllm_model=args.vllm_model, data_dir=args.data_dir,
+    )
+    out = Path(args.out)
+    rep = run_serve_bench(cfg, out)
+    print(render_markdown(rep))
+    from recallspec.bench.report import busy_warning
+
+    warn = busy_warning(rep["machine"])
+    if warn:
+        print(warn, file=sys.stderr)
+    print(f"serve.json, serve.md and serve.png in {out}", file=sys.stderr)
     return 0

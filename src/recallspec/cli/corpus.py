@@ -33,7 +33,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--drafter", default="pld",
                    help="drafter used while generating (lossless: the same distribution)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"],
+                   help="weights: auto = a GGUF's own blocks (quantized kernel), float32 = "
+                        "the dequantized reference")
     g.add_argument("--no-progress", action="store_true")
     g.set_defaults(handler=run_generate)
 

@@ -29,7 +29,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"],
+                   help="weights: auto = a GGUF's own blocks (quantized kernel), float32 = "
+                        "the dequantized reference")
     p.add_argument("--max-draft-nodes", type=int, default=16)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(

@@ -35,6 +35,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     i.add_argument("--verify", action="store_true", help="also verify the payload checksum")
     i.set_defaults(handler=run_info)
 
+    e = isub.add_parser("export", help="write an index's corpus for another engine")
+    e.add_argument("path", metavar="INDEX")
+    e.add_argument("--format", choices=["sglang"], required=True,
+                   help="sglang: JSONL of document strings for SGLang's NGRAM mode "
+                        "(--speculative-ngram-external-corpus-path)")
+    e.add_argument("--out", required=True, help="file to write (atomically)")
+    e.add_argument("--model", default=None,
+                   help="model whose tokenizer built the index (default: SmolLM2-135M-Instruct)")
+    e.add_argument("--check", action="store_true",
+                   help="count documents whose text re-encodes to the indexed tokens")
+    e.add_argument("--json", action="store_true", help="print the summary as JSON")
+    e.set_defaults(handler=run_export)
+
 
 def run_build(args: argparse.Namespace) -> int:
     from tqdm import tqdm
@@ -120,4 +133,21 @@ def run_info(args: argparse.Namespace) -> int:
         if k == "metadata":
             v = json.dumps(v)
         print(f"{k:22} {v}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from recallspec.index import StaticIndex
+    from recallspec.integrations.sglang import export_sglang
+    from recallspec.models import load_tokenizer
+
+    index = StaticIndex.open(args.path)
+    summary = export_sglang(index, load_tokenizer(args.model), args.out, check=args.check)
+    if args.json:
+        print(json.dumps(summary.to_dict()))
+        return 0
+    rt = "" if summary.round_trip is None else (
+        f"; {summary.round_trip:,} re-encode to the same tokens")
+    print(f"wrote {summary.path}: {summary.documents:,} documents, {summary.tokens:,} tokens{rt}")
+    print(f"SGLang: python -m sglang.launch_server --model-path MODEL {summary.flags}")
     return 0

@@ -12,6 +12,9 @@ request, all calls keyed by a request id the engine chooses:
                                 verification logits of the root and every node
   stop(rid)                     once, when the request ends (free its state)
 
+Optional: ``bind(ctx)`` with a ``DrafterContext``: called once when an engine creates
+the drafter, before any request, with the narrow things a drafter may need from it
+(drafters never see the engine itself).
 Optional: ``propose_batch(rids, max_nodes_list)`` returns the drafts of several
 requests at once; the engine calls it instead of ``propose`` when a drafter has it
 (the draft model uses it to run one batched forward per draft position).
@@ -30,12 +33,28 @@ exactly prompt + all committed tokens, the same text the engine holds.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from recallspec.errors import DataError, UnknownNameError
+from recallspec.runtime.kv_cache import KVPrefix
 from recallspec.spec.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class DrafterContext:
+    """What a drafter may know of the engine that runs it (``bind``)."""
+
+    target: Any  # the target model (a self-draft runs its first layers; dtype, depth)
+    tokenizer_fingerprint: str | None  # a datastore's or index's tokenizer must match it
+    vocab_size: int  # ... and so must its vocabulary size
+    max_batch_size: int  # concurrent requests: a draft model's slot count
+    max_len: int  # KV positions per request: a draft model's cache length
+    # Running request rid's committed KV entries in the target's cache (read-only: a
+    # self-draft feeds rows past them without committing; verification overwrites them).
+    kv_prefix: Callable[[int], KVPrefix]
 
 
 @runtime_checkable

@@ -10,7 +10,7 @@ chain. It is either
 
 A self-draft bound to an engine keeps no cache: its layers are the target's first
 layers, so the target's KV cache already holds their keys and values for every committed
-token (``Engine.kv_prefix``). Each proposal feeds the newest committed token and then
+token (``DrafterContext.kv_prefix``). Each proposal feeds the newest committed token and then
 its own drafts right after the target slot's committed entries, in layers
 ``< layers`` only, without committing; the step's verification forward overwrites those
 rows. No prompt prefill, no catch-up after steps it was not asked to draft: a proposal
@@ -24,9 +24,9 @@ cached tentatively; after verification the slot is rolled back to the longest pr
 that the committed tokens confirm.
 
 The drafter needs the model. Through the engine nothing is to be passed: the engine
-calls ``bind_engine(engine)`` on drafters that have it, which supplies the target
-model (for the self-draft), its tokenizer (for the fingerprint check), the batch size
-and the context length. Outside an engine pass ``model=`` (a ``CausalLM``-like
+calls ``bind(ctx)`` (a ``DrafterContext``), which supplies the target model (for the
+self-draft), its tokenizer fingerprint (for the check), the batch size and the context
+length. Outside an engine pass ``model=`` (a ``CausalLM``-like
 object) explicitly::
 
     engine.generate(ids, params, drafter="draft-model", drafter_options={"layers": 8})
@@ -44,11 +44,11 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from recallspec.drafters.base import register_drafter
+from recallspec.drafters.base import DrafterContext, register_drafter
 from recallspec.drafters.sam import MODEL, SamDrafter, SamOptions, _options
 from recallspec.errors import DataError
 from recallspec.index import StaticIndex
@@ -56,10 +56,6 @@ from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.kv_cache import KVCache, KVCacheFullError, KVPrefix
 from recallspec.runtime.linear import forward_threads
 from recallspec.spec.tree import DraftTree
-
-if TYPE_CHECKING:
-    from recallspec.engine import Engine
-
 
 
 @dataclass(frozen=True)
@@ -103,26 +99,26 @@ class ModelDraft:
         # Self-draft bound to an engine: the target's cache of a running request.
         self._shared: Callable[[int], KVPrefix] | None = None
 
-    def bind_engine(self, engine: Engine) -> None:
-        self._slots = max(self._slots, int(engine.config.max_batch_size))
-        self._max_len = int(engine.max_len)
+    def bind(self, ctx: DrafterContext) -> None:
+        self._slots = max(self._slots, ctx.max_batch_size)
+        self._max_len = ctx.max_len
         if self.options.path is not None:
             from recallspec.models import load_model
 
             model, tok = load_model(self.options.path,
-                                    dtype=getattr(engine.model, "dtype", torch.float32))
-            if tok.fingerprint != engine.tokenizer.fingerprint:
+                                    dtype=getattr(ctx.target, "dtype", torch.float32))
+            if tok.fingerprint != ctx.tokenizer_fingerprint:
                 raise DataError(
                     f"draft model {self.options.path} uses a different tokenizer than the "
                     "target (fingerprint mismatch); drafts would be in another vocabulary"
                 )
             self.model = model
         elif self.model is None:
-            self.model = engine.model  # self-draft from the target
+            self.model = ctx.target  # self-draft from the target
         if self.options.layers is not None and self.options.layers > _num_layers(self.model):
             raise ValueError(f"layers={self.options.layers} exceeds the model's depth")
-        if self.options.layers is not None and self.model is engine.model:
-            self._shared = engine.kv_prefix
+        if self.options.layers is not None and self.model is ctx.target:
+            self._shared = ctx.kv_prefix
 
     def _kv(self) -> KVCache:
         if self._cache is None:
@@ -287,8 +283,8 @@ class DraftModelDrafter:
     def __init__(self, options: DraftModelOptions, model: Any = None) -> None:
         self.draft = ModelDraft(options, model)
 
-    def bind_engine(self, engine: Engine) -> None:
-        self.draft.bind_engine(engine)
+    def bind(self, ctx: DrafterContext) -> None:
+        self.draft.bind(ctx)
 
     def start(self, rid: int, prompt: Sequence[int]) -> None:
         self.draft.start(rid, prompt)
@@ -330,9 +326,9 @@ class SamDraftModelDrafter(SamDrafter):
         self.tau = tau
         self.draft = ModelDraft(draft, model)
 
-    def bind_engine(self, engine: Engine) -> None:
-        super().bind_engine(engine)
-        self.draft.bind_engine(engine)
+    def bind(self, ctx: DrafterContext) -> None:
+        super().bind(ctx)
+        self.draft.bind(ctx)
 
     def start(self, rid: int, prompt: Sequence[int]) -> None:
         super().start(rid, prompt)

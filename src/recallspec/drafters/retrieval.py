@@ -6,7 +6,7 @@ Both are model-free: per request they keep only the last ``max_query`` (REST) or
 the longest matching suffix, truncated to the engine's ``max_nodes`` (trees are stored
 best-first, so a prefix is the best tree of that size).
 
-The datastore is opened once, lazily; with an engine (``bind_engine``) its tokenizer
+The datastore is opened once, lazily; with an engine (``bind``) its tokenizer
 fingerprint and vocabulary size are checked against the target's, otherwise the
 ``tokenizer_fingerprint`` option must be given (offline replay).
 """
@@ -17,17 +17,13 @@ import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from recallspec.datastore.rest import RestDatastore, RetrievalConfig
 from recallspec.datastore.store import DEFAULT_TABLE, TreeStore, open_tree_store
-from recallspec.drafters.base import register_drafter
+from recallspec.drafters.base import DrafterContext, register_drafter
 from recallspec.spec.tree import DraftTree
-
-if TYPE_CHECKING:
-    from recallspec.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -54,13 +50,13 @@ class _RetrievalBase:
     def _is_open(self) -> bool:
         raise NotImplementedError
 
-    def bind_engine(self, engine: Engine) -> None:
+    def bind(self, ctx: DrafterContext) -> None:
         if self._is_open():
             return
-        fp = getattr(engine.tokenizer, "fingerprint", None) or self.tokenizer_fingerprint
+        fp = ctx.tokenizer_fingerprint or self.tokenizer_fingerprint
         if fp is None:
             raise ValueError(f"datastore {self.datastore!r}: the tokenizer has no fingerprint")
-        self._open(fp, int(engine.model.config.vocab_size))
+        self._open(fp, ctx.vocab_size)
 
     def _ensure_open(self) -> None:
         if not self._is_open():

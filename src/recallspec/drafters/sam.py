@@ -31,17 +31,14 @@ import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from recallspec.drafters.base import register_drafter
+from recallspec.drafters.base import DrafterContext, register_drafter
 from recallspec.drafters.recycling import TOPK, RecyclingDrafter
 from recallspec.index import DynamicAutomaton, MatchCursor, StaticIndex
 from recallspec.spec.tree import DraftTree
-
-if TYPE_CHECKING:
-    from recallspec.engine import Engine
 
 # Where a proposal came from.
 NONE, DYNAMIC, STATIC, RECYCLING, MODEL = "none", "dynamic", "static", "recycling", "model"
@@ -105,17 +102,16 @@ class SamDrafter:
         self.source_counts: Counter[str] = Counter()
 
     # -- the static index: opened once, checked against the target's tokenizer ----
-    def bind_engine(self, engine: Engine) -> None:
+    def bind(self, ctx: DrafterContext) -> None:
         """Engine hook: open the index with the target tokenizer's fingerprint check."""
         if self.options.index is not None and self.static is None:
-            own = getattr(engine.tokenizer, "fingerprint", None)
-            fp = own or self.options.tokenizer_fingerprint
+            fp = ctx.tokenizer_fingerprint or self.options.tokenizer_fingerprint
             if fp is None:
                 raise ValueError(f"index {self.options.index!r}: the tokenizer has no fingerprint")
             self.static = StaticIndex.open(
                 self.options.index,
                 expected_fingerprint=fp,
-                expected_vocab_size=int(engine.model.config.vocab_size),
+                expected_vocab_size=ctx.vocab_size,
             )
 
     def _static_index(self) -> StaticIndex | None:

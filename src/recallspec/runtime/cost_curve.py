@@ -158,24 +158,25 @@ def _busy() -> bool:
     return load > 1.5 * (os.cpu_count() or 1) + 1
 
 
-def curve_key(engine: Any) -> str:
-    c = engine.model.config
-    cpu = cpu_model()
+def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
+    """What a curve was measured for: the model (its tokenizer, shape and weight format),
+    the thread count, the CPU and torch."""
+    c = model.config
+    fmt = getattr(model, "weight_format", None) or str(getattr(model, "dtype", ""))
     parts = [
-        getattr(engine.tokenizer, "fingerprint", ""), str(c.num_layers), str(c.hidden_size),
-        str(c.vocab_size), str(getattr(engine.model, "dtype", "")), str(engine.threads), cpu,
-        torch.__version__,
+        tokenizer_fingerprint, str(c.num_layers), str(c.hidden_size), str(c.vocab_size), fmt,
+        str(threads), cpu_model(), torch.__version__,
     ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def calibrate(
-    engine: Any, *, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 3,
-    cache_path: Path | None = None, say: Callable[[str], None] | None = None,
+    model: Any, threads: int, *, key: str = "", sizes: Sequence[int] = DEFAULT_SIZES,
+    repeats: int = 3, cache_path: Path | None = None, say: Callable[[str], None] | None = None,
 ) -> CostCurve:
-    """The engine's cost curve: read from ``cache_path`` when it was measured for the same
-    model/dtype/threads/machine, else measured (about 10-20 s) and written there."""
-    key = curve_key(engine)
+    """The model's cost curve with ``threads`` cores: read from ``cache_path`` when it was
+    measured for the same ``key`` (``curve_key``), else measured (about 10-20 s) and
+    written there."""
     if cache_path is not None and cache_path.is_file():
         try:
             curve = CostCurve.from_json(json.loads(cache_path.read_text()))
@@ -188,9 +189,9 @@ def calibrate(
     # A curve measured while other jobs load the CPU is wrong for good (2-thread steps
     # stall on descheduled peers); such a curve serves this process but is not cached.
     busy = _busy()
-    scratch = engine.model.new_cache(1, 256 + max(sizes) + 1)
-    times = forward_times(engine.model, scratch, engine.threads, sizes, repeats=repeats)
-    per_seq = _per_seq_cost(engine.model, engine.threads, 8, 128, repeats)
+    scratch = model.new_cache(1, 256 + max(sizes) + 1)
+    times = forward_times(model, scratch, threads, sizes, repeats=repeats)
+    per_seq = _per_seq_cost(model, threads, 8, 128, repeats)
     curve = CostCurve(tuple(sorted(times)), tuple(times[k] for k in sorted(times)), per_seq, key)
     if busy or _busy():
         if say:

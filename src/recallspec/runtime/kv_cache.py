@@ -126,6 +126,34 @@ class KVCache:
         elem = torch.empty(0, dtype=dtype).element_size()
         return 2 * num_layers * num_slots * max_len * num_kv_heads * head_dim * elem
 
+    @staticmethod
+    def check_fits(
+        *, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
+        dtype: torch.dtype,
+    ) -> None:
+        """Refuse (``ResourceError``, naming the largest batch that fits) a cache that
+        does not fit in the memory available now, leaving 20% for activations, drafters
+        and the rest of the process, instead of letting the allocation, or the machine,
+        fail later."""
+        import os
+
+        from recallspec.errors import ResourceError
+
+        need = KVCache.bytes_needed(num_layers=num_layers, num_slots=num_slots,
+                                    max_len=max_len, num_kv_heads=num_kv_heads,
+                                    head_dim=head_dim, dtype=dtype)
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return
+        if need > 0.8 * avail:
+            fit = int(0.8 * avail // (need / num_slots))
+            raise ResourceError(
+                f"a KV cache for max_batch_size={num_slots} x max_len={max_len} needs "
+                f"{need / 2**30:.1f} GiB but {avail / 2**30:.1f} GiB are available; use "
+                f"max_batch_size <= {fit} or a smaller max_len"
+            )
+
     def bytes_per_token(self) -> int:
         """K+V bytes one token occupies across all layers."""
         _, _, h, _, d = self.k.shape

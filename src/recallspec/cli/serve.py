@@ -1,0 +1,78 @@
+"""`recallspec serve`: the OpenAI-compatible HTTP server (``recallspec.server``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from recallspec.errors import DataError
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI API (completions, chat) over HTTP")
+    p.add_argument("--model", default=None,
+                   help="GGUF file, HF directory or alias (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients send (default: --model, or the default alias)")
+    p.add_argument("--drafter", default=None,
+                   help="default drafter for requests that name none, as name:key=value:... "
+                   "(default: the engine's); 'none' turns speculation off")
+    p.add_argument("--mode", default=None,
+                   help="default batch mode (ems, adaptive, ...; default: the engine's)")
+    p.add_argument("--index", default=None,
+                   help="corpus index file for the default drafter (sam, sam+recycling, ...)")
+    p.add_argument("--max-batch-size", type=int, default=8,
+                   help="requests decoded together (KV-cache slots)")
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="requests waiting for a slot before new ones get 429")
+    p.add_argument("--max-len", type=int, default=None, help="KV positions per request")
+    p.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("RECALLSPEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (env RECALLSPEC_API_KEY)")
+    p.add_argument("--log-level", default="warning",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from recallspec.drafters.base import parse_spec
+    from recallspec.engine import Engine, EngineConfig
+    from recallspec.models.loader import DEFAULT_MODEL
+    from recallspec.server import EngineLoop, Metrics, create_app
+
+    if args.max_waiting < 0:
+        raise DataError("--max-waiting must be >= 0")
+    defaults = EngineConfig()
+    drafter = args.drafter or defaults.drafter
+    if args.index is not None:
+        name, opts = parse_spec(drafter)
+        drafter = ":".join([name, *(f"{k}={v}" for k, v in opts.items()), f"index={args.index}"])
+    try:
+        config: dict[str, object] = {"max_batch_size": args.max_batch_size, "dtype": args.dtype,
+                                     "drafter": drafter, "mode": args.mode or defaults.mode}
+        if args.max_len is not None:
+            config["max_len"] = args.max_len
+        engine = Engine.load(args.model, **config)
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    engine.resolve_drafter(None)  # a bad default drafter or index fails now, not per request
+    if engine.config.mode == "adaptive":
+        engine.cost_curve()  # measured once, before the first request waits for it
+    name = args.served_model_name or args.model or DEFAULT_MODEL
+    metrics = Metrics(name)
+    loop = EngineLoop(engine, metrics, max_waiting=args.max_waiting)
+    app = create_app(loop, model_name=name, api_key=args.api_key)
+    loop.start()
+    print(f"recallspec: serving {name} on http://{args.host}:{args.port}/v1 "
+          f"(drafter {drafter}, batch {args.max_batch_size})", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    access_log=args.log_level in ("info", "debug"))
+    finally:
+        loop.stop()
+    return 0

@@ -1,0 +1,216 @@
+"""Each decoding request's draft tree for a step: proposal and sizing.
+
+Every request drafts with its own drafter, so one step may mix drafters; requests
+sharing a drafter propose together (``propose_batch`` where the drafter has it). A tree
+is cut to the room left in the request's slot (and ``max_draft_nodes``) and to no more
+depth than the tokens still wanted. In adaptive mode each request's draft size, zero
+included, maximises the batch's expected tokens per second from the cost curve and
+online acceptance statistics (``spec/draft_sizing.py``): cheap drafters are sized
+after proposing (the actual tree); drafters whose proposals cost a model forward per
+draft position (``costly_proposals``) before it (a prospective chain), so they are asked
+for nothing where drafting does not pay. A step that mixes kinds places fixed-mode
+drafts first, then sizes each costly drafter's requests, then all cheap adaptive ones
+together, each counting the rows already placed; a step of one kind is sized as one
+batch.
+
+Probing: an adaptive request that stopped drafting drafts 1 node every
+``probe_wait[drafter]`` idle steps; each rejected probe doubles that drafter's wait (up
+to PROBE_MAX, for all requests: a new request would otherwise pay, e.g., a draft
+model's prompt prefill for a useless first probe), an accepted one resets it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from recallspec.drafters.base import (
+    Drafter,
+    draft_context,
+    draft_contexts,
+    has_costly_proposals,
+)
+from recallspec.engine.request import Request
+from recallspec.runtime.cost_curve import CostCurve
+from recallspec.spec.draft_sizing import AcceptanceStats, choose_draft_sizes
+from recallspec.spec.tree import DraftTree, limit_depth
+
+PROBE_EVERY = 8
+PROBE_MAX = 128
+
+Failure = tuple[Request, Exception]
+
+
+class DraftPlanner:
+    def __init__(self, max_draft_nodes: int, curve: Callable[[], CostCurve]) -> None:
+        self.max_draft_nodes = max_draft_nodes
+        self._curve = curve  # the cost curve, measured on first use
+        self.priors: dict[str, AcceptanceStats] = {}  # per drafter: the engine-wide stats
+        # Decayed mean of a decode step's wall time beyond the curve's forward (drafting,
+        # verification, bookkeeping); it dilutes the cost of rows.
+        self.step_overhead = 0.0
+        self.position_cost: dict[str, float] = {}  # costly drafters: seconds per position
+        self.probe_wait: dict[str, int] = {}  # per drafter: idle steps before a probe
+
+    def prior(self, d: Drafter) -> AcceptanceStats:
+        """Engine-wide acceptance statistics of a drafter (the prior of new requests)."""
+        if d.name not in self.priors:
+            self.priors[d.name] = AcceptanceStats(
+                self.max_draft_nodes, decay=0.99, contexts=draft_contexts(d))
+        return self.priors[d.name]
+
+    # ---- proposing ---------------------------------------------------------------
+    def plan(
+        self, decoding: Sequence[Request], rooms: Sequence[int]
+    ) -> tuple[list[DraftTree], list[Failure]]:
+        """Each request's tree (``rooms[i]``: nodes its slot has room for) and the
+        requests whose drafter raised (their tree is empty; they must not be fed)."""
+        trees = [DraftTree.empty()] * len(decoding)
+        failed: list[Failure] = []
+        fixed: list[int] = []
+        presize: list[int] = []
+        post: list[int] = []
+        for i, r in enumerate(decoding):
+            kind = post if r.mode.adaptive else fixed
+            if r.mode.adaptive and has_costly_proposals(r.drafter):
+                kind = presize
+            kind.append(i)
+        placed = 0  # draft rows already placed by other groups
+        for d, idx in _by_drafter(decoding, fixed):
+            for i, tree in self._propose(d, decoding, idx, [rooms[i] for i in idx], failed):
+                trees[i] = tree
+                placed += len(tree)
+        for d, idx in _by_drafter(decoding, presize):
+            reqs = [decoding[i] for i in idx]
+            chains = [np.arange(-1, rooms[i] - 1, dtype=np.int64) for i in idx]
+            per_node = self.position_cost.get(d.name, 0.0) / len(idx)
+            sizes = self._sizes(reqs, chains, len(decoding) + placed, node_cost=per_node)
+            t0 = time.perf_counter()
+            got = self._propose(d, decoding, idx, sizes, failed)
+            positions = max((t.depth() for _, t in got), default=0)
+            if positions:
+                per_position = (time.perf_counter() - t0) / positions
+                old = self.position_cost.get(d.name, 0.0)
+                self.position_cost[d.name] = 0.8 * old + 0.2 * per_position
+            for i, tree in got:
+                trees[i] = tree
+                placed += len(tree)
+        proposed: list[tuple[int, DraftTree]] = []
+        for d, idx in _by_drafter(decoding, post):
+            proposed += self._propose(d, decoding, idx, [rooms[i] for i in idx], failed)
+        if proposed:
+            reqs = [decoding[i] for i, _ in proposed]
+            sizes = self._sizes(reqs, [t.parents for _, t in proposed], len(decoding) + placed)
+            for (i, tree), k in zip(proposed, sizes, strict=True):
+                trees[i] = tree.truncate(k)
+        return trees, failed
+
+    def _propose(
+        self, d: Drafter, decoding: Sequence[Request], idx: list[int], sizes: list[int],
+        failed: list[Failure],
+    ) -> list[tuple[int, DraftTree]]:
+        """(index, tree cut to its size and wanted depth) for each request of ``idx``
+        whose proposal succeeded; the others go to ``failed``."""
+        reqs = [decoding[i] for i in idx]
+        batched = getattr(d, "propose_batch", None)
+        got: list[DraftTree | None]
+        if callable(batched):
+            try:
+                got = list(batched([r.rid for r in reqs], sizes))
+            except Exception as e:  # one batched call: its requests fail together
+                failed.extend((r, e) for r in reqs)
+                return []
+        else:
+            got = []
+            for r, k in zip(reqs, sizes, strict=True):
+                try:
+                    got.append(d.propose(r.rid, k))
+                except Exception as e:
+                    failed.append((r, e))
+                    got.append(None)
+        out = []
+        for i, r, k, tree in zip(idx, reqs, sizes, got, strict=True):
+            if tree is not None:
+                want = r.params.max_new_tokens - len(r.generated) - 1
+                out.append((i, limit_depth(tree.truncate(k), want)))
+        return out
+
+    # ---- adaptive sizing ---------------------------------------------------------
+    def _sizes(
+        self, reqs: Sequence[Request], parents: Sequence[npt.NDArray[np.int64]],
+        base_rows: int, node_cost: float = 0.0,
+    ) -> list[int]:
+        """How many nodes of each request's (actual or prospective) draft tree
+        ``parents`` to verify, maximising the batch's expected tokens per second."""
+        curve = self._curve()
+        rates: dict[str, npt.NDArray[np.float64]] = {}  # per drafter, the same all step
+        gains = []
+        for req, par in zip(reqs, parents, strict=True):
+            shared = self.prior(req.drafter)
+            if req.drafter.name not in rates:
+                rates[req.drafter.name] = shared.conditional_rates()
+            st = req.draft.stats
+            if st is None:  # the request's stats share the prior's rows
+                st = req.draft.stats = AcceptanceStats(self.max_draft_nodes,
+                                                       contexts=shared.contexts)
+            st.context = draft_context(req.drafter, req.rid)
+            gains.append(st.node_rates(par, st.conditional_rates(rates[req.drafter.name])))
+        extra = self.step_overhead
+        sizes = choose_draft_sizes(
+            gains, lambda rows, seqs: curve(rows, seqs) + extra, base_rows=base_rows,
+            node_cost=node_cost,
+        )
+        for i, (req, par) in enumerate(zip(reqs, parents, strict=True)):
+            # Probe now and then: a request that stopped drafting would otherwise never
+            # learn that its drafts became good again.
+            ds = req.draft
+            ds.probing = False
+            if sizes[i] == 0 and len(par):
+                ds.idle_steps += 1
+                if ds.idle_steps >= self.probe_wait.get(req.drafter.name, PROBE_EVERY):
+                    sizes[i], ds.probing = 1, True
+            if sizes[i]:
+                ds.idle_steps = 0
+        return sizes
+
+    # ---- learning from the step ----------------------------------------------------
+    def observe(self, req: Request, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
+        """After verification: update the request's and its drafter's statistics."""
+        st = req.draft.stats
+        if st is None:
+            return
+        key = st.key  # the row this draft was sized in
+        name = req.drafter.name
+        if req.draft.probing and len(tree):
+            wait = self.probe_wait.get(name, PROBE_EVERY)
+            self.probe_wait[name] = PROBE_EVERY if accepted_nodes else min(2 * wait, PROBE_MAX)
+        st.update(tree.parents, accepted_nodes)
+        self.prior(req.drafter).update(tree.parents, accepted_nodes, key=key)
+
+    def note_step(
+        self, decoding: Sequence[Request], rows: int, elapsed: float, t_drafted: float,
+        curve: CostCurve | None,
+    ) -> None:
+        """A decode-only step took ``elapsed`` seconds for ``rows`` rows: update the
+        overhead beyond the curve (adaptive steps only)."""
+        adaptive = [r for r in decoding if r.mode.adaptive]
+        if not adaptive or curve is None:
+            return
+        extra = elapsed - curve(rows, len(decoding))
+        if any(has_costly_proposals(r.drafter) for r in adaptive):
+            extra -= t_drafted  # priced per draft position instead
+        self.step_overhead = max(0.9 * self.step_overhead + 0.1 * extra, 0.0)
+
+
+def _by_drafter(
+    decoding: Sequence[Request], idx: list[int]
+) -> list[tuple[Drafter, list[int]]]:
+    """``idx`` grouped by drafter instance, groups in order of first appearance."""
+    groups: dict[int, tuple[Drafter, list[int]]] = {}
+    for i in idx:
+        d = decoding[i].drafter
+        groups.setdefault(id(d), (d, []))[1].append(i)
+    return list(groups.values())

@@ -1,0 +1,345 @@
+"""The engine: requests in, one forward per step (prefill, draft, verify, commit), deltas out.
+
+``add_request`` checks and queues a request (bad input raises at once); ``step`` admits
+waiting requests to free KV slots, drafts, runs ONE ragged forward over every running
+request (root + draft rows, plus prompt chunks of new ones), verifies, commits and
+returns each request's delta; ``abort`` ends a request between steps. ``generate`` is a
+loop over these (``offline.py``). Invariant per running request: its KV slot holds
+prompt + generated[:-1]; ``generated[-1]`` (the root) is committed but not yet cached.
+
+Faults: an exception inside one request's own calls (its drafter, its verification or
+sampling) fails that request only; one in the shared forward fails the step's
+requests. Either way their slots are freed and the engine stays usable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from itertools import chain, count
+from typing import Any, overload
+
+import torch
+
+from recallspec.drafters.base import Drafter, DrafterContext
+from recallspec.engine import offline, prompts
+from recallspec.engine.config import EngineConfig
+from recallspec.engine.drafter_pool import DrafterPool
+from recallspec.engine.drafting import DraftPlanner
+from recallspec.engine.outputs import (
+    GenerationResult,
+    RequestOutput,
+    StepStats,
+    extend_text,
+    hit_stop,
+    take_output,
+)
+from recallspec.engine.prompts import Prompt
+from recallspec.engine.request import Request, RequestStatus
+from recallspec.engine.runner import Runner
+from recallspec.engine.scheduler import Scheduler, StepPlan
+from recallspec.errors import DataError
+from recallspec.runtime.cost_curve import CostCurve, calibrate, curve_key
+from recallspec.runtime.kv_cache import KVCache, KVPrefix
+from recallspec.runtime.modes import BatchMode, batch_mode
+from recallspec.runtime.threads import decode_threads
+from recallspec.spec.sampling import SamplingParams
+from recallspec.spec.tree import DraftTree
+from recallspec.spec.verify import sample
+
+
+class Engine:
+    """Loads a model once; serves requests with any registered drafter."""
+
+    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config or EngineConfig()
+        self.context_len = int(model.config.max_position)
+        self.max_len = min(self.context_len, self.config.max_len or 4096)
+        c = model.config
+        if all(isinstance(getattr(c, n, None), int)
+               for n in ("num_layers", "num_kv_heads", "head_dim")):  # not for test doubles
+            KVCache.check_fits(
+                num_layers=c.num_layers, num_slots=self.config.max_batch_size,
+                max_len=self.max_len, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                dtype=getattr(model, "dtype", torch.float32))
+        self.cache: KVCache = model.new_cache(self.config.max_batch_size, self.max_len)
+        self.threads = self.config.threads or torch.get_num_threads()
+        self.stats = StepStats()
+        self._cost_curve: CostCurve | None = None
+        self.planner = DraftPlanner(self.config.max_draft_nodes, self.cost_curve)
+        self.scheduler = Scheduler(self.cache, self.config.max_batch_size,
+                                   self.config.prefill_chunk)
+        self.runner = Runner(model, self.cache, self.max_len, self.threads)
+        self.drafters = DrafterPool(self.drafter_context, self.config.drafter, lambda: {
+            id(r.drafter) for r in chain(self.scheduler.waiting, self.scheduler.running.values())})
+        self._rids = count()
+
+    @classmethod
+    def load(cls, model: str | None = None, **config: Any) -> Engine:
+        from recallspec.models import load_model
+
+        cfg = EngineConfig(model=model, **config)
+        m, tok = load_model(model, dtype=cfg.dtype)
+        return cls(m, tok, cfg)
+
+    # ---- the cost curve (adaptive mode) ----------------------------------------------
+    def use_cost_curve(self, curve: CostCurve) -> None:
+        """Use this curve for adaptive drafting instead of measuring one (e.g. a curve
+        measured by another engine on the same model, or a synthetic one in tests)."""
+        self._cost_curve = curve
+
+    def cost_curve(self) -> CostCurve:
+        """The verification cost curve of this model on this machine (measured once,
+        cached on disk next to the converted model weights)."""
+        if self._cost_curve is None:
+            from recallspec.models.loader import cache_dir
+
+            fp = getattr(self.tokenizer, "fingerprint", "")
+            key = curve_key(self.model, fp, self.threads)
+            path = cache_dir() / "cost_curves" / f"{key}.json"
+            self._cost_curve = calibrate(self.model, self.threads, key=key, cache_path=path)
+        return self._cost_curve
+
+    # ---- prompts and drafters --------------------------------------------------------
+    def encode_prompt(self, prompt: str, *, chat: bool = False) -> list[int]:
+        """Token ids of a text prompt (with ``chat``, as one user turn of the template)."""
+        return prompts.encode_text(self.tokenizer, prompt, chat=chat)
+
+    def prompt_ids(self, prompt: Prompt, *, chat: bool = False) -> list[int]:
+        """Token ids of any prompt form, checked against the vocabulary and context."""
+        ids = prompts.prompt_ids(self.tokenizer, prompt, chat=chat)
+        prompts.check_ids(ids, int(self.model.config.vocab_size), self.context_len, self.max_len)
+        return ids
+
+    def drafter_context(self) -> DrafterContext:
+        """What a drafter may know of this engine (``Drafter.bind``)."""
+        return DrafterContext(
+            target=self.model, tokenizer_fingerprint=getattr(self.tokenizer, "fingerprint", None),
+            vocab_size=int(self.model.config.vocab_size),
+            max_batch_size=self.config.max_batch_size, max_len=self.max_len,
+            kv_prefix=self.kv_prefix,
+        )
+
+    def drafter(self, name: str, **options: Any) -> Drafter:
+        """The engine's instance of a drafter: kept across requests so that drafters
+        with learned state (e.g. token recycling) stay warm."""
+        return self.drafters.get(name, **options)
+
+    def resolve_drafter(
+        self, drafter: str | Drafter | None, options: Mapping[str, Any] | None = None
+    ) -> Drafter:
+        """A drafter by name (plus options), an instance as is, or (None) the config's."""
+        return self.drafters.resolve(drafter, options)
+
+    def kv_prefix(self, rid: int) -> KVPrefix:
+        """Where running request ``rid``'s committed KV entries live: its slot in
+        ``self.cache`` holds prompt + generated[:-1] (the newest token is fed by the next
+        step). A self-draft reads it instead of keeping a cache of its own; it may write
+        rows past ``length`` (the step's verification overwrites them) but never commits."""
+        req = self.scheduler.running.get(rid)
+        if req is None:
+            raise KeyError(f"request {rid} is not running")
+        return self.cache.prefix(req.slot)
+
+    # ---- the online API --------------------------------------------------------------
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, *,
+        drafter: str | Drafter | None = None, drafter_options: Mapping[str, Any] | None = None,
+        mode: str | BatchMode | None = None, request_id: str | None = None, chat: bool = False,
+        arrival: float | None = None,
+    ) -> int:
+        """Queue a request; returns its id (``rid``). Raises ``RecallspecError`` at once
+        on bad input (empty or over-long prompt, ids outside the vocabulary, an unknown
+        drafter or mode). ``drafter``/``mode`` default to the config's; ``chat`` wraps a
+        text prompt as one user turn; ``arrival`` (a ``time.perf_counter()`` time, not
+        before earlier requests') holds it back until then (offline traffic simulation)."""
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise DataError("params must be a SamplingParams")
+        bm = batch_mode(self.config.mode if mode is None else mode)
+        d = self.resolve_drafter(drafter, drafter_options)
+        ids = self.prompt_ids(prompt, chat=chat)
+        if bm.adaptive:
+            self.cost_curve()  # measured (or read) once, before the request's clock starts
+        gen = None
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else torch.seed()
+            gen = torch.Generator().manual_seed(seed)
+        rid = next(self._rids)
+        now = time.perf_counter()
+        self.scheduler.add(Request(rid, ids, params, d, bm, gen, request_id,
+                                   arrival=now if arrival is None else arrival))
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    def abort(self, rid: int) -> RequestOutput | None:
+        """End a waiting or running request now: its KV slot and drafter state are freed
+        before the next step. Returns its last output (reason "abort"), None if ``rid``
+        is not waiting or running."""
+        req = self.scheduler.get(rid)
+        if req is None:
+            return None
+        req.finish_reason = "abort"
+        self._release(req)
+        return take_output(req, self.tokenizer.decode)
+
+    def step(self) -> list[RequestOutput]:
+        """Admit, draft, run one forward, verify and commit; returns the delta of every
+        request that committed tokens or ended in this step (finished ones are freed)."""
+        touched: list[Request] = []
+        for req in self.scheduler.admit(time.perf_counter()):
+            try:
+                req.drafter.start(req.rid, req.prompt)
+            except Exception as e:
+                req.fail(e)
+                touched.append(req)
+        plan = self.scheduler.schedule()
+        if not plan.is_empty:
+            touched += plan.requests
+            try:
+                with torch.inference_mode(), decode_threads(self.threads):
+                    self._execute(plan)
+            except Exception as e:  # outside any one request's calls: the forward
+                for req in plan.requests:
+                    if not req.is_finished:
+                        req.fail(e)
+            except BaseException as e:  # Ctrl-C: leave no request half-stepped
+                for req in plan.requests:
+                    req.fail(e)
+                    self._release(req)
+                raise
+        outputs = []
+        for req in touched:
+            if req.is_finished:
+                self._release(req)
+            if req.is_finished or req.num_committed_out < len(req.generated):
+                outputs.append(take_output(req, self.tokenizer.decode))
+        return outputs
+
+    # ---- offline ---------------------------------------------------------------------
+    @overload
+    def generate(
+        self, prompts: str | Sequence[int] | Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None, **kw: Any,
+    ) -> GenerationResult: ...
+
+    @overload
+    def generate(
+        self, prompts: list[str] | list[list[int]] | list[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None, **kw: Any,
+    ) -> list[GenerationResult]: ...
+
+    def generate(
+        self, prompts: Any, params: SamplingParams | Sequence[SamplingParams] | None = None,
+        **kw: Any,
+    ) -> GenerationResult | list[GenerationResult]:
+        """Generate for one prompt or a list of them (``offline.generate``)."""
+        return offline.generate(self, prompts, params, **kw)
+
+    def chat(
+        self, messages: Any, params: SamplingParams | Sequence[SamplingParams] | None = None,
+        **kw: Any,
+    ) -> Any:
+        """``generate`` for a conversation (a list of {"role", "content"} dicts), a list
+        of conversations, or a text taken as one user turn."""
+        return offline.generate(self, messages, params, chat=True, **kw)
+
+    # ---- the step --------------------------------------------------------------------
+    def _execute(self, plan: StepPlan) -> None:
+        t_step = time.perf_counter()
+        new_before = self.stats.new_tokens
+        decoding = list(plan.decoding)
+        trees: list[DraftTree] = []
+        if decoding:
+            # Room for the root row and the draft in the slot, at most max_draft_nodes.
+            rooms = [max(min(self.max_len - self.cache.length(r.slot) - 1,
+                             self.config.max_draft_nodes), 0) for r in decoding]
+            trees, failed = self.planner.plan(decoding, rooms)
+            for req, e in failed:
+                req.fail(e)
+            kept = [(r, t) for r, t in zip(decoding, trees, strict=True) if not r.is_finished]
+            decoding, trees = [r for r, _ in kept], [t for _, t in kept]
+        t_drafted = time.perf_counter() - t_step
+        self.stats.draft_s += t_drafted
+        res = self.runner.run(decoding, trees, plan.prefill, self.stats)
+        for req, e in res.failed:
+            req.fail(e)
+        for v in res.verified:
+            req = v.request
+            self.planner.observe(req, v.tree, v.verdict.accepted_nodes)
+            before = len(req.generated)
+            self._commit(req, list(v.verdict.tokens), v.tree,
+                         v.logits if req.drafter.needs_logits else None)
+            n_new = len(req.generated) - before
+            req.accept_lengths.append(n_new)
+            req.spec.add(n_new, len(v.tree), len(v.verdict.accepted_nodes))
+            self.stats.new_tokens += n_new
+        for req in self.runner.pad_kv(res.verified, self.stats):
+            self._stop_if_cache_full(req)
+        if decoding and not plan.prefill:
+            elapsed = time.perf_counter() - t_step
+            self.stats.decode_only_s += elapsed
+            self.planner.note_step(decoding, res.num_rows, elapsed, t_drafted, self._cost_curve)
+            self.stats.decode_only_tokens += self.stats.new_tokens - new_before
+        for req, row in res.first_rows:
+            try:
+                first = sample(row, req.params, req.generator)
+            except Exception as e:
+                req.fail(e)
+                continue
+            self._commit(req, [first], DraftTree.empty(),
+                         row[None] if req.drafter.needs_logits else None)
+            req.prefill_time = time.perf_counter() - req.t_start
+            req.status = RequestStatus.DECODING
+
+    def _commit(
+        self, req: Request, tokens: list[int], tree: DraftTree, logits: torch.Tensor | None
+    ) -> None:
+        """Append committed tokens, applying stop conditions, and tell the drafter."""
+        eos = self.tokenizer.eos_token_ids
+        taken: list[int] = []
+        for t in tokens:
+            taken.append(t)
+            if t in eos and not req.params.ignore_eos:
+                req.finish_reason = "eos"
+                break
+            if len(req.generated) + len(taken) >= req.params.max_new_tokens:
+                req.finish_reason = "length"
+                break
+        req.generated.extend(taken)
+        before = len(req.text)
+        extend_text(req, self.tokenizer.decode)
+        if hit_stop(req, before):
+            req.finish_reason = "stop"
+        self._stop_if_cache_full(req)
+        try:
+            req.drafter.observe(req.rid, taken, tree, logits)
+        except Exception as e:
+            req.fail(e)
+
+    def _stop_if_cache_full(self, req: Request) -> None:
+        """End a request whose slot has no room left for its next root row."""
+        if req.finish_reason is None and self.cache.length(req.slot) + 1 >= self.max_len:
+            req.finish_reason = "context"
+
+    def _release(self, req: Request) -> None:
+        """The slot back to the cache, the request out of its drafter."""
+        started = req.status is not RequestStatus.WAITING
+        self.scheduler.release(req)
+        if started:
+            with contextlib.suppress(Exception):  # the request is over either way
+                req.drafter.stop(req.rid)

@@ -1,0 +1,183 @@
+"""What the engine hands out, and the text side of committing tokens.
+
+``RequestOutput`` is one request's delta of one step (what a stream sends);
+``GenerationResult`` the whole of a finished request; ``StepStats`` the engine's
+counters. Text is produced incrementally: each step decodes only a short tail of the
+generated tokens, never emits half a UTF-8 character, and holds back the last
+``len(longest stop string) - 1`` characters so a stop string split across steps is
+never streamed. The concatenated deltas equal ``GenerationResult.text`` (the full
+decode, cut before the first stop string) for tokenizers whose decoding of a prefix is
+a prefix of the decoding (byte-level BPE; SentencePiece through the offset window).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from recallspec.engine.request import Request
+
+Decode = Callable[[Sequence[int]], str]
+
+
+@dataclass
+class GenerationResult:
+    prompt_tokens: int
+    token_ids: list[int]  # generated tokens (EOS excluded; cut at a stop string)
+    text: str
+    finish_reason: str  # "eos" | "length" | "stop" | "context" | "abort" | "error"
+    accept_lengths: list[int]  # committed tokens per decoding step (after the prefill token)
+    wall_time: float  # seconds from the request's admission to its end, prefill included
+    prefill_time: float
+    error: str | None = None  # set (with finish_reason "error") when the request failed
+    latency: float = 0.0  # seconds from the request's arrival (or the call) to its end
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def steps(self) -> int:
+        return len(self.accept_lengths)
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
+
+
+@dataclass
+class StepStats:
+    """Engine counters since the last ``generate`` call began (``Engine.stats``)."""
+
+    steps: int = 0  # forwards that decoded (verification steps)
+    rows: int = 0  # rows fed to those forwards, padding included
+    padding_rows: int = 0  # padded input rows (pad_inputs modes)
+    kv_padding: int = 0  # padding KV entries written (pad_kv modes)
+    draft_nodes: int = 0  # draft nodes verified
+    new_tokens: int = 0  # tokens committed by verification steps (first tokens excluded)
+    forward_s: float = 0.0  # seconds inside the forwards of those steps
+    draft_s: float = 0.0  # seconds proposing and sizing drafts
+    prefill_rows: int = 0  # prompt rows fed (alone or inside decoding steps)
+    # Steps that decoded and fed no prompt rows: their whole wall time and tokens
+    # (the decode phase's throughput, free of the prefill work that every mode shares).
+    decode_only_s: float = 0.0
+    decode_only_tokens: int = 0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_only_tokens / self.decode_only_s if self.decode_only_s else 0.0
+
+    @property
+    def padding_ratio(self) -> float:
+        """Padded input rows per committed token (EMS-SD's padding ratio)."""
+        return self.padding_rows / self.new_tokens if self.new_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class SpecStats:
+    """A request's speculation so far (vLLM's spec-decode counters, per request)."""
+
+    num_steps: int  # verification steps
+    num_step_tokens: int  # tokens those steps committed (accepted + bonus, after stops)
+    num_drafts: int  # steps that verified a non-empty draft
+    num_draft_tokens: int  # draft tokens verified
+    num_accepted_tokens: int  # draft tokens accepted
+    accepted_per_pos: tuple[int, ...]  # [i]: drafts whose accepted path reached depth i + 1
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens committed per verification step (1.0 = no speculation gain)."""
+        return self.num_step_tokens / self.num_steps if self.num_steps else 0.0
+
+    @staticmethod
+    def of(req: Request) -> SpecStats:
+        s = req.spec
+        return SpecStats(s.num_steps, s.num_step_tokens, s.num_drafts, s.num_draft_tokens,
+                         s.num_accepted_tokens, tuple(s.accepted_per_pos))
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One request's delta of one step; the last one has ``finished`` set."""
+
+    rid: int
+    request_id: str | None
+    new_token_ids: tuple[int, ...]  # committed this step (a final EOS excluded)
+    new_text: str  # their text: complete characters, stop strings withheld
+    finished: bool
+    finish_reason: str | None  # set when finished
+    num_prompt_tokens: int
+    num_committed: int  # tokens committed this step, a final EOS included
+    spec: SpecStats
+    error: str | None = None  # finish_reason "error": the message
+    exception: BaseException | None = None  # ... and what was raised inside the step
+    result: GenerationResult | None = None  # the last output: the whole request
+
+
+# ---- committing text ---------------------------------------------------------------
+def extend_text(req: Request, decode: Decode) -> None:
+    """Append the complete characters of newly committed tokens to ``req.text``: decode
+    a window from ``detok_prefix`` (a little context, for tokenizers whose pieces
+    depend on the previous token) and keep what follows the window's old part."""
+    ids = req.generated
+    old = decode(ids[req.detok_prefix : req.detok_read])
+    new = decode(ids[req.detok_prefix :])
+    if len(new) > len(old) and not new.endswith("\ufffd"):  # no half character
+        req.text += new[len(old) :]
+        req.detok_prefix, req.detok_read = req.detok_read, len(ids)
+
+
+def hit_stop(req: Request, before: int) -> bool:
+    """Whether a stop string occurs in ``req.text`` ending past character ``before``
+    (earlier text was checked when it was committed)."""
+    stop = req.params.stop
+    if not stop:
+        return False
+    tail = req.text[max(before - max(len(s) for s in stop) + 1, 0) :]
+    return any(s in tail for s in stop)
+
+
+def final_text(req: Request, decode: Decode) -> str:
+    """The whole text of a finished request, cut before the first stop string."""
+    text = decode(req.output_ids)
+    if req.finish_reason == "stop":
+        cut = min((text.find(s) for s in req.params.stop if s in text), default=len(text))
+        text = text[:cut]
+    return text
+
+
+def take_output(req: Request, decode: Decode) -> RequestOutput:
+    """The request's delta since its last output (and, finished, its result)."""
+    num_committed = len(req.generated) - req.num_committed_out
+    req.num_committed_out = len(req.generated)
+    ids = req.output_ids
+    new_ids = tuple(ids[req.num_reported :])
+    req.num_reported = len(ids)
+    result = None
+    if req.is_finished:
+        text = final_text(req, decode)
+        piece = text[req.text_sent :]
+        now = time.perf_counter()
+        result = GenerationResult(
+            prompt_tokens=len(req.prompt), token_ids=list(ids), text=text,
+            finish_reason=req.finish_reason or "length", accept_lengths=list(req.accept_lengths),
+            wall_time=now - req.t_start if req.t_start else 0.0, prefill_time=req.prefill_time,
+            error=req.error, latency=now - req.arrival,
+        )
+    else:
+        stop = req.params.stop
+        hold = max(len(s) for s in stop) - 1 if stop else 0
+        end = max(len(req.text) - hold, req.text_sent)
+        piece = req.text[req.text_sent : end]
+    req.text_sent += len(piece)
+    return RequestOutput(
+        rid=req.rid, request_id=req.request_id, new_token_ids=new_ids, new_text=piece,
+        finished=req.is_finished, finish_reason=req.finish_reason,
+        num_prompt_tokens=len(req.prompt), num_committed=num_committed,
+        spec=SpecStats.of(req), error=req.error, exception=req.exception, result=result,
+    )

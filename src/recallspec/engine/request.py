@@ -1,0 +1,119 @@
+"""A request's state inside the engine: data, derived properties and a status.
+
+Invariant while a request holds a KV slot: the slot holds prompt + ``generated[:-1]``;
+``generated[-1]`` (the step's *root*) is committed but not yet cached (the next step
+feeds it). ``generated`` includes a trailing EOS when one ended the request.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from recallspec.drafters.base import Drafter
+from recallspec.errors import RecallspecError
+from recallspec.runtime.modes import BatchMode
+from recallspec.spec.draft_sizing import AcceptanceStats
+from recallspec.spec.sampling import SamplingParams
+
+# Why a request ended. The server maps them to OpenAI's: eos/stop -> "stop",
+# length/context -> "length".
+FINISH_REASONS = ("eos", "length", "stop", "context", "abort", "error")
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # added, no KV slot yet
+    PREFILLING = "prefilling"  # holds a slot; prompt chunks still to feed
+    DECODING = "decoding"  # prompt cached; each step drafts, verifies, commits
+    FINISHED = "finished"  # ended (finish_reason set); slot released
+
+
+@dataclass
+class DraftState:
+    """Adaptive mode's per-request sizing state (``DraftPlanner``)."""
+
+    stats: AcceptanceStats | None = None  # this request's acceptance statistics
+    idle_steps: int = 0  # steps since this request last drafted
+    probing: bool = False  # this step's draft is a forced 1-node probe
+
+
+@dataclass
+class SpecCounts:
+    """Speculation counters of one request, in vLLM's terms: a *draft* is a step that
+    verified a non-empty tree; accepted tokens are draft tokens on the accepted path
+    (the bonus token is not counted); ``accepted_per_pos[i]``: drafts whose accepted
+    path reached depth i + 1."""
+
+    num_steps: int = 0  # verification steps
+    num_step_tokens: int = 0  # tokens they committed
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def add(self, num_committed: int, num_draft_tokens: int, num_accepted: int) -> None:
+        """One verification step: tokens it committed, draft size, accepted nodes."""
+        self.num_steps += 1
+        self.num_step_tokens += num_committed
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_pos) < num_accepted:
+            self.accepted_per_pos.extend([0] * (num_accepted - len(self.accepted_per_pos)))
+        for i in range(num_accepted):
+            self.accepted_per_pos[i] += 1
+
+
+@dataclass(eq=False)  # identity: requests are compared as objects, never by value
+class Request:
+    rid: int  # the engine's id
+    prompt: list[int]
+    params: SamplingParams
+    drafter: Drafter
+    mode: BatchMode
+    generator: torch.Generator | None  # sampling only
+    request_id: str | None = None  # the caller's id
+    arrival: float = 0.0  # perf_counter time it may be admitted (offline arrivals)
+    status: RequestStatus = RequestStatus.WAITING
+    slot: int = -1
+    prefilled: int = 0  # prompt tokens already in the KV cache
+    generated: list[int] = field(default_factory=list)  # committed tokens incl. a final EOS
+    accept_lengths: list[int] = field(default_factory=list)  # tokens per verification step
+    finish_reason: str | None = None
+    error: str | None = None  # finish_reason "error": what went wrong
+    exception: BaseException | None = None  # ... and the exception itself
+    t_start: float = 0.0  # admission time
+    prefill_time: float = 0.0  # admission to the first token
+    draft: DraftState = field(default_factory=DraftState)
+    spec: SpecCounts = field(default_factory=SpecCounts)
+    # Output bookkeeping (``outputs.OutputState``): text and tokens handed out so far.
+    num_reported: int = 0  # output_ids already in an output
+    num_committed_out: int = 0  # generated (EOS included) already counted in an output
+    text: str = ""  # incremental text of ``generated`` (complete characters only)
+    text_sent: int = 0  # characters of ``text`` already in an output
+    detok_prefix: int = 0  # incremental detokenizer offsets into ``generated``
+    detok_read: int = 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def is_prefilled(self) -> bool:
+        return self.prefilled == len(self.prompt)
+
+    @property
+    def output_ids(self) -> list[int]:
+        """Generated tokens as the caller sees them: without a final EOS."""
+        return self.generated[:-1] if self.finish_reason == "eos" else self.generated
+
+    def fail(self, error: BaseException) -> None:
+        """End the request with an error (whatever else ended it)."""
+        self.finish_reason, self.exception = "error", error
+        msg = str(error)
+        self.error = msg if isinstance(error, RecallspecError) and msg else (
+            f"{type(error).__name__}: {msg}" if msg else type(error).__name__)

@@ -1,0 +1,133 @@
+"""One step's forward, verification and KV commit.
+
+Every decoding request feeds its root (the last committed token) and its draft tree;
+the plan's prompt chunks follow; all in ONE ragged forward with no padding of inputs or
+KV cache. Each request then keeps its own accepted path: the KV cache compacts it and
+the slot advances by its own count.
+
+The padded batch modes (EMS-SD's baselines, chosen per request) differ only in cost:
+``pad_inputs`` requests are padded to the longest draft among them with leaves below
+the root (no real row attends to them); ``pad_kv`` requests' slots all advance by the
+largest count committed among them (``pad_kv``), the extra entries masked as padding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from recallspec.engine.drafting import Failure
+from recallspec.engine.outputs import StepStats
+from recallspec.engine.request import Request
+from recallspec.engine.scheduler import PrefillChunk
+from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.runtime.kv_cache import KVCache
+from recallspec.runtime.linear import forward_threads
+from recallspec.spec.tree import DraftTree
+from recallspec.spec.verify import Verdict, verify_greedy, verify_sampling
+
+
+@dataclass(frozen=True)
+class Verified:
+    request: Request
+    tree: DraftTree
+    verdict: Verdict
+    logits: torch.Tensor  # [1 + len(tree), V]: the root's row, then each node's
+    num_kv: int  # KV entries committed: the root + the accepted nodes
+
+
+@dataclass(frozen=True)
+class StepResult:
+    verified: list[Verified]  # decoding requests, in plan order
+    failed: list[Failure]  # decoding requests whose verification raised
+    first_rows: list[tuple[Request, torch.Tensor]]  # prompt completed: its last row, [V]
+    num_rows: int  # rows fed, padding included
+
+
+class Runner:
+    def __init__(self, model: Any, cache: KVCache, max_len: int, threads: int) -> None:
+        self.model = model
+        self.cache = cache
+        self.max_len = max_len
+        self.threads = threads
+
+    def run(
+        self, decoding: Sequence[Request], trees: Sequence[DraftTree],
+        prefill: Sequence[PrefillChunk], stats: StepStats,
+    ) -> StepResult:
+        cache = self.cache
+        inputs: list[SequenceInput] = []
+        pad_to = max((len(t) for r, t in zip(decoding, trees, strict=True) if r.mode.pad_inputs),
+                     default=0)
+        n_rows: list[int] = []  # rows fed per decoding request, padding included
+        for req, tree in zip(decoding, trees, strict=True):
+            start = cache.length(req.slot)
+            toks = [req.generated[-1], *tree.tokens.tolist()]
+            parents = [-1, *(tree.parents + 1).tolist()]
+            if req.mode.pad_inputs:  # padding rows: leaves below the root
+                pad = max(min(pad_to - len(tree), self.max_len - start - len(toks)), 0)
+                toks += [req.generated[-1]] * pad
+                parents += [0] * pad
+                stats.padding_rows += pad
+            n_rows.append(len(toks))
+            inputs.append(SequenceInput(
+                req.slot, start, toks, parents, cache_valid=cache.valid_prefix(req.slot),
+                start_pos=cache.logical_length(req.slot),
+            ))
+        for c in prefill:
+            inputs.append(SequenceInput(c.request.slot, c.start, c.tokens,
+                                        logits="last" if c.is_last else "none"))
+        meta = build_batch(inputs)
+        t_fwd = time.perf_counter()
+        with forward_threads(meta.num_tokens, self.threads):
+            logits = self.model(meta, cache)
+        if decoding:
+            stats.forward_s += time.perf_counter() - t_fwd
+            stats.steps += 1
+            stats.rows += meta.num_tokens
+        verified: list[Verified] = []
+        failed: list[Failure] = []
+        off = 0
+        for b, (req, tree) in enumerate(zip(decoding, trees, strict=True)):
+            rows = logits[off : off + 1 + len(tree)]
+            off += n_rows[b]
+            stats.draft_nodes += len(tree)
+            try:
+                verdict = (
+                    verify_greedy(tree, rows) if req.params.greedy
+                    else verify_sampling(tree, rows, req.params, req.generator)
+                )
+            except Exception as e:
+                failed.append((req, e))
+                continue
+            keep = [0, *(n + 1 for n in verdict.accepted_nodes)]
+            cache.commit(req.slot, meta.cache_lens[b], keep)
+            verified.append(Verified(req, tree, verdict, rows, len(keep)))
+        first_rows: list[tuple[Request, torch.Tensor]] = []
+        for c in prefill:
+            stats.prefill_rows += c.num_tokens
+            cache.commit(c.request.slot, c.start, range(c.num_tokens))
+            c.request.prefilled += c.num_tokens
+            if c.is_last:
+                first_rows.append((c.request, logits[off]))
+                off += 1
+        return StepResult(verified, failed, first_rows, meta.num_tokens)
+
+    def pad_kv(self, verified: Sequence[Verified], stats: StepStats) -> list[Request]:
+        """Advance every ``pad_kv`` request's slot to the largest count committed among
+        them; returns the requests padded."""
+        padded = [v for v in verified if v.request.mode.pad_kv]
+        most = max((v.num_kv for v in padded), default=0)
+        out = []
+        for v in padded:
+            slot = v.request.slot
+            n = max(min(most - v.num_kv, self.max_len - self.cache.length(slot) - 1), 0)
+            if n:
+                self.cache.pad(slot, n)
+                stats.kv_padding += n
+                out.append(v.request)
+        return out

@@ -1,0 +1,130 @@
+"""Admission and each step's plan: who decodes, which prompt chunks ride along.
+
+Requests wait in arrival order and are admitted while a KV slot is free and their
+arrival time has come (online requests arrive when added; offline runs may hold them
+back to simulate traffic). Only the scheduler takes and gives back KV slots. Prompt
+chunks of admitted requests (at most ``prefill_chunk`` tokens a step, oldest request
+first) ride in the decoding batch's forward, so running requests keep decoding.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from recallspec.engine.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from recallspec.runtime.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    request: Request
+    start: int  # first prompt position fed (tokens before it are cached)
+    num_tokens: int  # prompt tokens fed this step
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.request.prompt[self.start : self.start + self.num_tokens]
+
+    @property
+    def is_last(self) -> bool:
+        """This chunk ends the prompt: its last row samples the first token."""
+        return self.start + self.num_tokens == len(self.request.prompt)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step's work, in the order rows are fed: decoding requests first."""
+
+    decoding: tuple[Request, ...]  # [D] prompt cached: each feeds its root + draft rows
+    prefill: tuple[PrefillChunk, ...]  # [P] prompt chunks, <= prefill_chunk tokens in all
+
+    @property
+    def requests(self) -> Iterator[Request]:
+        yield from self.decoding
+        for c in self.prefill:
+            yield c.request
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decoding and not self.prefill
+
+    @staticmethod
+    def empty() -> StepPlan:
+        return StepPlan((), ())
+
+
+class Scheduler:
+    def __init__(self, cache: KVCache, max_batch_size: int, prefill_chunk: int) -> None:
+        self.cache = cache
+        self.max_batch_size = max_batch_size
+        self.prefill_chunk = prefill_chunk
+        self.waiting: deque[Request] = deque()  # arrival order
+        self.running: dict[int, Request] = {}  # rid -> request holding a slot, admission order
+
+    # ---- queue -----------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        if self.waiting and req.arrival < self.waiting[-1].arrival:
+            raise ValueError("requests must be added in arrival order")
+        self.waiting.append(req)
+
+    def get(self, rid: int) -> Request | None:
+        if rid in self.running:
+            return self.running[rid]
+        return next((r for r in self.waiting if r.rid == rid), None)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_batch_size - len(self.running)
+
+    def next_arrival(self) -> float | None:
+        return self.waiting[0].arrival if self.waiting else None
+
+    # ---- slots -----------------------------------------------------------------
+    def admit(self, now: float) -> list[Request]:
+        """Give slots to waiting requests that have arrived, in arrival order."""
+        admitted = []
+        while self.waiting and self.free_slots > 0 and self.waiting[0].arrival <= now:
+            req = self.waiting.popleft()
+            req.slot = self.cache.allocate()
+            req.status = RequestStatus.PREFILLING
+            req.t_start = now
+            self.running[req.rid] = req
+            admitted.append(req)
+        return admitted
+
+    def release(self, req: Request) -> None:
+        """Take a request out: its slot back to the cache (or out of the queue)."""
+        if req.slot >= 0:
+            self.cache.release(req.slot)
+            req.slot = -1
+        if self.running.pop(req.rid, None) is None and req in self.waiting:
+            self.waiting.remove(req)
+        req.status = RequestStatus.FINISHED
+
+    # ---- the step ----------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        live = [r for r in self.running.values() if not r.is_finished]
+        decoding = tuple(r for r in live if r.is_prefilled)
+        prefill: list[PrefillChunk] = []
+        budget = self.prefill_chunk
+        for req in live:
+            if budget <= 0:
+                break
+            if not req.is_prefilled:
+                n = min(budget, len(req.prompt) - req.prefilled)
+                prefill.append(PrefillChunk(req, req.prefilled, n))
+                budget -= n
+        return StepPlan(decoding, tuple(prefill))

@@ -1,0 +1,11 @@
+"""An OpenAI-compatible server over the engine (``recallspec serve``).
+
+``engine_loop``: the engine's own thread and the queues to it; ``protocol``: request
+validation and response shapes; ``app``: the FastAPI routes; ``metrics``: Prometheus.
+"""
+
+from recallspec.server.app import create_app
+from recallspec.server.engine_loop import EngineLoop
+from recallspec.server.metrics import Metrics
+
+__all__ = ["EngineLoop", "Metrics", "create_app"]

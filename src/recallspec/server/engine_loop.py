@@ -1,0 +1,192 @@
+"""The engine in ONE background thread, talking to request handlers through queues.
+
+Handlers (asyncio, the server's event loop) put ``add`` and ``abort`` commands on a
+thread-safe queue; the engine thread drains it between steps (so an abort takes
+effect before the next step), runs ``Engine.step`` while anything is in flight, and
+posts each output to its request's ``asyncio.Queue`` with
+``loop.call_soon_threadsafe``. The engine thread never waits for a client: posting
+is non-blocking and the asyncio queues are unbounded (a request's backlog is at most
+its own tokens). Only the engine thread touches the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from recallspec.drafters.base import parse_spec
+from recallspec.engine import Engine, RequestOutput, SpecStats
+from recallspec.errors import ContextLengthError, RecallspecError
+from recallspec.server.metrics import Metrics
+from recallspec.server.protocol import Submission
+
+log = logging.getLogger("recallspec.server")
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The engine took the request (first item of every accepted stream)."""
+
+    rid: int
+    num_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The engine refused the request (the only item of its stream)."""
+
+    status: int  # HTTP status: 400 bad input, 429 queue full, 500 our fault
+    message: str
+    param: str | None = None
+
+
+class RequestStream:
+    """One request's channel: commands go to the engine thread, outputs come back."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sub: Submission) -> None:
+        self.loop = loop
+        self.sub = sub
+        self.queue: asyncio.Queue[Accepted | Rejected | RequestOutput] = asyncio.Queue()
+        # Engine thread only:
+        self.rid: int | None = None
+        self.t_prev: float | None = None  # when its previous tokens were delivered
+        self.spec: SpecStats | None = None  # speculation already counted in the metrics
+
+    def post(self, item: Accepted | Rejected | RequestOutput) -> None:
+        """Hand an item to the handler (from the engine thread; never blocks)."""
+        # RuntimeError: the event loop is closed (the server is shutting down).
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    async def get(self) -> Accepted | Rejected | RequestOutput:
+        return await self.queue.get()
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, metrics: Metrics, *, max_waiting: int) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.max_waiting = max_waiting
+        self._commands: queue.SimpleQueue[tuple[str, RequestStream]] = queue.SimpleQueue()
+        self._streams: dict[int, RequestStream] = {}  # rid -> stream, engine thread only
+        self._default_drafter = parse_spec(engine.config.drafter)[0]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="recallspec-engine", daemon=True)
+
+    # ---- the handlers' side ------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, stream: RequestStream) -> None:
+        self._commands.put(("add", stream))
+
+    def abort(self, stream: RequestStream) -> None:
+        self._commands.put(("abort", stream))
+
+    # ---- the engine thread -------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._iterate()
+            except Exception:  # a bug outside any request: fail what is in flight, go on
+                log.exception("engine loop error")
+                for rid in list(self._streams):
+                    self._end(rid, "the engine failed; see the server log")
+
+    def _iterate(self) -> None:
+        eng = self.engine
+        # Idle: wait for a command (briefly, to notice stop). Busy: take what is there.
+        try:
+            cmd = (self._commands.get_nowait() if eng.has_unfinished()
+                   else self._commands.get(timeout=0.1))
+        except queue.Empty:
+            cmd = None
+        while cmd is not None:
+            kind, stream = cmd
+            if kind == "add":
+                self._add(stream)
+            else:
+                self._abort(stream)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                cmd = None
+        if eng.has_unfinished():
+            for out in eng.step():
+                self._deliver(out)
+        self.metrics.queue(eng.num_running, eng.num_waiting)
+
+    def _add(self, stream: RequestStream) -> None:
+        eng, sub = self.engine, stream.sub
+        # Requests beyond the free slots wait; at most max_waiting of them.
+        if eng.num_waiting - eng.scheduler.free_slots >= self.max_waiting:
+            self.metrics.reject(429)
+            stream.post(Rejected(429, f"the server is busy ({eng.num_waiting} requests "
+                                      "waiting); retry later"))
+            return
+        # The default drafter by name gets the server's options (an --index, say) under
+        # the request's own.
+        drafter = None if sub.drafter in (None, self._default_drafter) else sub.drafter
+        try:
+            rid = eng.add_request(sub.prompt, sub.params, drafter=drafter,
+                                  drafter_options=sub.drafter_options, mode=sub.mode,
+                                  request_id=sub.request_id)
+        except RecallspecError as e:
+            param = "prompt" if isinstance(e, ContextLengthError) else None
+            self.metrics.reject(400)
+            stream.post(Rejected(400, str(e), param))
+            return
+        except Exception as e:
+            log.exception("adding a request failed")
+            self.metrics.reject(500)
+            stream.post(Rejected(500, f"internal error: {type(e).__name__}: {e}"))
+            return
+        stream.rid = rid
+        self._streams[rid] = stream
+        req = eng.scheduler.get(rid)
+        n = len(req.prompt) if req is not None else 0
+        self.metrics.admitted(n)
+        stream.post(Accepted(rid, n))
+
+    def _abort(self, stream: RequestStream) -> None:
+        if stream.rid is not None and stream.rid in self._streams:
+            out = self.engine.abort(stream.rid)
+            if out is not None:
+                self._deliver(out)
+            else:
+                self._streams.pop(stream.rid, None)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        stream = self._streams.get(out.rid)
+        if stream is None:
+            return
+        now = time.perf_counter()
+        self.metrics.output(out, stream.spec, stream.sub.t_submit, stream.t_prev, now)
+        stream.spec = out.spec
+        if out.num_committed:
+            stream.t_prev = now
+        if out.finished:
+            del self._streams[out.rid]
+        stream.post(out)
+
+    def _end(self, rid: int, message: str) -> None:
+        """Fail an in-flight request from outside the engine's step."""
+        stream = self._streams.pop(rid)
+        try:
+            self.engine.abort(rid)
+        except Exception:
+            log.exception("aborting request %d failed", rid)
+        stream.post(Rejected(500, message))
+

@@ -1,0 +1,87 @@
+"""Prometheus metrics of the server, vLLM's names under our prefix (``recallspec:``), so
+existing dashboards work. Updated only by the engine thread, from each step's outputs;
+the spec-decode counters advance as requests speculate (not only when they end)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from recallspec.engine import RequestOutput, SpecStats
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                    1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+class Metrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = r = CollectorRegistry()
+        m = ("model_name",)
+        self._model = model_name
+        self.requests = Counter("recallspec:request_success", "Requests finished, by finish "
+                                "reason (abort: the client went away)",
+                                (*m, "finished_reason"), registry=r)
+        self.rejected = Counter("recallspec:request_rejected", "Requests refused before "
+                                "running, by HTTP status", (*m, "status"), registry=r)
+        self.prompt_tokens = Counter("recallspec:prompt_tokens", "Prompt tokens of admitted "
+                                     "requests", m, registry=r)
+        self.generation_tokens = Counter("recallspec:generation_tokens", "Generated tokens",
+                                         m, registry=r)
+        self.running = Gauge("recallspec:num_requests_running", "Requests holding a KV slot",
+                             m, registry=r)
+        self.waiting = Gauge("recallspec:num_requests_waiting", "Requests waiting for a slot",
+                             m, registry=r)
+        self.ttft = Histogram("recallspec:time_to_first_token_seconds", "Request arrival to "
+                              "its first token", m, buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("recallspec:inter_token_latency_seconds", "Time between a "
+                             "request's consecutive token deltas (one per step)", m,
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("recallspec:e2e_request_latency_seconds", "Request arrival to "
+                             "its end", m, buckets=_LATENCY_BUCKETS, registry=r)
+        self.drafts = Counter("recallspec:spec_decode_num_drafts", "Steps that verified a "
+                              "draft", m, registry=r)
+        self.draft_tokens = Counter("recallspec:spec_decode_num_draft_tokens", "Draft tokens "
+                                    "verified", m, registry=r)
+        self.accepted = Counter("recallspec:spec_decode_num_accepted_tokens", "Draft tokens "
+                                "accepted", m, registry=r)
+        self.accepted_per_pos = Counter("recallspec:spec_decode_num_accepted_tokens_per_pos",
+                                        "Drafts whose accepted path reached this depth "
+                                        "(position 0 = the first draft token)",
+                                        (*m, "position"), registry=r)
+
+    def queue(self, running: int, waiting: int) -> None:
+        self.running.labels(self._model).set(running)
+        self.waiting.labels(self._model).set(waiting)
+
+    def reject(self, status: int) -> None:
+        self.rejected.labels(self._model, str(status)).inc()
+
+    def admitted(self, prompt_tokens: int) -> None:
+        self.prompt_tokens.labels(self._model).inc(prompt_tokens)
+
+    def output(self, out: RequestOutput, last: SpecStats | None, t_submit: float,
+               t_prev: float | None, now: float) -> None:
+        """One request's delta: its tokens, latencies and speculation since ``last``."""
+        m = self._model
+        if out.new_token_ids:
+            self.generation_tokens.labels(m).inc(len(out.new_token_ids))
+        if out.num_committed:
+            if t_prev is None:
+                self.ttft.labels(m).observe(now - t_submit)
+            else:
+                self.itl.labels(m).observe(now - t_prev)
+        s = out.spec
+        prev = last or SpecStats(0, 0, 0, 0, 0, ())
+        if s.num_drafts > prev.num_drafts:
+            self.drafts.labels(m).inc(s.num_drafts - prev.num_drafts)
+            self.draft_tokens.labels(m).inc(s.num_draft_tokens - prev.num_draft_tokens)
+            self.accepted.labels(m).inc(s.num_accepted_tokens - prev.num_accepted_tokens)
+            for pos, n in enumerate(s.accepted_per_pos):
+                before = prev.accepted_per_pos[pos] if pos < len(prev.accepted_per_pos) else 0
+                if n > before:
+                    self.accepted_per_pos.labels(m, str(pos)).inc(n - before)
+        if out.finished:
+            self.requests.labels(m, out.finish_reason or "unknown").inc()
+            self.e2e.labels(m).observe(now - t_submit)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,103 @@
+"""A real `recallspec serve` process for the server tests, and reading its /metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+MODEL = "smollm2-135m"
+DTYPE = os.environ.get("RECALLSPEC_TEST_DTYPE", "auto")  # as the conftest engine
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]  # (name, labels) -> value
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    base: str
+    log: Path
+
+    def client(self, **kw: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base}/v1", api_key=kw.pop("api_key", "unused"),
+                             max_retries=0, timeout=300, **kw)
+
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.base}/v1", api_key="unused", max_retries=0,
+                                  timeout=300)
+
+    def metrics(self) -> Samples:
+        """Every sample of /metrics: (name, labels) -> value."""
+        out = {}
+        for line in httpx.get(f"{self.base}/metrics").text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            key, value = line.rsplit(" ", 1)
+            m = re.fullmatch(r"([^{]+)(?:\{(.*)\})?", key)
+            assert m, line
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            out[(m.group(1), labels)] = float(value)
+        return out
+
+    def wait_idle(self, timeout: float = 30.0) -> Samples:
+        """Metrics once no request runs or waits (fails after ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if total(m, "recallspec:num_requests_running") == 0 and total(
+                    m, "recallspec:num_requests_waiting") == 0:
+                return m
+            assert time.monotonic() < deadline, "requests are stuck in the server"
+            time.sleep(0.1)
+
+
+def total(m: Samples, name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, lab), v in m.items() if n == name and want <= lab)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(log: Path, *args: str) -> Iterator[Server]:
+    port = _free_port()
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "recallspec", "serve", "--port", str(port), "--dtype", DTYPE,
+             *args], stdout=f, stderr=subprocess.STDOUT)
+        server = Server(proc, f"http://127.0.0.1:{port}", log)
+        try:
+            deadline = time.monotonic() + 240
+            while True:
+                assert proc.poll() is None, f"server exited:\n{log.read_text()}"
+                assert time.monotonic() < deadline, f"server did not start:\n{log.read_text()}"
+                try:
+                    if httpx.get(f"{server.base}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.25)
+            yield server
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def ext(**kw: Any) -> dict[str, Any]:
+    return {"recallspec": {"return_token_ids": True, **kw}}
