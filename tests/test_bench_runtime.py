@@ -82,5 +82,7 @@ def _tiny(tmp_path: Path, hf: bool) -> None:
     assert 4.5e8 < r["weight_bytes"]["total"] < 6.5e8
     if cfg.hf:
         assert r["hf"]["decode_tok_s"] > 0 and set(r["hf_cost_ms"]) == {"1"}
-    assert json.loads((tmp_path / "runtime.json").read_text())["dtypes"].keys() == {"float32"}
-    assert "| float32 |" in render_runtime_markdown(res)
+    saved = json.loads((tmp_path / "runtime.json").read_text())["dtypes"]
+    assert saved.keys() == {"quantized", "float32"}
+    md = render_runtime_markdown(res)
+    assert "| ours quantized |" in md and "| ours float32 |" in md
