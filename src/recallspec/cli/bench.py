@@ -18,6 +18,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from recallspec.errors import DataError
 
@@ -166,13 +167,8 @@ def run_suite(args: argparse.Namespace) -> int:
     run_bench(cfg, out, resume=args.resume, overwrite=args.overwrite,
               progress=not args.no_progress)
     rep = write_report(out)
-    print(render_markdown(rep))
-    from recallspec.bench.report import busy_warning
-
-    warn = busy_warning(rep["machine"])
-    if warn:
-        print(warn, file=sys.stderr)
-    print(f"answers, report.json, report.md and plots in {out}", file=sys.stderr)
+    _print_report(render_markdown(rep), rep["machine"],
+                  f"answers, report.json, report.md and plots in {out}")
     return 0
 
 
@@ -263,11 +259,17 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     out = Path(args.out)
     rep = run_serve_bench(cfg, out)
-    print(render_markdown(rep))
+    _print_report(render_markdown(rep), rep["machine"],
+                  f"serve.json, serve.md and serve.png in {out}")
+    return 0
+
+
+def _print_report(markdown: str, machine: dict[str, Any], written: str) -> None:
+    """A run's report on stdout; a busy-machine warning and where the files are on stderr."""
     from recallspec.bench.report import busy_warning
 
-    warn = busy_warning(rep["machine"])
+    print(markdown)
+    warn = busy_warning(machine)
     if warn:
         print(warn, file=sys.stderr)
-    print(f"serve.json, serve.md and serve.png in {out}", file=sys.stderr)
-    return 0
+    print(written, file=sys.stderr)
