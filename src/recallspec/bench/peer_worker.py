@@ -28,7 +28,9 @@ import sys
 import time
 from typing import Any
 
-HF_PLD_TOKENS = 10  # prompt-lookup draft length of the hf-pld and llamacpp-pld peers
+# Prompt-lookup draft length of llamacpp-pld; equal to bench.methods.HF_PLD_TOKENS (hf-pld),
+# written again because the llama.cpp child must not import our package (and so torch).
+HF_PLD_TOKENS = 10
 
 
 class _LlamaCpp:
