@@ -11,6 +11,11 @@ weights (SmolLM2 by default, fp32, sdpa; ``recallspec.bench.hf``), batch 1, gree
 * ``rs-<drafter>``: ``model.generate(custom_generate=recallspec.integrations.hf.generate,
   drafter=...)`` for each ``--drafters`` entry (``name`` or ``name:key=value:...``)
 
+``--random-shape llama-1b|llama-3b|llama-8b`` swaps the model for a Llama of that shape
+with seeded random weights (for timing on a GPU; its text is meaningless, so its
+acceptance says little about real text: read its ``mat`` column), ``--dtype`` sets the
+transformers model's dtype, ``--device cuda`` runs it on a GPU.
+
 Every output is compared with ``hf-greedy``'s (``identical``). Speedups are total new
 tokens / total decode seconds relative to ``hf-greedy`` and to ``hf-pld`` of the same run.
 Writes ``report.json`` and ``report.md`` in ``--out``. Prompts: Spec-Bench first turns,
@@ -45,6 +50,31 @@ def prompts_from_spec_bench(n: int) -> list[str]:
     return out
 
 
+# Llama shapes for timing with random weights (hidden, intermediate, layers, heads, kv heads):
+# Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B.
+RANDOM_SHAPES = {
+    "llama-1b": (2048, 8192, 16, 32, 8),
+    "llama-3b": (3072, 8192, 28, 24, 8),
+    "llama-8b": (4096, 14336, 32, 32, 8),
+}
+
+
+def random_llama(shape: str, vocab_size: int, eos: int, dtype: Any, device: str) -> Any:
+    """A transformers Llama of a named shape with seeded random weights."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, inter, layers, heads, kv = RANDOM_SHAPES[shape]
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=inter,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv, max_position_embeddings=4096,
+                      eos_token_id=eos, pad_token_id=eos, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(dtype)
+    return model.eval()
+
+
 def run_method(model: Any, ids: Any, method: str, max_new: int) -> tuple[list[int], float]:
     import torch
 
@@ -71,9 +101,12 @@ def main() -> int:
     ap.add_argument("--model", default=None, help="model spec (default SmolLM2-135M-Instruct)")
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--drafters", default="pld,sam,sam+recycling",
+    ap.add_argument("--drafters", default="pld,llma,sam,sam+recycling",
                     help="comma-separated drafter specs for the rs-* methods")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--random-shape", default=None, choices=sorted(RANDOM_SHAPES),
+                    help="a Llama of this shape with random weights instead of --model")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default torch's; 1 avoids OpenMP spin on a busy CPU)")
     ap.add_argument("--out", required=True)
@@ -87,8 +120,16 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    # fp32 means fp32: no TF32 tensor-core shortcut on a GPU.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dtype = getattr(torch, args.dtype)
     ours, tok = load_model(args.model, dtype=torch.float32)
-    model = hf_model_from_model(ours).to(args.device)
+    if args.random_shape:
+        eos = ours.config.eos_token_ids[0]
+        model = random_llama(args.random_shape, ours.config.vocab_size, eos, dtype, args.device)
+    else:
+        model = hf_model_from_model(ours).to(device=args.device, dtype=dtype)
     del ours
     methods = ["hf-greedy", "hf-pld", *(f"rs-{d}" for d in args.drafters.split(",") if d)]
     texts = prompts_from_spec_bench(args.prompts)
@@ -121,8 +162,12 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {
-        "model": args.model or "SmolLM2-135M-Instruct", "dtype": "float32",
-        "device": args.device, "threads": torch.get_num_threads(), "prompts": len(texts),
+        "model": (f"random {args.random_shape}" if args.random_shape
+                  else args.model or "SmolLM2-135M-Instruct"),
+        "dtype": args.dtype, "device": args.device,
+        "device_name": (torch.cuda.get_device_name() if args.device.startswith("cuda")
+                        else platform.processor() or platform.machine()),
+        "threads": torch.get_num_threads(), "prompts": len(texts),
         "max_new_tokens": args.max_new_tokens,
         "machine": platform.processor() or platform.machine(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
