@@ -154,7 +154,7 @@ def run_schedule(
 
 
 def test_drafts_equal_sam_under_moves_and_reuse() -> None:
-    prop = SuffixProposer(None, num_speculative_tokens=K)
+    prop = SuffixProposer(None, num_speculative_tokens=K, spec_factor=0)
     assert run_schedule(prop, Oracle(), steps=300, seed=1) > 100
 
 
@@ -163,7 +163,8 @@ def test_static_index_and_delta(tmp_path: Path) -> None:
     docs = [[rng.randrange(1, 30) for _ in range(40)] for _ in range(20)]
     path = tmp_path / "c.idx"
     StaticIndex.build(docs, 64, "test-fp", path)
-    prop = SuffixProposer(None, num_speculative_tokens=K, index=str(path), delta=2)
+    prop = SuffixProposer(None, num_speculative_tokens=K, index=str(path), delta=2,
+                          spec_factor=0)
     assert prop.drafter.static is not None
     oracle = Oracle(StaticIndex.open(path), delta=2)
     assert run_schedule(prop, oracle, steps=200, seed=2, corpus=docs) > 50
@@ -175,6 +176,7 @@ def test_env_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     StaticIndex.build([[1, 2, 3, 4, 5, 6]], 16, "fp", path)
     monkeypatch.setenv("RECALLSPEC_INDEX", str(path))
     monkeypatch.setenv("RECALLSPEC_DELTA", "0")
+    monkeypatch.setenv("RECALLSPEC_SPEC_FACTOR", "0")
     prop = SuffixProposer(None, num_speculative_tokens=3)
     assert prop.drafter.static is not None and prop.drafter.options.delta == 0
     t = np.zeros((1, 32), np.int32)
@@ -201,6 +203,17 @@ def test_index_checked_against_the_served_tokenizer(tmp_path: Path) -> None:
                           tokenizer_dir=tok_dir).drafter.static is not None
     with pytest.raises(IndexFileError, match="different tokenizer"):
         SuffixProposer(None, num_speculative_tokens=2, index=str(bad), tokenizer_dir=tok_dir)
+
+
+@pytest.mark.parametrize(("factor", "want"), [(1.0, [3, 4]), (1.5, [3, 4, 5]),
+                                               (0.0, [3, 4, 5, 6, 7])])
+def test_draft_sized_by_match_length(factor: float, want: list[int]) -> None:
+    """The chain is cut to ceil(factor * L), L = 2 here (the text ends with "1 2", seen
+    once before); factor 0 drafts up to K."""
+    prop = SuffixProposer(None, num_speculative_tokens=5, spec_factor=factor)
+    t = np.zeros((1, 16), np.int32)
+    t[0, :10] = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
+    assert prop.propose([[2]], np.array([10]), t) == [want]
 
 
 def test_cap_eviction_and_skips() -> None:
