@@ -99,6 +99,25 @@ def test_real_suites_load() -> None:
     assert all(len(q.turns) == 2 for q in mt) and len({q.subcategory for q in mt}) == 8
     for name in SUITES:
         assert load_suite(name, SuiteSelection(limit=2))
+    for name in ("spec_bench", "mt_bench", "humaneval", "mbpp", "gsm8k", "cnndm",
+                 "rag_extractive"):  # every workload of issue 22 has >= 16 prompts
+        assert len(load_suite(name)) >= 16, name
+
+
+@pytest.mark.skipif(not _have_data(), reason="shared benchmark data not present")
+def test_rag_extractive_suite_quotes_its_passages() -> None:
+    qs = load_suite("rag-extractive", SuiteSelection(per_category=8))
+    assert [q.category for q in qs] == ["rag_quote"] * 8 + ["rag_copy"] * 8
+    assert qs == load_suite("rag_extractive", SuiteSelection(per_category=8))  # fixed
+    for q in qs:
+        text = q.turns[0]
+        body, ask = text.rsplit("\n\n", 1)
+        k = int(ask.split("passage ")[1].split()[0])
+        passage = body.split(f"Passage {k}: ", 1)[1].split("\n\nPassage ")[0]
+        if q.category == "rag_quote":
+            assert ask.split('"')[1] in passage  # the phrase to quote is in that passage
+        else:
+            assert ask.startswith(f"Copy passage {k} verbatim")
 
 
 def test_missing_data_dir(tmp_path: Path) -> None:

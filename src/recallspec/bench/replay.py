@@ -7,6 +7,8 @@ step for step: the same drafter calls (start, propose with the same ``max_nodes`
 ``truncate``, ``limit_depth``, observe with the committed tokens and the tree, stop),
 and the accepted path = the longest tree path matching the next AR tokens, plus the
 bonus token (the next AR token), cut at EOS or the length cap as the engine cuts it.
+``replay_steps`` runs any ``Policy`` (how a request drafts) through the same loop and
+records each step's draft size and context: what ``bench/replay_time.py`` prices.
 
 Exactness assumes the AR output is what the model's argmax gives on the tree rows too
 (true up to floating-point ties/rounding between a 1-row and a k-row forward).
@@ -20,9 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 from recallspec.bench.answers import read_answers
+from recallspec.bench.replay_logits import TurnTopk, committed_logits
 from recallspec.drafters.base import Drafter, create_drafter
 from recallspec.errors import DataError
 from recallspec.spec.tree import DraftTree, limit_depth
@@ -35,10 +40,11 @@ class ReplayConfig:
     max_len: int = 4096  # KV positions per sequence (Engine.max_len)
 
 
-def accepted_path(
+def accepted_nodes(
     tree: DraftTree, target: Sequence[int], final_any: frozenset[int] = frozenset()
-) -> int:
-    """Length of the longest root-to-node path whose tokens are a prefix of ``target``.
+) -> list[int]:
+    """The nodes of the longest root-to-node path whose tokens are a prefix of
+    ``target``, root side first.
 
     Siblings carry distinct tokens, so the walk is unique: at each node, the child
     whose token is the next target token. ``final_any``: any of these ids matches the
@@ -46,25 +52,115 @@ def accepted_path(
     """
     children = tree.children()
     toks = tree.tokens.tolist()
-    node, n = -1, 0
+    node, path = -1, list[int]()
     last = len(target) - 1
-    while n < len(target):
+    while len(path) < len(target):
+        n = len(path)
         ok = final_any if (n == last and final_any) else (target[n],)
         nxt = next((c for c in children[node + 1] if toks[c] in ok), None)
         if nxt is None:
             break
-        node, n = nxt, n + 1
-    return n
+        node = nxt
+        path.append(nxt)
+    return path
 
 
-def replay_turn(
-    drafter: Drafter, rid: int, prompt: Sequence[int], output: Sequence[int], eos_hit: bool,
-    eos_ids: Sequence[int], cfg: ReplayConfig,
-) -> list[int]:
-    """Accept lengths the engine would record for ``drafter`` on this AR turn.
+def accepted_path(
+    tree: DraftTree, target: Sequence[int], final_any: frozenset[int] = frozenset()
+) -> int:
+    """Length of the longest root-to-node path whose tokens are a prefix of ``target``."""
+    return len(accepted_nodes(tree, target, final_any))
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One replayed verification step."""
+
+    committed: int  # tokens it committed: accepted draft tokens + the bonus token
+    drafted: int  # draft nodes verified (the forward has 1 + drafted rows)
+    context: int  # tokens cached before it (prompt + committed so far - 1)
+
+
+# What replay knows of a verification's logits: the committed path as a chain and its
+# rows' logits (``bench/replay_logits.py``), for drafters that learn from logits.
+Known = tuple[DraftTree, torch.Tensor]
+
+
+class Policy(Protocol):
+    """How a replayed request drafts: a drafter alone (``FixedPolicy``), or a drafter
+    with cost-aware sizing, an oracle, ... (``bench/replay_policies.py``)."""
+
+    name: str
+
+    def start(self, rid: int, prompt: Sequence[int], first: int, known: Known | None = None,
+              ) -> None:
+        """A new request; ``first`` is the token its prefill committed (``known``: the
+        prefill row's logits, as an empty tree and one row)."""
+
+    def draft(
+        self, rid: int, room: int, want: int, future: Sequence[int], final_any: frozenset[int]
+    ) -> DraftTree:
+        """This step's tree: at most ``room`` nodes and ``want`` deep. ``future`` (the
+        tokens the step will commit, ``final_any`` as ``accepted_nodes``) is there for
+        oracles only; a real policy must not look at it."""
+
+    def observe(
+        self, rid: int, taken: Sequence[int], tree: DraftTree, accepted: Sequence[int],
+        known: Known | None = None,
+    ) -> None:
+        """After verification: ``taken`` committed, ``accepted`` nodes of ``tree``."""
+
+    def stop(self, rid: int) -> None: ...
+
+
+def drafter_view(
+    drafter: Drafter, tree: DraftTree, known: Known | None,
+) -> tuple[DraftTree, torch.Tensor | None]:
+    """The tree and logits a replayed drafter observes: the verified tree without logits,
+    or for a drafter that learns from logits the committed rows replay knows."""
+    if known is not None and drafter.needs_logits:
+        return known
+    return tree, None
+
+
+class FixedPolicy:
+    """A drafter's proposal cut only to the room (the engine's fixed batch modes).
+    Drafters that learn from verification logits get none (``logits=None``)."""
+
+    def __init__(self, drafter: Drafter, name: str | None = None) -> None:
+        self.drafter = drafter
+        self.name = name or drafter.name
+
+    def start(self, rid: int, prompt: Sequence[int], first: int, known: Known | None = None,
+              ) -> None:
+        self.drafter.start(rid, list(prompt))
+        self.drafter.observe(rid, [first], *drafter_view(self.drafter, DraftTree.empty(), known))
+
+    def draft(
+        self, rid: int, room: int, want: int, future: Sequence[int], final_any: frozenset[int]
+    ) -> DraftTree:
+        return limit_depth(self.drafter.propose(rid, room).truncate(room), want)
+
+    def observe(
+        self, rid: int, taken: Sequence[int], tree: DraftTree, accepted: Sequence[int],
+        known: Known | None = None,
+    ) -> None:
+        self.drafter.observe(rid, list(taken), *drafter_view(self.drafter, tree, known))
+
+    def stop(self, rid: int) -> None:
+        self.drafter.stop(rid)
+
+
+def replay_steps(
+    policy: Policy, rid: int, prompt: Sequence[int], output: Sequence[int], eos_hit: bool,
+    eos_ids: Sequence[int], cfg: ReplayConfig, topk: TurnTopk | None = None, vocab: int = 0,
+) -> list[StepRecord]:
+    """The steps the engine would run for ``policy`` on this AR turn.
 
     ``output`` is the AR turn's generated ids without EOS; ``eos_hit`` says the turn
     ended on EOS (one of ``eos_ids``), which the engine commits as a token and stops.
+    ``topk``/``vocab``: the model's top-k along the turn (``bench/replay_logits.py``),
+    for policies whose drafter learns from logits.
     """
     full = [int(t) for t in output]
     final_any: frozenset[int] = frozenset()
@@ -75,28 +171,47 @@ def replay_turn(
         full.append(min(final_any))
     if not full:
         return []
+    def known(start: int, path_tokens: list[int]) -> Known | None:
+        if topk is None:
+            return None
+        rows = topk[start : start + len(path_tokens) + 1]
+        # A path that reaches the turn's last token has no row after it in the answer
+        # (the turn ends there): that last node's row is left out.
+        return committed_logits(path_tokens[: len(rows) - 1], rows, vocab)
+
     committed = 1  # the prefill samples full[0]
-    drafter.start(rid, list(prompt))
-    drafter.observe(rid, full[:1], DraftTree.empty(), None)
-    accepts: list[int] = []
+    policy.start(rid, prompt, full[0], known(0, []))
+    steps: list[StepRecord] = []
     try:
         while committed < len(full):
             start = len(prompt) + committed - 1  # cache holds prompt + committed[:-1]
             room = max(min(cfg.max_len - start - 1, cfg.max_draft_nodes), 0)
             want = cfg.max_new_tokens - committed - 1
-            tree = limit_depth(drafter.propose(rid, room).truncate(room), want)
-            n = accepted_path(tree, full[committed:], final_any)
+            future = full[committed:]
+            tree = policy.draft(rid, room, want, future, final_any)
+            path = accepted_nodes(tree, future, final_any)
             # The bonus token is the next AR token; when the path reaches the end of the
             # output, that end is an EOS (the depth limit keeps paths inside the length
             # cap) and the engine stops right after committing it.
-            take = min(n + 1, len(full) - committed)
+            take = min(len(path) + 1, len(full) - committed)
             taken = full[committed : committed + take]
+            seen = known(committed, taken[: len(path)])
             committed += take
-            accepts.append(take)
-            drafter.observe(rid, taken, tree, None)
+            steps.append(StepRecord(take, len(tree), start))
+            policy.observe(rid, taken, tree, path, seen)
     finally:
-        drafter.stop(rid)
-    return accepts
+        policy.stop(rid)
+    return steps
+
+
+def replay_turn(
+    drafter: Drafter, rid: int, prompt: Sequence[int], output: Sequence[int], eos_hit: bool,
+    eos_ids: Sequence[int], cfg: ReplayConfig,
+) -> list[int]:
+    """Accept lengths the engine would record for ``drafter`` on this AR turn (fixed
+    mode; see ``replay_steps``)."""
+    steps = replay_steps(FixedPolicy(drafter), rid, prompt, output, eos_hit, eos_ids, cfg)
+    return [s.committed for s in steps]
 
 
 def replay_answers(

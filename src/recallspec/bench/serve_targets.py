@@ -57,6 +57,7 @@ class Target:
     drafter: str | None = None  # ours only: --drafter / --mode of `recallspec serve`
     mode: str | None = None
     speculative_config: dict[str, Any] | None = None  # vllm only
+    extra_args: tuple[str, ...] = ()  # ours only: more `recallspec serve` flags
 
     def request_fields(self, launched: bool) -> dict[str, Any]:
         """Fields added to every request body. Our servers started here already run
@@ -143,7 +144,7 @@ def command(t: Target, cfg: ServeBenchConfig, port: int) -> tuple[list[str], dic
         argv = [sys.executable, "-m", "recallspec", "serve", *host,
                 "--drafter", t.drafter or "none", "--mode", t.mode or "ems",
                 "--max-batch-size", str(cfg.max_batch_size), "--max-len", str(cfg.context),
-                "--dtype", cfg.dtype]
+                "--dtype", cfg.dtype, *t.extra_args]
         if cfg.model:
             argv += ["--model", cfg.model]
         return argv, {"OMP_NUM_THREADS": threads}  # torch's intra-op threads

@@ -154,6 +154,48 @@ def _cnndm(root: Path) -> list[Question]:
     ]
 
 
+def _sentences(text: str) -> list[str]:
+    """Whole sentences of a passage (a snippet may start or end mid-sentence: those
+    fragments are dropped)."""
+    parts = [p.strip() for p in text.replace("? ", "?\n").replace("! ", "!\n")
+             .replace(". ", ".\n").split("\n")]
+    whole = parts[1:-1] if len(parts) > 2 else []  # the ends may be cut
+    return [p for p in whole if len(p.split()) >= 8 and p[0].isupper()]
+
+
+def _rag_extractive(root: Path) -> list[Question]:
+    """Extractive questions over Spec-Bench's RAG passages: each RAG question's passages
+    are kept and its question is replaced, alternately, by "quote the sentence of passage
+    k that contains <phrase>" (category ``rag_quote``: the answer is one sentence of the
+    prompt) and "copy passage k verbatim, then explain how it answers <the original
+    question>" (``rag_copy``: a copied paragraph, then free text). Deterministic: k
+    cycles through the passages, the sentence is the passage's longest whole sentence,
+    the phrase the four words at its middle."""
+    out: list[Question] = []
+    for q in _spec_bench(root):
+        if q.category != "rag":
+            continue
+        *passages, question = [x for x in q.turns[0].split("\n") if x.strip()]
+        if not passages:
+            continue
+        n = len(out)
+        k = n % len(passages)
+        body = "\n\n".join(f"Passage {i + 1}: {p}" for i, p in enumerate(passages))
+        sents = _sentences(passages[k])
+        if n % 2 == 0 and sents:
+            words = max(sents, key=len).split()
+            mid = len(words) // 2
+            phrase = " ".join(words[mid - 2 : mid + 2])
+            ask = (f'Quote, word for word, the sentence of passage {k + 1} that contains '
+                   f'"{phrase}". Then say in one sentence what it means.')
+            out.append(Question(f"{q.question_id}-quote", "rag_quote", (f"{body}\n\n{ask}",)))
+        else:
+            ask = (f"Copy passage {k + 1} verbatim. Then explain in two sentences how it "
+                   f"answers this question: {question}")
+            out.append(Question(f"{q.question_id}-copy", "rag_copy", (f"{body}\n\n{ask}",)))
+    return out
+
+
 # Written for this project: prompts where copying from the context pays off, and one
 # where it does not. The second turn of "edit" checks multi-turn handling offline.
 _DEMO: tuple[Question, ...] = (
@@ -199,6 +241,7 @@ _READERS: dict[str, Callable[[Path], list[Question]]] = {
     "mbpp": _mbpp,
     "gsm8k": _gsm8k,
     "cnndm": _cnndm,
+    "rag_extractive": _rag_extractive,
 }
 SUITES: tuple[str, ...] = (*_READERS, "demo")
 
@@ -236,6 +279,7 @@ def load_suite(
 ) -> list[Question]:
     """The questions of a suite, subset by ``selection``. ``data`` overrides the data dir."""
     sel = selection or SuiteSelection()
+    name = name.replace("-", "_")  # rag-extractive = rag_extractive
     if name == "demo":
         return select(_demo(None), sel)
     if name not in _READERS:

@@ -3,8 +3,11 @@
     recallspec bench --suite NAME [--methods ar,pld,...] ...   run a suite (no sub-command)
     recallspec bench report --out DIR                          re-render a run's report
     recallspec bench replay --answers DIR/answers/ar.jsonl --methods pld,llma
+    recallspec bench replay --answers ... --methods ar,llma,portfolio:mode=adaptive,oracle \
+        --predict-time [--curve FILE] [--model-topk] [--out FILE]
     recallspec bench runtime [--model M] [--json] [--out DIR]
     recallspec bench serve --targets ours-off,llamacpp --rates 0.5,1,2 --out DIR [--url URL]
+    recallspec bench repeat [--workloads self_consistency,code_edit,spec_bench] --out DIR
 
 More sub-commands plug in through ``_EXTRA_SUBCOMMAND_MODULES``: each module there
 exposes ``register_bench(subparsers)`` and sets ``handler`` on its parser, exactly
@@ -33,7 +36,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "bench", help="benchmark suites, acceptance replay and runtime benchmarks",
         description="Without a sub-command: run a benchmark suite (needs --suite).",
     )
-    p.add_argument("--suite", help="spec_bench, mt_bench, humaneval, mbpp, gsm8k, cnndm or demo")
+    p.add_argument("--suite", help="spec_bench, mt_bench, humaneval, mbpp, gsm8k, cnndm, "
+                                    "rag_extractive (or rag-extractive) or demo")
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated: ar, drafter names (pld, llma, ...), hf-greedy, hf-pld, "
                         f"llamacpp-greedy, llamacpp-pld (default {DEFAULT_METHODS})")
@@ -74,6 +78,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     help="default: the recorded run's setting")
     pl.add_argument("--max-len", type=int, default=4096, help="KV positions per sequence")
     pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pl.add_argument("--predict-time", action="store_true",
+                    help="also predict tokens/s from the cost curve (methods may then be "
+                         "NAME:mode=adaptive, oracle:drafters=a+b, ar); compared with the "
+                         "answers recorded next to --answers where there are some")
+    pl.add_argument("--curve", default=None,
+                    help="cost curve JSON (default: this machine's cached curve of the "
+                         "recorded model, measured if missing)")
+    pl.add_argument("--model-topk", action="store_true",
+                    help="replay drafters that learn from verification logits (recycling) "
+                         "with the recorded model's top-k along the answers (one forward "
+                         "per turn, cached; rejected nodes' rows stay unknown)")
+    pl.add_argument("--no-policy-time", action="store_true",
+                    help="leave the policies' measured Python time out of the prediction")
+    pl.add_argument("--out", default=None, help="also write the prediction (JSON) here")
     pl.set_defaults(handler=run_replay)
 
     rt = bsub.add_parser("runtime", help="AR tokens/s vs transformers, verification cost curve, "
@@ -92,6 +110,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rt.set_defaults(handler=run_runtime)
 
     _register_serve(bsub)
+    _register_repeat(bsub)
 
     for name in _EXTRA_SUBCOMMAND_MODULES:
         importlib.import_module(name).register_bench(bsub)
@@ -130,6 +149,42 @@ def _register_serve(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     sv.add_argument("--data-dir", default=None, help="benchmark data (default: ../shared/data)")
     sv.add_argument("--out", default="bench_out/serve", help="output directory")
     sv.set_defaults(handler=run_serve)
+
+
+def _register_repeat(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from recallspec.bench.repeat import WORKLOADS
+
+    rp = bsub.add_parser("repeat", help="repeating workloads (self-consistency, multi-turn "
+                         "code editing; Spec-Bench as control) through the server, with and "
+                         "without response memory")
+    rp.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help=f"comma-separated: {', '.join(WORKLOADS)}")
+    rp.add_argument("--drafters", default="sam+recycling,sam",
+                    help="comma-separated drafters, each run without and with memory")
+    rp.add_argument("--mode", default="adaptive", help="the servers' batch mode")
+    rp.add_argument("--memory-tokens", type=int, default=200_000,
+                    help="--memory-tokens of the memory arm (per tenant)")
+    rp.add_argument("--questions", type=int, default=8, help="self_consistency: GSM8K questions")
+    rp.add_argument("--samples", type=int, default=8, help="self_consistency: samples each")
+    rp.add_argument("--temperature", type=float, default=0.7, help="self_consistency")
+    rp.add_argument("--tenancy", choices=["question", "shared"], default="question",
+                    help="self_consistency: a tenant per question, or one for all")
+    rp.add_argument("--tasks", type=int, default=8, help="code_edit: HumanEval + MBPP tasks")
+    rp.add_argument("--follow-ups", type=int, default=3, help="code_edit: turns after the first")
+    rp.add_argument("--prompts", type=int, default=12, help="spec_bench: first turns")
+    rp.add_argument("--max-tokens", type=int, default=None,
+                    help="per request (default: 128 self_consistency and spec_bench, 192 "
+                    "code_edit)")
+    rp.add_argument("--seed", type=int, default=0, help="self_consistency: sampling seeds")
+    rp.add_argument("--model", default=None, help="GGUF file, HF directory or alias")
+    rp.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"])
+    rp.add_argument("--threads", type=int, default=None, help="per server (default: all CPUs)")
+    rp.add_argument("--context", type=int, default=2048, help="the servers' --max-len")
+    rp.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    rp.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server start")
+    rp.add_argument("--data-dir", default=None, help="benchmark data (default: ../shared/data)")
+    rp.add_argument("--out", default="bench_out/repeat", help="output directory")
+    rp.set_defaults(handler=run_repeat)
 
 
 def _csv(s: str | None) -> tuple[str, ...] | None:
@@ -200,6 +255,8 @@ def run_replay(args: argparse.Namespace) -> int:
         max_draft_nodes=int(args.max_draft_nodes or settings.get("max_draft_nodes") or 16),
         max_len=args.max_len,
     )
+    if args.predict_time:
+        return _predict(args, recs, settings, cfg)
     from recallspec.bench.methods import parse_method
 
     replayed = {}
@@ -222,6 +279,49 @@ def run_replay(args: argparse.Namespace) -> int:
         print(json.dumps({"config": cfg.__dict__, "mat": rep}, indent=2))
     else:
         print(render_replay_markdown(rep))
+    return 0
+
+
+def _predict(args: argparse.Namespace, recs: list[dict[str, Any]], settings: dict[str, Any],
+             cfg: Any) -> int:
+    """``bench replay --predict-time``: see ``bench/replay_time.py``."""
+    from recallspec.bench.replay_time import predict_methods, render_prediction_markdown
+    from recallspec.runtime.cost_curve import CostCurve
+
+    engine: Any = None
+    if not args.curve or args.model_topk:
+        from recallspec.engine import Engine
+
+        engine = Engine.load(args.model or settings.get("model"),
+                             dtype=settings.get("dtype", "auto"))
+    if args.curve:
+        curve = CostCurve.from_json(json.loads(Path(args.curve).read_text(encoding="utf-8")))
+    else:
+        curve = engine.cost_curve()
+    topk, vocab = None, 0
+    if args.model_topk:
+        from recallspec.bench.replay_logits import cached_answer_topk
+        from recallspec.models.loader import cache_dir
+        from recallspec.runtime.cost_curve import curve_key
+
+        key = curve_key(engine.model, getattr(engine.tokenizer, "fingerprint", ""), 1)
+        topk = cached_answer_topk(engine.model, recs, Path(args.answers), key, cache_dir())
+        vocab = int(engine.model.config.vocab_size)
+    fit, pred, real = predict_methods(
+        recs, cfg, curve, _csv(args.methods) or (), Path(args.answers).parent.parent,
+        count_policy_time=not args.no_policy_time, topk=topk, vocab=vocab,
+        warn=lambda msg: print(msg, file=sys.stderr))
+    res = {"config": cfg.__dict__, "fit": fit, "predicted": pred, "recorded": real}
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2), encoding="utf-8")
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        print(f"time model (fitted on the ar wall times): {fit['step_overhead_ms']:.3f} ms a "
+              f"step, {fit['prompt_overhead_ms']:.3f} ms a prompt token beyond the curve "
+              f"({fit['turns']:.0f} turns; {fit['disturbed']:.0f} took 25% longer than "
+              "the model: another job?)\n")
+        print(render_prediction_markdown(pred, real))
     return 0
 
 
@@ -261,6 +361,26 @@ def run_serve(args: argparse.Namespace) -> int:
     rep = run_serve_bench(cfg, out)
     _print_report(render_markdown(rep), rep["machine"],
                   f"serve.json, serve.md and serve.png in {out}")
+    return 0
+
+
+def run_repeat(args: argparse.Namespace) -> int:
+    from recallspec.bench.repeat import RepeatConfig, run_repeat_bench
+    from recallspec.bench.repeat_report import render_markdown
+
+    cfg = RepeatConfig(
+        workloads=_csv(args.workloads) or (), drafters=_csv(args.drafters) or (),
+        mode=args.mode, memory_tokens=args.memory_tokens, questions=args.questions,
+        samples=args.samples, temperature=args.temperature, tenancy=args.tenancy,
+        tasks=args.tasks, follow_ups=args.follow_ups, prompts=args.prompts,
+        max_tokens=args.max_tokens, seed=args.seed, model=args.model, dtype=args.dtype,
+        threads=args.threads, context=args.context, request_timeout=args.request_timeout,
+        start_timeout=args.start_timeout, data_dir=args.data_dir,
+    )
+    out = Path(args.out)
+    rep = run_repeat_bench(cfg, out)
+    _print_report(render_markdown(rep), rep["machine"],
+                  f"report.json, report.md and report.png in {out}")
     return 0
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
-from recallspec.errors import DataError
+from recallspec.errors import DataError, RecallspecError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,6 +23,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="default batch mode (ems, adaptive, ...; default: the engine's)")
     p.add_argument("--index", default=None,
                    help="corpus index file for the default drafter (sam, sam+recycling, ...)")
+    p.add_argument("--memory-tokens", type=int, default=0, metavar="N",
+                   help="response memory: the past outputs of a tenant (the request's `user` "
+                   "or recallspec.tenant) the sam drafters draft from, up to N tokens per "
+                   "tenant, oldest evicted first (default 0: off)")
+    p.add_argument("--memory-prompts", action="store_true",
+                   help="keep the requests' prompts in the response memory too")
+    p.add_argument("--memory-prompt-tail", type=int, default=None, metavar="N",
+                   help="without --memory-prompts: keep each output behind its prompt's last "
+                   "N tokens, so the same question asked again drafts the earlier answer "
+                   "from its first token (default: the engine's, 32; 0: outputs alone)")
+    p.add_argument("--memory-snapshot", default=None, metavar="FILE",
+                   help="save the response memory to FILE when the server stops and load it "
+                   "when it starts (if FILE exists)")
+    p.add_argument("--corpus-dir", default=None, metavar="DIR",
+                   help="the only directory POST /v1/corpora may load files from (documents "
+                   "or index files; default: none, documents in the request body only)")
     p.add_argument("--max-batch-size", type=int, default=8,
                    help="requests decoded together (KV-cache slots)")
     p.add_argument("--max-waiting", type=int, default=256,
@@ -47,6 +64,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_waiting < 0:
         raise DataError("--max-waiting must be >= 0")
+    if args.memory_tokens < 0:
+        raise DataError("--memory-tokens must be >= 0 (0: no response memory)")
+    if args.memory_prompt_tail is not None and args.memory_prompt_tail < 0:
+        raise DataError("--memory-prompt-tail must be >= 0")
+    for flag, value in (("--memory-prompts", args.memory_prompts),
+                        ("--memory-snapshot", args.memory_snapshot)):
+        if value and not args.memory_tokens:
+            raise DataError(f"{flag} needs a response memory (--memory-tokens N)")
+    corpus_dir = None
+    if args.corpus_dir is not None:
+        corpus_dir = Path(args.corpus_dir).resolve()
+        if not corpus_dir.is_dir():
+            raise DataError(f"--corpus-dir {args.corpus_dir}: not a directory")
     defaults = EngineConfig()
     drafter = args.drafter or defaults.drafter
     if args.index is not None:
@@ -54,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
         drafter = ":".join([name, *(f"{k}={v}" for k, v in opts.items()), f"index={args.index}"])
     try:
         config: dict[str, object] = {"max_batch_size": args.max_batch_size, "dtype": args.dtype,
-                                     "drafter": drafter, "mode": args.mode or defaults.mode}
+                                     "drafter": drafter, "mode": args.mode or defaults.mode,
+                                     "memory_tokens": args.memory_tokens,
+                                     "memory_prompts": args.memory_prompts,
+                                     "memory_snapshot": args.memory_snapshot}
+        if args.memory_prompt_tail is not None:
+            config["memory_prompt_tail"] = args.memory_prompt_tail
         if args.max_len is not None:
             config["max_len"] = args.max_len
         engine = Engine.load(args.model, **config)
@@ -66,10 +101,27 @@ def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or args.model or DEFAULT_MODEL
     metrics = Metrics(name)
     loop = EngineLoop(engine, metrics, max_waiting=args.max_waiting)
-    app = create_app(loop, model_name=name, api_key=args.api_key)
+
+    def shutdown() -> None:  # uvicorn's graceful stop (SIGTERM, Ctrl-C), before it exits
+        loop.stop()
+        if args.memory_snapshot:
+            try:
+                size = engine.save_memory()
+                print(f"recallspec: response memory saved to {args.memory_snapshot} "
+                      f"({size} bytes)", file=sys.stderr, flush=True)
+            except (OSError, RecallspecError) as e:
+                print(f"recallspec: the response memory was not saved: {e}", file=sys.stderr,
+                      flush=True)
+        engine.close()
+
+    app = create_app(loop, model_name=name, api_key=args.api_key, corpus_dir=corpus_dir,
+                     on_shutdown=shutdown)
     loop.start()
     print(f"recallspec: serving {name} on http://{args.host}:{args.port}/v1 "
-          f"(drafter {drafter}, batch {args.max_batch_size})", file=sys.stderr, flush=True)
+          f"(drafter {drafter}, batch {args.max_batch_size}"
+          + (f", memory {args.memory_tokens} tokens per tenant" if args.memory_tokens else "")
+          + (f", corpora from {corpus_dir}" if corpus_dir else "") + ")",
+          file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                     access_log=args.log_level in ("info", "debug"))

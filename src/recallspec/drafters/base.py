@@ -39,8 +39,14 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from recallspec.errors import DataError, UnknownNameError
+from recallspec.index.recall import RecallView
 from recallspec.runtime.kv_cache import KVPrefix
 from recallspec.spec.tree import DraftTree
+
+
+def no_recall(rid: int) -> RecallView:
+    """The recall view of an engine without response memory or live corpora."""
+    return ()
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,10 @@ class DrafterContext:
     # Running request rid's committed KV entries in the target's cache (read-only: a
     # self-draft feeds rows past them without committing; verification overwrites them).
     kv_prefix: Callable[[int], KVPrefix]
+    # Running request rid's recall sources (``index/recall.py``): its tenant's response
+    # memory and the ready live corpora, as immutable groups swapped whole when they
+    # change. Cheap (a few lookups): the SAM drafters call it after every commit.
+    recall: Callable[[int], RecallView] = no_recall
 
 
 @runtime_checkable
@@ -162,6 +172,7 @@ def _load_builtin() -> None:
     # Importing the modules runs their @register_drafter decorators.
     import recallspec.drafters.draft_model
     import recallspec.drafters.lookup
+    import recallspec.drafters.portfolio
     import recallspec.drafters.recycling
     import recallspec.drafters.retrieval
     import recallspec.drafters.sam  # noqa: F401

@@ -5,10 +5,11 @@ Online: ``Engine.add_request`` / ``step`` / ``abort`` / ``has_unfinished``; offl
 config), ``request`` (state), ``scheduler`` (admission, the step's plan), ``drafting``
 (draft proposal and cost-aware sizing), ``runner`` (the forward, verification, KV
 commit), ``outputs`` (deltas, results, text and stop checks), ``prompts`` (input forms),
-``engine`` (the ``Engine``), ``offline`` (``generate``).
+``engine`` (the ``Engine``), ``offline`` (``generate``), ``corpora`` (live corpora).
 """
 
 from recallspec.engine.config import DTYPES, EngineConfig
+from recallspec.engine.corpora import CorpusInfo
 from recallspec.engine.engine import Engine
 from recallspec.engine.outputs import GenerationResult, RequestOutput, SpecStats, StepStats
 from recallspec.engine.request import FINISH_REASONS
@@ -16,6 +17,7 @@ from recallspec.engine.request import FINISH_REASONS
 __all__ = [
     "DTYPES",
     "FINISH_REASONS",
+    "CorpusInfo",
     "Engine",
     "EngineConfig",
     "GenerationResult",

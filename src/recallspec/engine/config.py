@@ -23,6 +23,24 @@ class EngineConfig:
     # it ("name" or "name:key=value:..."), and a batch mode (``runtime/modes.py``).
     drafter: str = "none"
     mode: str = "ems"
+    # Response memory (``index/memory.py``): finished requests' outputs (and, with
+    # ``memory_prompts``, their prompts) become drafts for later requests of the same
+    # tenant. Without ``memory_prompts`` an output is kept behind the last
+    # ``memory_prompt_tail`` tokens of its prompt: a request whose prompt ends the same
+    # way (the same question asked again, in a fresh conversation) matches there and
+    # drafts the earlier answer from its first token, at a few tokens per answer.
+    # ``memory_tokens`` is each tenant's token budget (0: off for the engine);
+    # a tenant's memory is a ring of at most ``memory_segments`` + 1 automata (more
+    # segments: smaller background rebuilds, O(memory_tokens / memory_segments) per
+    # finished request, but one more cursor per running request each); beyond
+    # ``memory_max_tenants`` tenants the least recently fed one is forgotten.
+    memory_tokens: int = 0
+    memory_prompts: bool = False
+    memory_prompt_tail: int = 32
+    memory_segments: int = 4
+    memory_max_tenants: int = 64
+    # A snapshot file (``Engine.save_memory``) loaded at start when it exists.
+    memory_snapshot: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -31,3 +49,9 @@ class EngineConfig:
             raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_draft_nodes >= 0")
         if self.max_len is not None and self.max_len < 2:
             raise ValueError("max_len must be >= 2")
+        if (self.memory_tokens < 0 or self.memory_prompt_tail < 0 or self.memory_segments < 1
+                or self.memory_max_tenants < 1):
+            raise ValueError("memory_tokens and memory_prompt_tail must be >= 0, "
+                             "memory_segments and memory_max_tenants >= 1")
+        if self.memory_snapshot is not None and not self.memory_tokens:
+            raise ValueError("memory_snapshot needs the response memory (memory_tokens > 0)")

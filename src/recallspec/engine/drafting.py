@@ -40,6 +40,7 @@ from recallspec.spec.tree import DraftTree, limit_depth
 
 PROBE_EVERY = 8
 PROBE_MAX = 128
+CONTEXT_STEP = 32  # cached tokens per step of the cost tables' context
 
 Failure = tuple[Request, Exception]
 
@@ -54,6 +55,15 @@ class DraftPlanner:
         self.step_overhead = 0.0
         self.position_cost: dict[str, float] = {}  # costly drafters: seconds per position
         self.probe_wait: dict[str, int] = {}  # per drafter: idle steps before a probe
+        self._cost_tables: dict[tuple[int, ...], npt.NDArray[np.float64]] = {}
+        self._chosen: dict[int, int] = {}  # rid -> context of the candidate chosen this step
+
+    def _stats(self, req: Request) -> AcceptanceStats:
+        """The request's acceptance statistics (rows as its drafter's engine-wide prior)."""
+        if req.draft.stats is None:
+            req.draft.stats = AcceptanceStats(self.max_draft_nodes,
+                                              contexts=self.prior(req.drafter).contexts)
+        return req.draft.stats
 
     def prior(self, d: Drafter) -> AcceptanceStats:
         """Engine-wide acceptance statistics of a drafter (the prior of new requests)."""
@@ -100,7 +110,10 @@ class DraftPlanner:
                 placed += len(tree)
         proposed: list[tuple[int, DraftTree]] = []
         for d, idx in _by_drafter(decoding, post):
-            proposed += self._propose(d, decoding, idx, [rooms[i] for i in idx], failed)
+            if callable(getattr(d, "candidates", None)):
+                proposed += self._choose(d, decoding, idx, rooms, failed)
+            else:
+                proposed += self._propose(d, decoding, idx, [rooms[i] for i in idx], failed)
         if proposed:
             reqs = [decoding[i] for i, _ in proposed]
             sizes = self._sizes(reqs, [t.parents for _, t in proposed], len(decoding) + placed)
@@ -138,6 +151,45 @@ class DraftPlanner:
                 out.append((i, limit_depth(tree.truncate(k), want)))
         return out
 
+    def _choose(
+        self, d: Drafter, decoding: Sequence[Request], idx: list[int], rooms: Sequence[int],
+        failed: list[Failure],
+    ) -> list[tuple[int, DraftTree]]:
+        """(index, tree) for requests whose drafter offers ``candidates``: each request's
+        candidate whose best size promises the most tokens per second, judged by the
+        request's statistics in that candidate's context (``_sizes`` then sizes it in
+        the batch). Ties go to the drafter's first candidate."""
+        out: list[tuple[int, DraftTree]] = []
+        curve = self._curve()
+        for i in idx:
+            req = decoding[i]
+            try:
+                cands = list(d.candidates(req.rid, rooms[i]))  # type: ignore[attr-defined]
+            except Exception as e:
+                failed.append((req, e))
+                continue
+            want = req.params.max_new_tokens - len(req.generated) - 1
+            st, prior = self._stats(req), self.prior(req.drafter)
+            table = self._cost_table(curve, 1, rooms[i], 1, cached_context([req]))
+            table = table + self.step_overhead
+            best: tuple[float, int, DraftTree] | None = None
+            for ctx, tree in cands:
+                tree = limit_depth(tree.truncate(rooms[i]), want)
+                if not len(tree):
+                    continue
+                st.context = ctx
+                g = np.minimum.accumulate(st.node_rates(tree.parents, st.key_rates(prior)))
+                value = float(np.max((1.0 + np.concatenate(([0.0], np.cumsum(g))))
+                                     / table[: len(g) + 1]))
+                if best is None or value > best[0]:
+                    best = (value, ctx, tree)
+            if best is None:
+                out.append((i, DraftTree.empty()))
+            else:
+                self._chosen[req.rid] = best[1]
+                out.append((i, best[2]))
+        return out
+
     # ---- adaptive sizing ---------------------------------------------------------
     def _sizes(
         self, reqs: Sequence[Request], parents: Sequence[npt.NDArray[np.int64]],
@@ -146,22 +198,24 @@ class DraftPlanner:
         """How many nodes of each request's (actual or prospective) draft tree
         ``parents`` to verify, maximising the batch's expected tokens per second."""
         curve = self._curve()
-        rates: dict[str, npt.NDArray[np.float64]] = {}  # per drafter, the same all step
         gains = []
         for req, par in zip(reqs, parents, strict=True):
-            shared = self.prior(req.drafter)
-            if req.drafter.name not in rates:
-                rates[req.drafter.name] = shared.conditional_rates()
-            st = req.draft.stats
-            if st is None:  # the request's stats share the prior's rows
-                st = req.draft.stats = AcceptanceStats(self.max_draft_nodes,
-                                                       contexts=shared.contexts)
-            st.context = draft_context(req.drafter, req.rid)
-            gains.append(st.node_rates(par, st.conditional_rates(rates[req.drafter.name])))
+            st = self._stats(req)
+            chosen = self._chosen.pop(req.rid, None)  # a candidate's context (_choose)
+            st.context = draft_context(req.drafter, req.rid) if chosen is None else chosen
+            # Only the request's current row is needed: computing every row of every
+            # context (a hundred for the SAM drafters) each step cost more than the rest.
+            gains.append(st.node_rates(par, st.key_rates(self.prior(req.drafter))))
+        # Rows cost more the longer the text they attend to: price them at the batch's
+        # mean cached length (a 2,000-token context doubles a step's cost). Every row
+        # count the scan may try is priced at once (per-call interpolation was a third
+        # of the planner's time).
+        table = self._cost_table(curve, base_rows, sum(len(g) for g in gains), len(reqs),
+                                 cached_context(reqs))
         extra = self.step_overhead
         sizes = choose_draft_sizes(
-            gains, lambda rows, seqs: curve(rows, seqs) + extra, base_rows=base_rows,
-            node_cost=node_cost,
+            gains, lambda n_rows, seqs: float(table[n_rows - base_rows]) + extra,
+            base_rows=base_rows, node_cost=node_cost,
         )
         for i, (req, par) in enumerate(zip(reqs, parents, strict=True)):
             # Probe now and then: a request that stopped drafting would otherwise never
@@ -175,6 +229,22 @@ class DraftPlanner:
             if sizes[i]:
                 ds.idle_steps = 0
         return sizes
+
+    def _cost_table(
+        self, curve: CostCurve, base_rows: int, extra_rows: int, seqs: int, context: int,
+    ) -> npt.NDArray[np.float64]:
+        """Seconds of a forward of base_rows + [0, extra_rows] rows of ``seqs`` sequences
+        at ``context`` cached tokens, kept per context rounded to CONTEXT_STEP tokens (a
+        step's cost changes by ~1% over that many; numpy on small arrays is not free)."""
+        ctx = context // CONTEXT_STEP * CONTEXT_STEP
+        key = (id(curve), base_rows, extra_rows, seqs, ctx)
+        table = self._cost_tables.get(key)
+        if table is None:
+            if len(self._cost_tables) >= 4096:
+                self._cost_tables.clear()
+            rows = np.arange(base_rows, base_rows + extra_rows + 1, dtype=np.float64)
+            table = self._cost_tables[key] = curve.costs(rows, seqs, ctx)
+        return table
 
     # ---- learning from the step ----------------------------------------------------
     def observe(self, req: Request, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
@@ -199,10 +269,17 @@ class DraftPlanner:
         adaptive = [r for r in decoding if r.mode.adaptive]
         if not adaptive or curve is None:
             return
-        extra = elapsed - curve(rows, len(decoding))
+        extra = elapsed - curve(rows, len(decoding), cached_context(decoding))
         if any(has_costly_proposals(r.drafter) for r in adaptive):
             extra -= t_drafted  # priced per draft position instead
         self.step_overhead = max(0.9 * self.step_overhead + 0.1 * extra, 0.0)
+
+
+def cached_context(reqs: Sequence[Request]) -> int:
+    """Mean tokens cached per request before this step (prompt + generated[:-1])."""
+    if not reqs:
+        return 0
+    return sum(len(r.prompt) + len(r.generated) - 1 for r in reqs) // len(reqs)
 
 
 def _by_drafter(

@@ -7,6 +7,12 @@ returns each request's delta; ``abort`` ends a request between steps. ``generate
 loop over these (``offline.py``). Invariant per running request: its KV slot holds
 prompt + generated[:-1]; ``generated[-1]`` (the root) is committed but not yet cached.
 
+Recall: with ``memory_tokens`` the outputs of requests that end normally (not aborted
+or failed) feed their tenant's response memory (``index/memory.py``); ``corpora``
+holds live corpora (``engine/corpora.py``). Both are built in background threads; the
+SAM drafters see them through ``recall_view`` (``DrafterContext.recall``), a read of
+immutable snapshots, so a step never waits for a build.
+
 Faults: an exception inside one request's own calls (its drafter, its verification or
 sampling) fails that request only; one in the shared forward fails the step's
 requests. Either way their slots are freed and the engine stays usable.
@@ -15,6 +21,7 @@ requests. Either way their slots are freed and the engine stays usable.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Mapping, Sequence
 from itertools import chain, count
@@ -36,10 +43,12 @@ from recallspec.engine.outputs import (
     take_output,
 )
 from recallspec.engine.prompts import Prompt
+from recallspec.engine.recall import RecallSources
 from recallspec.engine.request import Request, RequestStatus
 from recallspec.engine.runner import Runner
 from recallspec.engine.scheduler import Scheduler, StepPlan
 from recallspec.errors import DataError
+from recallspec.index.recall import RecallView
 from recallspec.runtime.cost_curve import CostCurve, calibrate, curve_key
 from recallspec.runtime.kv_cache import KVCache, KVPrefix
 from recallspec.runtime.modes import BatchMode, batch_mode
@@ -76,6 +85,9 @@ class Engine:
         self.drafters = DrafterPool(self.drafter_context, self.config.drafter, lambda: {
             id(r.drafter) for r in chain(self.scheduler.waiting, self.scheduler.running.values())})
         self._rids = count()
+        self._recall = RecallSources(self.config, tokenizer, int(c.vocab_size))
+        self.corpora = self._recall.corpora  # live corpora (``engine/corpora.py``)
+        self.memory = self._recall.memory  # response memory, None when off
 
     @classmethod
     def load(cls, model: str | None = None, **config: Any) -> Engine:
@@ -120,7 +132,7 @@ class Engine:
             target=self.model, tokenizer_fingerprint=getattr(self.tokenizer, "fingerprint", None),
             vocab_size=int(self.model.config.vocab_size),
             max_batch_size=self.config.max_batch_size, max_len=self.max_len,
-            kv_prefix=self.kv_prefix,
+            kv_prefix=self.kv_prefix, recall=self.recall_view,
         )
 
     def drafter(self, name: str, **options: Any) -> Drafter:
@@ -144,18 +156,44 @@ class Engine:
             raise KeyError(f"request {rid} is not running")
         return self.cache.prefix(req.slot)
 
+    def recall_view(self, rid: int) -> RecallView:
+        """Running request ``rid``'s recall sources: its tenant's response memory (unless
+        the engine or the request turned it off) and the ready live corpora. Reads
+        immutable snapshots only (``DrafterContext.recall``)."""
+        return self._recall.view(self.scheduler.running.get(rid))
+
+    # ---- response memory -------------------------------------------------------------
+    def memory_stats(self) -> dict[str, Any]:
+        """The response memory's use: tokens, segments and mapped bytes per tenant and in
+        all, the budget, evictions, build timings; and the live corpora's totals."""
+        return self._recall.stats()
+
+    def save_memory(self, path: str | os.PathLike[str] | None = None) -> int:
+        """Write every tenant's memory to ``path`` (default: the config's
+        ``memory_snapshot``), atomically; returns the file size. Safe while serving."""
+        return self._recall.save(path)
+
+    def close(self) -> None:
+        """Stop the background threads and free the run-time automata (the engine must
+        not be used afterwards)."""
+        self._recall.close()
+
     # ---- the online API --------------------------------------------------------------
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, *,
         drafter: str | Drafter | None = None, drafter_options: Mapping[str, Any] | None = None,
         mode: str | BatchMode | None = None, request_id: str | None = None, chat: bool = False,
-        arrival: float | None = None,
+        arrival: float | None = None, tenant: str | None = None, memory: bool = True,
     ) -> int:
         """Queue a request; returns its id (``rid``). Raises ``RecallspecError`` at once
         on bad input (empty or over-long prompt, ids outside the vocabulary, an unknown
         drafter or mode). ``drafter``/``mode`` default to the config's; ``chat`` wraps a
         text prompt as one user turn; ``arrival`` (a ``time.perf_counter()`` time, not
-        before earlier requests') holds it back until then (offline traffic simulation)."""
+        before earlier requests') holds it back until then (offline traffic simulation).
+        ``tenant``: requests of one tenant share response memory (None: the anonymous
+        partition); ``memory=False``: this request neither drafts from nor feeds it."""
+        if tenant is not None and not isinstance(tenant, str):
+            raise DataError("tenant must be a string")
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
@@ -172,7 +210,8 @@ class Engine:
         rid = next(self._rids)
         now = time.perf_counter()
         self.scheduler.add(Request(rid, ids, params, d, bm, gen, request_id,
-                                   arrival=now if arrival is None else arrival))
+                                   arrival=now if arrival is None else arrival,
+                                   tenant=tenant or "", use_memory=bool(memory)))
         return rid
 
     def has_unfinished(self) -> bool:
@@ -225,6 +264,7 @@ class Engine:
         outputs = []
         for req in touched:
             if req.is_finished:
+                self._recall.remember(req)
                 self._release(req)
             if req.is_finished or req.num_committed_out < len(req.generated):
                 outputs.append(take_output(req, self.tokenizer.decode))

@@ -38,6 +38,8 @@ def generate(
     progress: Progress | None = None,
     mode: str | BatchMode | None = None,
     arrivals: Sequence[float] | None = None,
+    tenant: str | None = None,
+    memory: bool = True,
 ) -> GenerationResult | list[GenerationResult]:
     """Generate for one prompt (text, token ids, chat messages) or a list of them.
 
@@ -48,7 +50,8 @@ def generate(
     mode commits the same tokens. ``arrivals`` (seconds after the call, one per prompt)
     holds each request back until it arrives, to simulate online traffic;
     ``GenerationResult.latency`` counts from the arrival. ``Engine.stats`` counts this
-    call's steps. The engine must be idle (no requests of the online API in flight).
+    call's steps. ``tenant`` and ``memory`` apply to every request (``add_request``).
+    The engine must be idle (no requests of the online API in flight).
     """
     single = is_single(prompts)
     plist: list[Any] = [prompts] if single else list(prompts)
@@ -78,7 +81,8 @@ def generate(
         for i, (p, sp) in enumerate(zip(plist, plist_params, strict=True)):
             try:
                 arrival = t0 + (arrivals[i] if arrivals is not None else 0.0)
-                rid = engine.add_request(p, sp, drafter=d, mode=bm, chat=chat, arrival=arrival)
+                rid = engine.add_request(p, sp, drafter=d, mode=bm, chat=chat, arrival=arrival,
+                                         tenant=tenant, memory=memory)
             except RecallspecError as e:
                 if single:
                     raise

@@ -97,6 +97,10 @@ class Request:
     text_sent: int = 0  # characters of ``text`` already in an output
     detok_prefix: int = 0  # incremental detokenizer offsets into ``generated``
     detok_read: int = 0
+    # Response memory: the partition it reads and feeds ("" = the anonymous one), and
+    # whether it uses the memory at all (it still sees the live corpora).
+    tenant: str = ""
+    use_memory: bool = True
 
     @property
     def is_finished(self) -> bool:

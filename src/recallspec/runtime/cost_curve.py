@@ -6,6 +6,13 @@ thread count and the matmul library (e.g. MKL is slow for 2-3 rows), so it is me
 not modelled: one chain of T rows after a cached prefix, for a grid of T, plus the
 extra cost of each additional sequence in a batch (its own attention call and mask).
 Curves are cached per model, dtype, thread count, CPU and torch version.
+
+Every row attends to the whole cached context, so a step at 2,000 cached tokens costs
+about twice one at 500 (SmolLM2, native forward), and a draft's rows cost more there
+too. Format 3 therefore also measures the draft-sized forwards over a grid of context
+lengths (``decode``) and prompt chunks (last row's logits only) at a few start
+positions (``prefill``): what policy replay (``bench/replay_time.py``) needs to predict
+seconds, and what the cost-aware sizing uses to price a long request's rows.
 """
 
 from __future__ import annotations
@@ -18,28 +25,121 @@ import statistics
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.linear import forward_threads
 from recallspec.runtime.threads import decode_threads
 
-CURVE_FORMAT = 2  # 2: large forwards measured with torch's threads (forward_threads)
+# 2: large forwards measured with torch's threads (forward_threads); 3: + context grids
+CURVE_FORMAT = 3
 DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+REFERENCE_CONTEXT = 256  # cached tokens before the forwards of ``tokens``/``seconds``
+# Draft-sized forwards x context lengths (a draft is at most a few dozen rows).
+GRID_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+GRID_CONTEXTS = (128, 512, 1024, 2048)
+# Prompt chunks (the engine's prefill_chunk is 512) x the position they start at.
+PREFILL_SIZES = (32, 128, 256, 512)
+PREFILL_STARTS = (0, 512, 1024, 1536)
+
+
+def _interp(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear through (xs, ys), extended with the end segments' slopes."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _lerp(xs: Sequence[int], ys: Sequence[float], x: npt.NDArray[np.float64],
+          ) -> npt.NDArray[np.float64]:
+    """``_interp`` at many points."""
+    if len(xs) == 1:
+        return np.full(x.shape, float(ys[0]))
+    xa, ya = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+    i = np.clip(np.searchsorted(xa, x), 1, len(xa) - 1)
+    x0, x1, y0, y1 = xa[i - 1], xa[i], ya[i - 1], ya[i]
+    return np.asarray(y0 + (y1 - y0) * (x - x0) / (x1 - x0), np.float64)
+
+
+@dataclass(frozen=True)
+class CostGrid:
+    """Seconds of one forward over ``rows`` new rows after ``contexts`` cached tokens,
+    bilinear between the measured points (linear beyond them: attention is linear in
+    the context, the matmuls piecewise linear in the rows)."""
+
+    rows: tuple[int, ...]  # [K] strictly increasing
+    contexts: tuple[int, ...]  # [C] strictly increasing
+    seconds: tuple[tuple[float, ...], ...]  # [C][K]
+
+    def __post_init__(self) -> None:
+        if not self.rows or not self.contexts or len(self.seconds) != len(self.contexts):
+            raise ValueError("cost grid needs one row of times per context")
+        if any(len(r) != len(self.rows) for r in self.seconds):
+            raise ValueError("cost grid needs one time per size and context")
+        for xs in (self.rows, self.contexts):
+            if any(b <= a for a, b in pairwise(xs)):
+                raise ValueError("cost grid sizes and contexts must be strictly increasing")
+
+    def _bracket(self, context: int) -> tuple[int, float]:
+        """(i, w): the context lies at w between contexts[i - 1] and contexts[i] (w < 0 or
+        > 1: beyond them); a one-context grid gives (0, 0.0)."""
+        cs = self.contexts
+        if len(cs) == 1:
+            return 0, 0.0
+        i = min(max(bisect_left(cs, context), 1), len(cs) - 1)
+        return i, (max(context, 0) - cs[i - 1]) / (cs[i] - cs[i - 1])
+
+    def __call__(self, rows: int, context: int) -> float:
+        r = max(rows, self.rows[0])  # fewer rows than measured cost no less
+        i, w = self._bracket(context)
+        hi = _interp(self.rows, self.seconds[i], r)
+        if len(self.contexts) == 1:
+            return hi
+        lo = _interp(self.rows, self.seconds[i - 1], r)
+        return max(lo + w * (hi - lo), 0.0)
+
+    def many(self, rows: npt.NDArray[np.float64], context: int) -> npt.NDArray[np.float64]:
+        """``self(r, context)`` for every r of ``rows``."""
+        r = np.maximum(rows, self.rows[0])
+        i, w = self._bracket(context)
+        hi = _lerp(self.rows, self.seconds[i], r)
+        if len(self.contexts) == 1:
+            return hi
+        lo = _lerp(self.rows, self.seconds[i - 1], r)
+        return np.maximum(lo + w * (hi - lo), 0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows": list(self.rows), "contexts": list(self.contexts),
+                "seconds": [list(s) for s in self.seconds]}
+
+    @staticmethod
+    def from_json(d: dict[str, Any] | None) -> CostGrid | None:
+        if d is None:
+            return None
+        return CostGrid(tuple(int(x) for x in d["rows"]), tuple(int(x) for x in d["contexts"]),
+                        tuple(tuple(float(x) for x in s) for s in d["seconds"]))
 
 
 @dataclass(frozen=True)
 class CostCurve:
-    """cost(T, B) = interpolation of ``seconds`` over ``tokens`` + (B - 1) * per_seq."""
+    """cost(T, B) = interpolation of ``seconds`` over ``tokens`` + (B - 1) * per_seq;
+    with a ``context`` (cached tokens) and a ``decode`` grid, the grid's cost there."""
 
     tokens: tuple[int, ...]  # [K] forward sizes measured, strictly increasing, tokens[0] == 1
     seconds: tuple[float, ...]  # [K] median seconds of one forward of that many rows
     per_seq: float  # extra seconds per additional sequence in the same forward
     key: str = ""  # what the curve was measured for (model, dtype, threads, machine)
+    decode: CostGrid | None = None  # all-logits chains x context lengths (format 3)
+    prefill: CostGrid | None = None  # prompt chunks (last logits) x start positions
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.seconds) or not self.tokens:
@@ -47,10 +147,41 @@ class CostCurve:
         if any(b <= a for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
             raise ValueError("cost curve sizes must be strictly increasing")
 
-    def __call__(self, rows: int, seqs: int = 1) -> float:
-        return self.rows_cost(rows) + max(seqs - 1, 0) * self.per_seq
+    def __call__(self, rows: int, seqs: int = 1, context: int | None = None) -> float:
+        """Seconds of one forward of ``rows`` rows of ``seqs`` sequences; ``context``:
+        their (mean) cached tokens, None = the reference context."""
+        return self.rows_cost(rows, context) + max(seqs - 1, 0) * self.per_seq
 
-    def rows_cost(self, rows: int) -> float:
+    def costs(self, rows: npt.NDArray[np.float64], seqs: int = 1, context: int | None = None,
+              ) -> npt.NDArray[np.float64]:
+        """``self(r, seqs, context)`` for every r of ``rows`` at once (the cost-aware
+        sizing prices every prefix of a step's candidate nodes)."""
+        r = np.asarray(rows, np.float64)
+        base = np.maximum(_lerp(self.tokens, self.seconds, np.maximum(r, self.tokens[0])),
+                          0.0)
+        g = self.decode
+        if context is not None and g is not None:
+            top = g.rows[-1]
+            grid = g.many(np.minimum(r, top), context)
+            # Past the grid (large batches): the extra rows at the reference context.
+            base = np.where(r <= top, grid, grid + base - self.rows_cost(top))
+        return base + max(seqs - 1, 0) * self.per_seq
+
+    def prefill_cost(self, rows: int, start: int) -> float:
+        """Seconds of one prompt chunk of ``rows`` rows after ``start`` cached tokens
+        (logits of its last row only); without a prefill grid, an all-logits forward."""
+        if self.prefill is not None:
+            return self.prefill(rows, start)
+        return self.rows_cost(rows, start)
+
+    def rows_cost(self, rows: int, context: int | None = None) -> float:
+        g = self.decode
+        if context is not None and g is not None:
+            top = g.rows[-1]
+            if rows <= top:
+                return g(rows, context)
+            # Past the grid (large batches): the extra rows at the reference context.
+            return g(top, context) + self.rows_cost(rows) - self.rows_cost(top)
         ts, ss = self.tokens, self.seconds
         if rows <= ts[0]:
             return ss[0]
@@ -61,14 +192,20 @@ class CostCurve:
         return s0 + (s1 - s0) * (rows - t0) / (t1 - t0)
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": CURVE_FORMAT, **asdict(self)}
+        return {
+            "format": CURVE_FORMAT, "tokens": list(self.tokens), "seconds": list(self.seconds),
+            "per_seq": self.per_seq, "key": self.key,
+            "decode": None if self.decode is None else self.decode.to_json(),
+            "prefill": None if self.prefill is None else self.prefill.to_json(),
+        }
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> CostCurve:
         if d.get("format") != CURVE_FORMAT:
             raise ValueError("cost curve file has another format")
         return CostCurve(tuple(int(t) for t in d["tokens"]), tuple(float(s) for s in d["seconds"]),
-                         float(d["per_seq"]), str(d.get("key", "")))
+                         float(d["per_seq"]), str(d.get("key", "")),
+                         CostGrid.from_json(d.get("decode")), CostGrid.from_json(d.get("prefill")))
 
 
 def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
@@ -89,29 +226,60 @@ def forward_times(
     """Median seconds of one forward of a chain of T new rows (all rows' logits) after
     ``cached`` random tokens, for each T in ``sizes``, with the engine's thread set-up.
     Needs one free slot of ``cache`` with room for cached + max(sizes) positions."""
+    grid = grid_times(model, cache, threads, sizes, (cached,), repeats=repeats, warmup=warmup)
+    return grid[cached]
+
+
+def grid_times(
+    model: Any, cache: Any, threads: int, sizes: Sequence[int], contexts: Sequence[int], *,
+    logits: str = "all", repeats: int = 3, warmup: int = 1,
+) -> dict[int, dict[int, float]]:
+    """{context: {T: median seconds}} of one forward of a chain of T new rows after
+    ``context`` cached random tokens (``logits``: the rows whose logits it computes, as
+    ``SequenceInput``). Needs one free slot of ``cache`` with room for max(contexts) +
+    max(sizes) positions. The prefix is fed once, up to the largest context: a forward
+    at a smaller one overwrites some of its entries with other tokens, which changes
+    no timing."""
     vocab = int(model.config.vocab_size)
+    top = max(contexts)
     g = torch.Generator().manual_seed(0)
-    ctx = torch.randint(0, vocab, (cached + max(sizes),), generator=g).tolist()
+    ctx = torch.randint(0, vocab, (top + max(sizes),), generator=g).tolist()
     slot = cache.allocate()
-    out: dict[int, float] = {}
+    out: dict[int, dict[int, float]] = {}
     try:
         with torch.inference_mode():
-            for s in range(0, cached, 256):
-                toks = ctx[s : min(s + 256, cached)]
+            for s in range(0, top, 256):
+                toks = ctx[s : min(s + 256, top)]
                 model(build_batch([SequenceInput(slot, s, toks, logits="none")]), cache)
                 cache.commit(slot, s, range(len(toks)))
-            for k in sizes:
-                # Rows past the cached length are scratch: never committed, overwritten.
-                meta = build_batch([SequenceInput(slot, cached, ctx[cached : cached + k])])
+            for c in contexts:
+                out[c] = {}
+                for k in sizes:
+                    # Rows past the context are scratch: never committed, overwritten.
+                    meta = build_batch([SequenceInput(slot, c, ctx[c : c + k], logits=logits)])
 
-                def fwd(m: Any = meta) -> Any:
-                    with decode_threads(threads), forward_threads(m.num_tokens, threads):
-                        return model(m, cache)
+                    def fwd(m: Any = meta) -> Any:
+                        with decode_threads(threads), forward_threads(m.num_tokens, threads):
+                            return model(m, cache)
 
-                out[k] = median_time(fwd, repeats, warmup)
+                    out[c][k] = median_time(fwd, repeats, warmup)
     finally:
         cache.release(slot)
     return out
+
+
+def measure_grid(
+    model: Any, threads: int, sizes: Sequence[int], contexts: Sequence[int], *,
+    logits: str = "all", repeats: int = 3,
+) -> CostGrid | None:
+    """A ``CostGrid`` over the contexts that fit the model's positions (None if none)."""
+    limit = int(getattr(model.config, "max_position", 0) or 0)
+    fit = tuple(c for c in contexts if not limit or c + max(sizes) <= limit)
+    if not fit:
+        return None
+    cache = model.new_cache(1, max(fit) + max(sizes) + 1)
+    t = grid_times(model, cache, threads, sizes, fit, logits=logits, repeats=repeats)
+    return CostGrid(tuple(sizes), fit, tuple(tuple(t[c][k] for k in sizes) for c in fit))
 
 
 def _per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int) -> float:
@@ -160,12 +328,18 @@ def _busy() -> bool:
 
 def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
     """What a curve was measured for: the model (its tokenizer, shape and weight format),
-    the thread count, the CPU and torch."""
+    the forward that runs it (native or Python, the kernel path), the thread count, the
+    CPU and torch. (The forward and kernel path count: the native forward takes half the
+    Python one's time on the same weights, and a curve cached before it existed was
+    used for it.)"""
+    from recallspec.runtime.isa import ISA
+
     c = model.config
     fmt = getattr(model, "weight_format", None) or str(getattr(model, "dtype", ""))
+    forward = "native" if getattr(model, "native", None) is not None else "python"
     parts = [
         tokenizer_fingerprint, str(c.num_layers), str(c.hidden_size), str(c.vocab_size), fmt,
-        str(threads), cpu_model(), torch.__version__,
+        str(threads), cpu_model(), torch.__version__, forward, ISA,
     ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
@@ -173,10 +347,11 @@ def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
 def calibrate(
     model: Any, threads: int, *, key: str = "", sizes: Sequence[int] = DEFAULT_SIZES,
     repeats: int = 3, cache_path: Path | None = None, say: Callable[[str], None] | None = None,
+    contexts: bool = True,
 ) -> CostCurve:
     """The model's cost curve with ``threads`` cores: read from ``cache_path`` when it was
-    measured for the same ``key`` (``curve_key``), else measured (about 10-20 s) and
-    written there."""
+    measured for the same ``key`` (``curve_key``), else measured (about 20-30 s; the
+    context grids, ``contexts``, are about half of it) and written there."""
     if cache_path is not None and cache_path.is_file():
         try:
             curve = CostCurve.from_json(json.loads(cache_path.read_text()))
@@ -189,10 +364,20 @@ def calibrate(
     # A curve measured while other jobs load the CPU is wrong for good (2-thread steps
     # stall on descheduled peers); such a curve serves this process but is not cached.
     busy = _busy()
-    scratch = model.new_cache(1, 256 + max(sizes) + 1)
-    times = forward_times(model, scratch, threads, sizes, repeats=repeats)
+    scratch = model.new_cache(1, REFERENCE_CONTEXT + max(sizes) + 1)
+    times = forward_times(model, scratch, threads, sizes, cached=REFERENCE_CONTEXT,
+                          repeats=repeats)
     per_seq = _per_seq_cost(model, threads, 8, 128, repeats)
-    curve = CostCurve(tuple(sorted(times)), tuple(times[k] for k in sorted(times)), per_seq, key)
+    decode = prefill = None
+    if contexts:
+        # Draft-sized forwards are quick and the sizing compares neighbouring sizes, where
+        # one unlucky median of 3 (a 12-row forward slower than a 16-row one) misleads.
+        decode = measure_grid(model, threads, GRID_SIZES, GRID_CONTEXTS,
+                              repeats=2 * repeats + 1)
+        prefill = measure_grid(model, threads, PREFILL_SIZES, PREFILL_STARTS, logits="last",
+                               repeats=repeats)
+    curve = CostCurve(tuple(sorted(times)), tuple(times[k] for k in sorted(times)), per_seq, key,
+                      decode, prefill)
     if busy or _busy():
         if say:
             say("the machine is busy: the cost curve is used now but not cached")

@@ -3,7 +3,8 @@
 Every error is an OpenAI error body with a 4xx status for the client's mistakes
 (malformed JSON, wrong types, unknown fields or model, unsupported parameters, prompts
 the engine refuses, a full queue: 429 with Retry-After, no or a wrong bearer token: 401)
-and 500 only for our own failures. A streaming client that disconnects aborts its
+and 500 only for our own failures. The corpus routes (``/v1/corpora``) live in
+``corpora.py``. A streaming client that disconnects aborts its
 request (Starlette cancels the stream; the abort reaches the engine before its next
 step); a non-streaming one is watched for the same.
 """
@@ -11,43 +12,41 @@ step); a non-streaming one is watched for the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recallspec.engine import RequestOutput
 from recallspec.server import protocol as P
+from recallspec.server.corpora import add_corpus_routes
 from recallspec.server.engine_loop import Accepted, EngineLoop, Rejected, RequestStream
-
-MAX_BODY = 8 << 20  # bytes; a prompt filling the context is far below this
-_KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+from recallspec.server.errors import ApiError, parse
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers = headers
+def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
+               corpus_dir: Path | None = None,
+               on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+    """The routes over ``loop``'s engine; ``corpus_dir``: the only directory
+    ``POST /v1/corpora`` may load files from (None: documents in the body only);
+    ``on_shutdown`` runs (in a worker thread) when the server stops gracefully."""
 
-    def response(self) -> JSONResponse:
-        kind = _KINDS.get(self.status, "server_error" if self.status >= 500 else
-                          "invalid_request_error")
-        return JSONResponse(P.error_body(self.message, kind, self.param, self.code),
-                            status_code=self.status, headers=self.headers)
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if on_shutdown is not None:
+            await asyncio.to_thread(on_shutdown)
 
-
-def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None) -> FastAPI:
-    app = FastAPI(title="recallspec", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="recallspec", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
     engine = loop.engine
 
     @app.exception_handler(ApiError)
@@ -85,6 +84,8 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None)
         from prometheus_client import CONTENT_TYPE_LATEST
 
         return Response(loop.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    add_corpus_routes(app, engine, authorize, corpus_dir)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -220,31 +221,6 @@ class _EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
-
-
-async def parse(request: Request, model: type[P.CompletionRequest] | type[P.ChatRequest]
-                ) -> Any:
-    """The request body validated as ``model`` (400 naming the first problem)."""
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        raise ApiError(413, f"request body over {MAX_BODY} bytes")
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as e:
-        raise ApiError(400, *_describe(e)) from None
-
-
-def _describe(e: ValidationError) -> tuple[str, str | None]:
-    """(message, param) of a validation error's first problem."""
-    err = e.errors(include_url=False)[0]
-    loc = ".".join(str(x) for x in err["loc"]) or None
-    if err["type"] == "extra_forbidden":
-        return f"unrecognized request argument: {loc}", loc
-    if err["type"] == "json_invalid":
-        return f"the body is not valid JSON: {err['msg']}", None
-    if err["type"] == "model_type" and loc is None:
-        return "the body must be a JSON object", None
-    return (f"{loc}: {err['msg']}" if loc else err["msg"]), loc
 
 
 def _event(obj: dict[str, Any]) -> str:

@@ -6,7 +6,10 @@ effect before the next step), runs ``Engine.step`` while anything is in flight, 
 posts each output to its request's ``asyncio.Queue`` with
 ``loop.call_soon_threadsafe``. The engine thread never waits for a client: posting
 is non-blocking and the asyncio queues are unbounded (a request's backlog is at most
-its own tokens). Only the engine thread touches the engine.
+its own tokens). Only the engine thread touches the engine, except its corpus
+registry (``Engine.corpora``), which is safe from any thread and which the corpus
+routes call directly. The engine thread also refreshes the memory and corpus gauges
+(at most every ``STATE_INTERVAL`` seconds).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from recallspec.server.metrics import Metrics
 from recallspec.server.protocol import Submission
 
 log = logging.getLogger("recallspec.server")
+STATE_INTERVAL = 0.5  # seconds between refreshes of the memory and corpus gauges
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class EngineLoop:
         self._streams: dict[int, RequestStream] = {}  # rid -> stream, engine thread only
         self._default_drafter = parse_spec(engine.config.drafter)[0]
         self._stop = threading.Event()
+        self._t_state = -STATE_INTERVAL  # when the gauges were last refreshed
         self._thread = threading.Thread(target=self._run, name="recallspec-engine", daemon=True)
 
     # ---- the handlers' side ------------------------------------------------------------
@@ -127,6 +132,11 @@ class EngineLoop:
             for out in eng.step():
                 self._deliver(out)
         self.metrics.queue(eng.num_running, eng.num_waiting)
+        now = time.perf_counter()
+        if now - self._t_state >= STATE_INTERVAL:
+            self._t_state = now
+            self.metrics.memory(eng.memory_stats())
+            self.metrics.corpora(eng.corpora.list())
 
     def _add(self, stream: RequestStream) -> None:
         eng, sub = self.engine, stream.sub
@@ -142,7 +152,8 @@ class EngineLoop:
         try:
             rid = eng.add_request(sub.prompt, sub.params, drafter=drafter,
                                   drafter_options=sub.drafter_options, mode=sub.mode,
-                                  request_id=sub.request_id)
+                                  request_id=sub.request_id, tenant=sub.tenant,
+                                  memory=sub.memory)
         except RecallspecError as e:
             param = "prompt" if isinstance(e, ContextLengthError) else None
             self.metrics.reject(400)

@@ -1,8 +1,13 @@
 """Prometheus metrics of the server, vLLM's names under our prefix (``recallspec:``), so
 existing dashboards work. Updated only by the engine thread, from each step's outputs;
-the spec-decode counters advance as requests speculate (not only when they end)."""
+the spec-decode counters advance as requests speculate (not only when they end). The
+response memory and the corpora are reported as totals (no label per tenant or corpus:
+their number is the clients' to choose, a label each would grow without bound)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -47,6 +52,20 @@ class Metrics:
                                         "Drafts whose accepted path reached this depth "
                                         "(position 0 = the first draft token)",
                                         (*m, "position"), registry=r)
+        self.memory_tokens = Gauge("recallspec:memory_tokens", "Tokens held in the response "
+                                   "memory, all tenants together", m, registry=r)
+        self.memory_tenants = Gauge("recallspec:memory_tenants", "Tenants holding text in the "
+                                    "response memory", m, registry=r)
+        self.memory_budget = Gauge("recallspec:memory_budget_tokens", "Response-memory "
+                                   "budget per tenant (0: the memory is off)", m, registry=r)
+        self.memory_evictions = Counter("recallspec:memory_evictions", "Texts evicted from the "
+                                        "response memory to stay within its budget", m,
+                                        registry=r)
+        self.corpora_count = Gauge("recallspec:corpora", "Corpora registered, by status",
+                                   (*m, "status"), registry=r)
+        self.corpus_tokens = Gauge("recallspec:corpus_tokens", "Tokens of the ready corpora",
+                                   m, registry=r)
+        self._evictions = 0
 
     def queue(self, running: int, waiting: int) -> None:
         self.running.labels(self._model).set(running)
@@ -82,6 +101,32 @@ class Metrics:
         if out.finished:
             self.requests.labels(m, out.finish_reason or "unknown").inc()
             self.e2e.labels(m).observe(now - t_submit)
+
+    def memory(self, stats: Mapping[str, Any]) -> None:
+        """The response memory's figures (``Engine.memory_stats()``)."""
+        m = self._model
+        self.memory_tokens.labels(m).set(int(stats.get("tokens", 0)))
+        tenants = stats.get("tenants", 0)  # a count, or a mapping tenant -> figures
+        self.memory_tenants.labels(m).set(len(tenants) if isinstance(tenants, Mapping)
+                                          else int(tenants))
+        self.memory_budget.labels(m).set(int(stats.get("budget_tokens", 0)))
+        evictions = int(stats.get("evictions", 0))
+        if evictions > self._evictions:
+            self.memory_evictions.labels(m).inc(evictions - self._evictions)
+        self._evictions = max(self._evictions, evictions)
+
+    def corpora(self, infos: Iterable[Any]) -> None:
+        """The corpora registered (``CorpusInfo``s): how many in each status, and the
+        tokens of the ready ones."""
+        counts = dict.fromkeys(("loading", "ready", "failed"), 0)
+        tokens = 0
+        for info in infos:
+            counts[info.status] = counts.get(info.status, 0) + 1
+            if info.status == "ready":
+                tokens += int(info.tokens or 0)
+        for status, n in counts.items():
+            self.corpora_count.labels(self._model, status).set(n)
+        self.corpus_tokens.labels(self._model).set(tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

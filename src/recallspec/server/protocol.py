@@ -4,8 +4,11 @@ Requests are validated strictly (pydantic, from the raw JSON): wrong types, miss
 unknown fields and parameters we do not implement are a 400 naming the field, never a
 guess. Extensions: ``top_k`` and ``ignore_eos`` (as vLLM), and a ``recallspec`` object
 choosing the drafter, its options and the batch mode per request (drafter "none" turns
-speculation off), and asking for the generated token ids. Responses carry the
-request's speculation figures as ``metrics.speculative_decoding``.
+speculation off), the response-memory tenant and whether the request uses the memory,
+and asking for the generated token ids. The tenant is ``recallspec.tenant``, else
+OpenAI's ``user``: requests of one tenant draft from each other's outputs, never from
+another tenant's. Responses carry the request's speculation figures as
+``metrics.speculative_decoding``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from recallspec.spec.sampling import SamplingParams
 
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Scalar = StrictStr | StrictInt | StrictFloat | StrictBool
+Tenant = Annotated[str, Field(strict=True, min_length=1, max_length=256)]
 MIN_TEMPERATURE = 0.01  # 0 < t below this is taken as this (as vLLM): keeps logits / t finite
 # Drafter options naming files or models are the operator's (``recallspec serve``), not a
 # client's: a request may not make the server open paths.
@@ -39,6 +43,10 @@ class Extension(_Strict):
     drafter_options: dict[StrictStr, Scalar] = Field(default_factory=dict)
     mode: StrictStr | None = None  # a batch mode: ems, adaptive, vanilla, ...
     return_token_ids: StrictBool = False  # choices carry ``token_ids`` (deltas when streamed)
+    # Response memory: the partition this request reads and feeds (default: ``user``),
+    # and False to keep this request out of it (no drafts from it, its output not kept).
+    tenant: Tenant | None = None
+    memory: StrictBool = True
 
 
 class StreamOptions(_Strict):
@@ -58,8 +66,8 @@ class _Request(_Strict):
     ignore_eos: StrictBool = False
     recallspec: Extension | None = None
     n: StrictInt | None = None
-    # Accepted and ignored: they do not change the output.
-    user: StrictStr | None = None
+    # The response-memory tenant unless ``recallspec.tenant`` names one ("" = none).
+    user: Annotated[str, Field(strict=True, max_length=256)] | None = None
     # Understood, not implemented: anything but the neutral value is a 400.
     logprobs: Any = None
     logit_bias: Any = None
@@ -142,6 +150,8 @@ class Submission:
     mode: str | None
     request_id: str
     t_submit: float  # perf_counter time the request came in
+    tenant: str | None = None  # response-memory partition (None: the shared default)
+    memory: bool = True  # False: this request neither drafts from nor feeds the memory
 
 
 def submission(req: CompletionRequest | ChatRequest, max_len: int, vocab_size: int) -> Submission:
@@ -179,7 +189,8 @@ def submission(req: CompletionRequest | ChatRequest, max_len: int, vocab_size: i
         stop=tuple(stop), seed=req.seed, ignore_eos=req.ignore_eos,
     )
     return Submission(prompt, params, ext.drafter, dict(ext.drafter_options), ext.mode,
-                      f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", time.perf_counter())
+                      f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", time.perf_counter(),
+                      tenant=ext.tenant or req.user or None, memory=ext.memory)
 
 
 # ---- responses ---------------------------------------------------------------------

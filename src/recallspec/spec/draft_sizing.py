@@ -105,39 +105,70 @@ class AcceptanceStats:
 
     def conditional_rates(
         self, prior: npt.NDArray[np.float64] | None = None, prior_weight: float = 4.0,
-        default: float = 0.5,
+        default: float = 0.5, rows: Sequence[int] | None = None,
     ) -> npt.NDArray[np.float64]:
         """[rows, max_nodes] estimated P(node j accepted | its parent accepted), rows as
-        ``key``.
+        ``key`` (``rows``: only those rows, in that order; a step needs one).
 
         Without ``prior``, index 0 shrinks toward ``default`` and deeper indices toward
         the pooled rate of all deeper indices of the row (itself shrunk toward
         ``default``; one pseudo-observation each).
-        ``prior`` (the engine-wide stats' ``conditional_rates()``) replaces that target
-        and counts as ``prior_weight`` observations."""
+        ``prior`` (the engine-wide stats' ``conditional_rates()``, the same rows) replaces
+        that target and counts as ``prior_weight`` observations."""
+        acc, reach = self.accepted, self.reached
+        if rows is not None:
+            acc, reach = acc[list(rows)], reach[list(rows)]
         if prior is None:
-            deep_num = self.accepted[:, 1:].sum(axis=1)
-            deep_den = self.reached[:, 1:].sum(axis=1)
+            deep_num = acc[:, 1:].sum(axis=1)
+            deep_den = reach[:, 1:].sum(axis=1)
             pooled = (deep_num + default) / (deep_den + 1.0)  # never exactly 0: explore
-            target = np.empty_like(self.reached)
+            target = np.empty_like(reach)
             target[:, 0] = default
             target[:, 1:] = pooled[:, None]
             weight = 1.0
         else:
             target, weight = prior, prior_weight
-        r = (self.accepted + weight * target) / (self.reached + weight)
+        r = (acc + weight * target) / (reach + weight)
         return np.clip(r, 0.0, 1.0)
+
+    def key_rates(self, prior: AcceptanceStats | None = None, prior_weight: float = 4.0,
+                  default: float = 0.5) -> npt.NDArray[np.float64]:
+        """[max_nodes] ``conditional_rates(prior.conditional_rates())[key]``: the current
+        row alone (what a step needs; the whole matrix cost more than the rest of the
+        planner), shrunk toward ``prior``'s same row when given."""
+        k = self.key
+        if prior is None:
+            return _row_rates(self.accepted[k], self.reached[k], None, 1.0, default)
+        target = _row_rates(prior.accepted[k], prior.reached[k], None, 1.0, default)
+        return _row_rates(self.accepted[k], self.reached[k], target, prior_weight, default)
 
     def node_rates(
         self, parents: npt.NDArray[np.int64], conditional: npt.NDArray[np.float64],
     ) -> npt.NDArray[np.float64]:
         """[len(parents)] estimated acceptance probability of each node of a draft tree in
-        the current row (``key``): the product of conditional rates along its path."""
-        c = conditional[self.key]
+        the current row (``key``): the product of conditional rates along its path.
+        ``conditional``: all rows (``conditional_rates()``) or the key's row alone."""
+        c = conditional if conditional.ndim == 1 else conditional[self.key]
+        par = parents.tolist()[: self.max_nodes]
+        if par == list(range(-1, len(par) - 1)):  # a chain: running products
+            return np.asarray(np.cumprod(c[: len(par)]), np.float64)
         r = np.zeros(len(parents))
-        for j, p in enumerate(parents.tolist()[: self.max_nodes]):
+        for j, p in enumerate(par):
             r[j] = c[j] * (1.0 if p < 0 else r[p])
         return r
+
+
+def _row_rates(
+    acc: npt.NDArray[np.float64], reach: npt.NDArray[np.float64],
+    target: npt.NDArray[np.float64] | None, weight: float, default: float,
+) -> npt.NDArray[np.float64]:
+    """One row of ``conditional_rates`` (same shrinkage), without the matrix overhead."""
+    if target is None:
+        pooled = (float(acc[1:].sum()) + default) / (float(reach[1:].sum()) + 1.0)
+        target = np.full(acc.shape, pooled)
+        target[0] = default
+    # acc <= reach and 0 <= target <= 1, so the rate is in [0, 1] up to rounding.
+    return np.minimum((acc + weight * target) / (reach + weight), 1.0)
 
 
 def choose_draft_sizes(

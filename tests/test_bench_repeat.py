@@ -1,0 +1,94 @@
+"""`recallspec bench repeat` without servers: the workloads it builds, the checks on its
+settings, and its figures (tokens/s, speedup, identical greedy answers) from records."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recallspec.bench.repeat import FOLLOW_UPS, Record, RepeatConfig, load_workloads
+from recallspec.bench.repeat_report import comparisons, render_markdown, summaries, write_plot
+from recallspec.errors import DataError
+
+
+def _data_or_skip() -> None:
+    from recallspec.data.paths import DataNotFoundError, data_dir
+
+    try:
+        data_dir()
+    except DataNotFoundError as e:
+        pytest.skip(f"benchmark data not available: {e}")
+
+
+def test_workloads() -> None:
+    _data_or_skip()
+    cfg = RepeatConfig(questions=3, samples=4, tasks=3, follow_ups=2, prompts=7)
+    convs = load_workloads(cfg)
+    sc = [c for c in convs if c.workload == "self_consistency"]
+    code = [c for c in convs if c.workload == "code_edit"]
+    spec = [c for c in convs if c.workload == "spec_bench"]
+    assert len(sc) == 3 and all(c.samples == 4 and len(c.turns) == 1 for c in sc)
+    assert len({c.tenant for c in sc}) == 3  # a tenant per question
+    assert [c.id.split("-")[0] for c in code] == ["humaneval", "humaneval", "mbpp"]
+    assert all(c.turns[1:] == FOLLOW_UPS[:2] for c in code)
+    assert len(spec) == 7 and len({c.id for c in spec}) == 7
+    assert len({c.tenant for c in spec}) == 1
+    shared = load_workloads(dataclasses.replace(cfg, workloads=("self_consistency",),
+                                                tenancy="shared"))
+    assert len({c.tenant for c in shared}) == 1
+
+
+@pytest.mark.parametrize("kw", [
+    {"workloads": ("nope",)}, {"workloads": ()}, {"drafters": ()}, {"memory_tokens": 0},
+    {"samples": 0}, {"follow_ups": 4}, {"tenancy": "user"}, {"temperature": 0.0},
+    {"max_tokens": 0}, {"threads": 0},
+])
+def test_bad_settings(kw: dict[str, Any]) -> None:
+    with pytest.raises(DataError):
+        RepeatConfig(**kw)
+
+
+def _rec(memory: bool, workload: str, conv: str, turn: int, tokens: int, seconds: float,
+         ids: list[int], sample: int = 0) -> dict[str, Any]:
+    server = f"sam/{'memory' if memory else 'no-memory'}"
+    r = Record(server, "sam", memory, workload, conv, turn, sample, ok=True, seconds=seconds,
+               output_tokens=tokens, mean_acceptance_length=2.0 if memory else 1.0,
+               steps=tokens // 2 if memory else tokens, token_ids=ids)
+    return dataclasses.asdict(r)
+
+
+def test_figures(tmp_path: Path) -> None:
+    recs = [
+        _rec(False, "code_edit", "t1", 0, 100, 2.0, [1, 2]),
+        _rec(True, "code_edit", "t1", 0, 100, 2.0, [1, 2]),
+        _rec(False, "code_edit", "t1", 1, 100, 2.0, [3]),
+        _rec(True, "code_edit", "t1", 1, 100, 1.0, [4]),  # differs: counted
+        _rec(False, "self_consistency", "q", 0, 50, 1.0, [5], sample=0),
+        _rec(True, "self_consistency", "q", 0, 60, 1.0, [6], sample=0),
+    ]
+    recs.append({**_rec(True, "code_edit", "t2", 0, 0, 0.5, []), "ok": False, "error": "boom"})
+    s = {(x["server"], x["workload"]): x for x in summaries(recs)}
+    on = s[("sam/memory", "code_edit")]
+    assert on["requests"] == 3 and on["errors"] == 1 and on["tok_per_s"] == pytest.approx(200 / 3)
+    assert on["first_turn"]["tok_per_s"] == pytest.approx(50.0)
+    assert on["accepted_per_step"] == pytest.approx(2.0)
+    c = {x["workload"]: x for x in comparisons(recs)}
+    assert c["code_edit"]["speedup"] == pytest.approx((200 / 3) / 50)
+    assert c["code_edit"]["follow_up_speedup"] == pytest.approx(2.0)
+    assert (c["code_edit"]["identical"], c["code_edit"]["compared"]) == (1, 2)
+    assert c["self_consistency"]["identical"] is None  # sampled: not compared
+    assert c["self_consistency"]["speedup"] == pytest.approx(1.2)
+    rep = {"config": {**dataclasses.asdict(RepeatConfig()), "threads": 2,
+                      "max_tokens_per_workload": {"code_edit": 192}},
+           "machine": {"cpu": "x", "cpus": 2, "loadavg_1m": 0.1},
+           "servers": {"sam/memory": {"memory_tokens": 5, "memory_gauges": {
+               "recallspec:memory_tokens": 300.0}}},
+           "summaries": summaries(recs), "comparisons": comparisons(recs)}
+    md = render_markdown(rep)
+    assert "| code_edit | sam | 50.0 | 66.7 | 1.33x | >= 1.5x |" in md and "1/2" in md
+    assert "boom" in md and "300 tokens" in md
+    pytest.importorskip("matplotlib")
+    assert write_plot(rep, tmp_path / "r.png") and (tmp_path / "r.png").stat().st_size > 0

@@ -1,0 +1,320 @@
+"""Policy replay with time prediction (bench/replay_time.py, replay_policies.py) and the
+context-aware cost curve it prices steps with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import needs_model, successor_model
+
+from recallspec.bench.replay import FixedPolicy, ReplayConfig, StepRecord, replay_steps
+from recallspec.bench.replay_policies import AdaptivePolicy, OraclePolicy, make_policy
+from recallspec.bench.replay_time import (
+    TimeModel,
+    TurnSim,
+    ar_sims,
+    fit_time_model,
+    predict,
+    simulate,
+)
+from recallspec.cli import main
+from recallspec.drafters import create_drafter
+from recallspec.engine import Engine, EngineConfig, GenerationResult
+from recallspec.engine.drafting import DraftPlanner
+from recallspec.runtime.cost_curve import CostCurve, CostGrid
+from recallspec.spec.sampling import SamplingParams
+from recallspec.spec.tree import DraftTree
+
+V = 40
+EOS = 0
+
+
+class ByteTokenizer:
+    has_chat_template = False
+    eos_token_ids = frozenset({EOS})
+
+    def encode(self, text: str) -> list[int]:
+        return [1 + b % (V - 1) for b in text.encode()]
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+
+def cycle_model(seed: int) -> Any:
+    g = torch.Generator().manual_seed(seed)
+    return successor_model(torch.randint(0, V, (V,), generator=g))
+
+
+def grid_curve(step: float = 1.0, per_row: float = 0.1, per_ctx: float = 0.001) -> CostCurve:
+    """A synthetic curve: step + per_row * (rows - 1) + per_ctx * context * rows."""
+    rows = (1, 2, 4, 8, 16, 32)
+    ctxs = (0, 100, 1000)
+    sec = tuple(tuple(step + per_row * (r - 1) + per_ctx * c * r for r in rows) for c in ctxs)
+    base = tuple(step + per_row * (r - 1) + per_ctx * 256 * r for r in rows)
+    prefill = CostGrid((1, 512), (0, 512), ((0.5, 2.0), (1.0, 3.0)))
+    return CostCurve(rows, base, 0.0, "synthetic", CostGrid(rows, ctxs, sec), prefill)
+
+
+# ---- the cost curve --------------------------------------------------------------------
+
+
+def test_cost_grid_is_bilinear_and_extrapolates() -> None:
+    c = grid_curve()
+    assert c(4, 1, 100) == pytest.approx(1.0 + 0.3 + 0.4)
+    assert c(6, 1, 550) == pytest.approx(1.0 + 0.5 + 0.001 * 550 * 6)  # inside: exact
+    assert c(4, 1, 2000) == pytest.approx(1.0 + 0.3 + 0.001 * 2000 * 4)  # beyond: linear
+    assert c(4) == pytest.approx(1.0 + 0.3 + 0.256 * 4)  # no context: the reference curve
+    assert c(0, 1, 100) == c(1, 1, 100)  # fewer rows than measured cost no less
+    rows = np.arange(1, 60, dtype=np.float64)
+    for ctx in (None, 0, 50, 700, 3000):
+        assert np.allclose(c.costs(rows, 2, ctx), [c(int(r), 2, ctx) for r in rows])
+    at0, at512 = 0.5 + 1.5 * 255 / 511, 1.0 + 2.0 * 255 / 511  # 256 rows, two contexts
+    assert c.prefill_cost(256, 256) == pytest.approx((at0 + at512) / 2)
+
+
+def test_cost_curve_json_round_trip_and_format() -> None:
+    c = grid_curve()
+    assert CostCurve.from_json(json.loads(json.dumps(c.to_json()))) == c
+    old = {"format": 2, "tokens": [1, 2], "seconds": [1.0, 2.0], "per_seq": 0.0}
+    with pytest.raises(ValueError, match="format"):
+        CostCurve.from_json(old)
+    with pytest.raises(ValueError):
+        CostGrid((1, 2), (0,), ((1.0,),))
+
+
+# ---- the time model ------------------------------------------------------------------
+
+
+def test_time_model_prices_prefill_chunks_and_steps() -> None:
+    c = grid_curve()
+    tm = TimeModel(c, step_overhead=0.01, prompt_overhead=0.001, prefill_chunk=512)
+    # 700 prompt tokens: a 512-row chunk at 0, a 188-row chunk at 512.
+    assert tm.prefill(700) == pytest.approx(c.prefill_cost(512, 0) + c.prefill_cost(188, 512))
+    steps = (StepRecord(3, 4, 700), StepRecord(1, 0, 703))
+    sim = TurnSim(700, 4, steps, policy_s=0.5)
+    want = tm.prefill(700) + c(5, 1, 700) + c(1, 1, 703) + 2 * 0.01 + 0.7 + 0.5
+    assert tm.turn(sim) == pytest.approx(want)
+    assert TimeModel(c, count_policy_time=False).turn(sim) == pytest.approx(
+        tm.prefill(700) + c(5, 1, 700) + c(1, 1, 703))
+
+
+def _ar_records(model: Any, prompts: list[list[int]], max_new: int,
+                wall: Any = None) -> list[dict[str, Any]]:
+    eng = Engine(model, ByteTokenizer(), EngineConfig(max_len=512))
+    recs: list[dict[str, Any]] = []
+    for i, p in enumerate(prompts):
+        r = eng.generate(p, SamplingParams(max_new_tokens=max_new), drafter="none")
+        assert isinstance(r, GenerationResult)
+        rec: dict[str, Any] = {"question_id": i, "category": "even" if i % 2 == 0 else "odd",
+               "eos_token_ids": [EOS], "choices": [{
+                   "prompt_ids": [p], "token_ids": [r.token_ids],
+                   "finish_reason": [r.finish_reason], "new_tokens": [len(r.token_ids)],
+                   "wall_time": [0.0]}]}
+        recs.append(rec)
+    if wall is not None:
+        for rec, sims in zip(recs, ar_sims(recs).values(), strict=True):
+            rec["choices"][0]["wall_time"] = [wall(s) for s in sims]
+    return recs
+
+
+def _prompts(seed: int, n: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, V, (int(torch.randint(5, 60, (1,), generator=g)),),
+                          generator=g).tolist() for _ in range(n)]
+
+
+def test_fit_recovers_overheads_despite_a_disturbed_turn() -> None:
+    c = grid_curve()
+    truth = TimeModel(c, step_overhead=0.02, prompt_overhead=0.003, count_policy_time=False)
+    recs = _ar_records(cycle_model(1), _prompts(1, 12), 30, wall=truth.turn)
+    recs[3]["choices"][0]["wall_time"][0] *= 3  # another job slowed this turn
+    tm, fit = fit_time_model(c, recs)
+    assert tm.step_overhead == pytest.approx(0.02, rel=1e-3)
+    assert tm.prompt_overhead == pytest.approx(0.003, rel=1e-3)
+    assert fit["disturbed"] == 1
+
+
+# ---- policies ----------------------------------------------------------------------
+
+
+def test_replay_steps_record_drafts_and_contexts() -> None:
+    prompt = [5, 6, 7, 8, 5, 6, 7]
+    out = [8, 5, 6, 9, 9]
+    steps = replay_steps(FixedPolicy(create_drafter("pld")), 0, prompt, out, False, [EOS],
+                         ReplayConfig(max_new_tokens=5, max_draft_nodes=16))
+    assert sum(s.committed for s in steps) == len(out) - 1  # the prefill commits out[0]
+    assert [s.context for s in steps] == [len(prompt) + sum(x.committed for x in steps[:i])
+                                          for i in range(len(steps))]
+    assert steps[0].drafted > 0 and steps[0].committed == 3  # 5 6 accepted, bonus 9
+
+
+@pytest.mark.parametrize("drafter", ["pld", "portfolio", "sam"])
+def test_adaptive_replay_equals_the_engine(drafter: str) -> None:
+    """The replayed planner makes the engine's decisions: same accept lengths."""
+    curve = CostCurve((1, 4, 8, 17), (1.0, 1.1, 1.6, 2.8), 0.0)  # seconds: overhead stays 0
+    model = cycle_model(3)
+    prompts = _prompts(3, 6)
+    eng = Engine(model, ByteTokenizer(), EngineConfig(max_len=512, max_draft_nodes=16))
+    eng.use_cost_curve(curve)
+    cfg = ReplayConfig(max_new_tokens=40, max_draft_nodes=16, max_len=eng.max_len)
+    planner = DraftPlanner(16, lambda: curve)
+    policy = AdaptivePolicy(drafter, create_drafter(drafter), planner, 40)
+    params = SamplingParams(max_new_tokens=40)
+    drafted = 0
+    for i, p in enumerate(prompts):
+        ar = eng.generate(p, params, drafter="none")
+        spec = eng.generate(p, params, drafter=drafter, mode="adaptive")
+        assert isinstance(ar, GenerationResult) and isinstance(spec, GenerationResult)
+        assert spec.token_ids == ar.token_ids
+        steps = replay_steps(policy, i, p, ar.token_ids, ar.finish_reason == "eos", [EOS], cfg)
+        assert [s.committed for s in steps] == spec.accept_lengths
+        drafted += sum(s.drafted for s in steps)
+    assert drafted > 0
+
+
+def test_sizing_follows_the_curve_and_the_oracle_bounds_it() -> None:
+    recs = _ar_records(cycle_model(5), _prompts(5, 8), 40)
+    cfg = ReplayConfig(max_new_tokens=40, max_draft_nodes=16)
+    cheap = grid_curve(per_row=0.001, per_ctx=0.0)
+    dear = grid_curve(per_row=1.0, per_ctx=0.0)  # a row costs a whole step
+    drafted = {}
+    for name, c in (("cheap", cheap), ("dear", dear)):
+        sims = simulate(recs, make_policy("pld:mode=adaptive", cfg, c).build(), cfg)
+        drafted[name] = predict(recs, sims, TimeModel(c))["overall"]["drafted"]
+    assert drafted["dear"] < drafted["cheap"] / 4
+    tm = TimeModel(cheap, count_policy_time=False)
+    speed = {}
+    for m in ("ar", "pld", "pld:mode=adaptive", "oracle:drafters=pld"):
+        sims = simulate(recs, make_policy(m, cfg, cheap).build(), cfg)
+        speed[m] = predict(recs, sims, tm)["overall"]["tokens_per_s"]
+    assert speed["oracle:drafters=pld"] >= max(speed["pld"], speed["pld:mode=adaptive"])
+    assert speed["pld"] > speed["ar"]
+
+
+def test_oracle_drafts_exactly_the_longest_accepted_path() -> None:
+    oracle = OraclePolicy("o", [create_drafter("pld"), create_drafter("llma")],
+                          lambda rows, ctx: 1.0)
+    oracle.start(0, [1, 2, 3, 1, 2], 3)
+    tree = oracle.draft(0, 16, 16, [1, 2, 9], frozenset())
+    assert tree.tokens.tolist() == [1, 2] and tree.is_chain
+    assert len(oracle.draft(0, 16, 16, [7], frozenset())) == 0
+
+
+# ---- portfolio and candidate choice ------------------------------------------------------
+
+
+def test_planner_drafts_the_candidate_worth_more() -> None:
+    from recallspec.engine.request import Request
+    from recallspec.runtime.modes import batch_mode
+
+    class Two:
+        name, needs_logits, contexts = "two", False, 2
+
+        def start(self, rid: int, prompt: Any) -> None: ...
+
+        def observe(self, *a: Any) -> None: ...
+
+        def stop(self, rid: int) -> None: ...
+
+        def context(self, rid: int) -> int:
+            return 0
+
+        def propose(self, rid: int, n: int) -> DraftTree:
+            return DraftTree.chain([1, 2, 3, 4][:n])
+
+        def candidates(self, rid: int, n: int) -> list[tuple[int, DraftTree]]:
+            return [(0, DraftTree.chain([1, 2, 3, 4][:n])), (1, DraftTree.chain([5, 6][:n]))]
+
+    curve = CostCurve((1, 8), (1.0, 1.2), 0.0)
+    planner = DraftPlanner(8, lambda: curve)
+    d = Two()
+    req = Request(0, [1, 2], SamplingParams(max_new_tokens=50), d, batch_mode("adaptive"), None)
+    req.generated = [3]
+    prior = planner.prior(d)
+    for _ in range(30):  # context 1 drafts are always accepted, context 0 never
+        prior.update(np.array([-1, 0]), [0, 1], key=1 * 3 + 1)
+        prior.update(np.array([-1, 0]), [], key=0 * 3 + 1)
+    trees, failed = planner.plan([req], [8])
+    assert not failed and trees[0].tokens.tolist() == [5, 6]
+    planner.observe(req, trees[0], [0, 1])
+    assert req.draft.stats is not None and req.draft.stats.context == 1
+
+
+def test_portfolio_candidates_and_lossless_adaptive() -> None:
+    d = create_drafter("portfolio")
+    d.start(0, [4, 5, 6, 7, 4, 5, 9, 4, 5])
+    cands = d.candidates(0, 8)  # type: ignore[attr-defined]
+    assert len({c for c, _ in cands}) == len(cands) >= 2  # one context per kind
+    assert cands[0][1].tokens.tolist()[:1] == [6]  # the automaton: the earliest "4 5"
+    assert cands[1][1].tokens.tolist()[:1] == [9]  # the latest occurrence
+    assert d.propose(0, 8).tokens.tolist() == cands[0][1].tokens.tolist()
+    eng = Engine(cycle_model(7), ByteTokenizer(), EngineConfig(max_len=512))
+    eng.use_cost_curve(CostCurve((1, 16), (1.0, 1.5), 0.0))
+    params = SamplingParams(max_new_tokens=40)
+    for p in _prompts(7, 4):
+        ar = eng.generate(p, params, drafter="none")
+        sp = eng.generate(p, params, drafter="portfolio", mode="adaptive")
+        assert isinstance(ar, GenerationResult) and isinstance(sp, GenerationResult)
+        assert sp.token_ids == ar.token_ids
+
+
+# ---- the CLI ---------------------------------------------------------------------------
+
+
+def test_cli_predicts_and_compares_with_recorded_answers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from recallspec.bench.answers import answers_path
+    from recallspec.bench.runner import BenchConfig, run_bench
+
+    eng = Engine(cycle_model(5), ByteTokenizer(), EngineConfig(max_len=512))
+    run_bench(BenchConfig(suite="demo", methods=("ar", "pld"), max_new_tokens=30), tmp_path,
+              engine=eng, progress=False, log=lambda m: None)
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps(grid_curve().to_json()))
+    out = tmp_path / "pred.json"
+    assert main(["bench", "replay", "--answers", str(answers_path(tmp_path, "ar")),
+                 "--methods", "ar,pld,portfolio:mode=adaptive,oracle", "--predict-time",
+                 "--curve", str(curve), "--out", str(out), "--no-policy-time"]) == 0
+    text = capsys.readouterr().out
+    assert "| overall |" in text and "real" in text
+    res = json.loads(out.read_text())
+    assert set(res["predicted"]) == {"ar", "pld", "portfolio:mode=adaptive", "oracle"}
+    assert set(res["recorded"]) == {"ar", "pld"}  # methods the run recorded
+    assert res["predicted"]["pld"]["overall"]["mat"] > 1.0
+
+
+@needs_model
+def test_portfolio_lossless_and_replayed_exactly_on_the_real_model(
+    spec_bench_prompts: list[str],
+) -> None:
+    """Real model: the cost-aware portfolio's output is token-identical to AR, and replay
+    reproduces its steps (a seconds-scale synthetic curve keeps the engine's learned step
+    overhead at 0, so its choices depend on the curve alone)."""
+    curve = CostCurve((1, 4, 8, 17), (1.0, 1.1, 1.6, 2.8), 0.0)
+    eng = Engine.load(max_draft_nodes=16)
+    eng.use_cost_curve(curve)
+    cfg = ReplayConfig(max_new_tokens=48, max_draft_nodes=16, max_len=eng.max_len)
+    policy = AdaptivePolicy("portfolio", create_drafter("portfolio"),
+                            DraftPlanner(16, lambda: curve), 48)
+    params = SamplingParams(max_new_tokens=48)
+    eos = sorted(eng.tokenizer.eos_token_ids)
+    accepted = 0
+    for i, text in enumerate(spec_bench_prompts[::4]):
+        ids = eng.encode_prompt(text, chat=True)
+        ar = eng.generate(ids, params, drafter="none")
+        sp = eng.generate(ids, params, drafter="portfolio", mode="adaptive")
+        assert isinstance(ar, GenerationResult) and isinstance(sp, GenerationResult)
+        assert sp.token_ids == ar.token_ids
+        steps = replay_steps(policy, i, ids, ar.token_ids, ar.finish_reason == "eos", eos, cfg)
+        assert [s.committed for s in steps] == sp.accept_lengths
+        accepted += sum(sp.accept_lengths) - sp.steps
+    assert accepted > 0
