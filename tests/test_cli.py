@@ -29,6 +29,11 @@ def test_generate_json_verify_lossless() -> None:
         assert key in out
     assert out["lossless"] is True
     assert out["new_tokens"] >= out["steps"]
+    # No --drafter: the measured default policy drafts (and the repetition is drafted).
+    from recallspec.policy import POLICY
+
+    assert out["drafter"] == POLICY
+    assert out["new_tokens"] > out["steps"]
 
 
 def one_error_line(r: subprocess.CompletedProcess[str], *needles: str) -> None:

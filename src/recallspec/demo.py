@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from recallspec.policy import POLICY
+
 DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
     (
         "summarise",
@@ -55,15 +57,23 @@ DEMO_PROMPTS: tuple[tuple[str, str], ...] = (
 )
 
 
-def run_demo(model: str | None = None, drafter: str = "pld", max_new_tokens: int = 96,
-             repeats: int = 1) -> list[dict[str, object]]:
+def run_demo(model: str | None = None, drafter: str = POLICY, max_new_tokens: int = 96,
+             repeats: int = 3) -> list[dict[str, object]]:
+    """AR vs ``drafter`` (a spec, ``name:key=value:...``, ``mode=`` included) per prompt."""
+    from recallspec.drafters.base import parse_spec
     from recallspec.engine import Engine, GenerationResult
     from recallspec.spec.sampling import SamplingParams
+
+    drafter_name, options = parse_spec(drafter)
+    mode = str(options.pop("mode", "ems"))
 
     print(f"loading {model or 'the default model (SmolLM2-135M-Instruct)'} ...", flush=True)
     engine = Engine.load(model)
     params = SamplingParams(max_new_tokens=max_new_tokens)
-    engine.generate(engine.encode_prompt("Hello", chat=True), SamplingParams(max_new_tokens=4))
+    engine.generate(engine.encode_prompt("Hello", chat=True), SamplingParams(max_new_tokens=4),
+                    drafter="none")
+    if mode == "adaptive":  # measured once per machine and cached: not in the timings
+        engine.cost_curve()
     rows: list[dict[str, object]] = []
     for name, prompt in DEMO_PROMPTS:
         ids = engine.encode_prompt(prompt, chat=True)
@@ -71,15 +81,20 @@ def run_demo(model: str | None = None, drafter: str = "pld", max_new_tokens: int
         ar = sp = None
         for _ in range(repeats):
             ar = engine.generate(ids, params, drafter="none")
-            sp = engine.generate(ids, params, drafter=drafter)
+            sp = engine.generate(ids, params, drafter=drafter_name, drafter_options=options,
+                                 mode=mode)
             assert isinstance(ar, GenerationResult) and isinstance(sp, GenerationResult)
             ar_tps.append(ar.tokens_per_s)
             sp_tps.append(sp.tokens_per_s)
         assert ar is not None and sp is not None
         a, s = statistics.median(ar_tps), statistics.median(sp_tps)
+        # Each repeat times AR and then the drafter back to back; the speedup is the
+        # median of those pairs' ratios, so a drift in the machine's speed between
+        # repeats (shared VMs) does not leak into it.
+        ratios = [x / y for x, y in zip(sp_tps, ar_tps, strict=True) if y]
         rows.append({
             "prompt": name, "new_tokens": sp.new_tokens, "ar_tokens_per_s": a,
-            "spec_tokens_per_s": s, "speedup": s / a if a else 0.0,
+            "spec_tokens_per_s": s, "speedup": statistics.median(ratios) if ratios else 0.0,
             "mean_accepted_tokens": sp.mean_accepted_tokens,
             "lossless": ar.token_ids == sp.token_ids,
         })
@@ -103,9 +118,11 @@ def format_table(rows: list[dict[str, object]], drafter: str) -> str:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="built-in prompts: autoregressive vs speculative, one table")
     p.add_argument("--model", default=None)
-    p.add_argument("--drafter", default="pld")
+    p.add_argument("--drafter", default=POLICY,
+                   help=f"drafter spec, name:key=value:... (default: the policy, {POLICY})")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs per prompt and method, alternating (the table shows medians)")
     p.set_defaults(handler=_run)
 
 

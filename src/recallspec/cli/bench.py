@@ -7,7 +7,7 @@
         --predict-time [--curve FILE] [--model-topk] [--out FILE]
     recallspec bench runtime [--model M] [--json] [--out DIR]
     recallspec bench serve --targets ours-off,llamacpp --rates 0.5,1,2 --out DIR [--url URL]
-    recallspec bench repeat [--workloads self_consistency,code_edit,spec_bench] --out DIR
+    recallspec bench repeat [--workloads self_consistency,code_edit,reask,spec_bench] --out DIR
 
 More sub-commands plug in through ``_EXTRA_SUBCOMMAND_MODULES``: each module there
 exposes ``register_bench(subparsers)`` and sets ``handler`` on its parser, exactly
@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from recallspec.errors import DataError
+from recallspec.policy import POLICY
 
 # Modules adding `recallspec bench <name>` sub-commands (e.g. "recallspec.cli.bench_index").
 _EXTRA_SUBCOMMAND_MODULES: tuple[str, ...] = ()
 
-DEFAULT_METHODS = "ar,pld,llma"
+# AR, the two simplest fixed drafters and the default policy (recallspec/policy.py).
+DEFAULT_METHODS = f"ar,pld,llma,{POLICY}"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -155,8 +157,8 @@ def _register_repeat(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     from recallspec.bench.repeat import WORKLOADS
 
     rp = bsub.add_parser("repeat", help="repeating workloads (self-consistency, multi-turn "
-                         "code editing; Spec-Bench as control) through the server, with and "
-                         "without response memory")
+                         "code editing, re-asked prompts; Spec-Bench as control) through the "
+                         "server, with and without response memory")
     rp.add_argument("--workloads", default=",".join(WORKLOADS),
                     help=f"comma-separated: {', '.join(WORKLOADS)}")
     rp.add_argument("--drafters", default="sam+recycling,sam",
@@ -171,6 +173,16 @@ def _register_repeat(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     help="self_consistency: a tenant per question, or one for all")
     rp.add_argument("--tasks", type=int, default=8, help="code_edit: HumanEval + MBPP tasks")
     rp.add_argument("--follow-ups", type=int, default=3, help="code_edit: turns after the first")
+    rp.add_argument("--code-edit-history", action=argparse.BooleanOptionalAction, default=True,
+                    help="code_edit: follow-ups with the conversation so far (default, as a "
+                    "chat client sends them) or, --no-code-edit-history, each a fresh "
+                    "conversation restating the task (the previous answer only in memory)")
+    rp.add_argument("--reask-prompts", type=int, default=8,
+                    help="reask: Spec-Bench first turns, each re-sent in a fresh conversation")
+    rp.add_argument("--reask-times", type=int, default=2,
+                    help="reask: sends of each prompt (the first and the re-sends)")
+    rp.add_argument("--reask-temperature", type=float, default=0.0,
+                    help="reask: sampling temperature (default 0: greedy)")
     rp.add_argument("--prompts", type=int, default=12, help="spec_bench: first turns")
     rp.add_argument("--max-tokens", type=int, default=None,
                     help="per request (default: 128 self_consistency and spec_bench, 192 "
@@ -373,6 +385,8 @@ def run_repeat(args: argparse.Namespace) -> int:
         mode=args.mode, memory_tokens=args.memory_tokens, questions=args.questions,
         samples=args.samples, temperature=args.temperature, tenancy=args.tenancy,
         tasks=args.tasks, follow_ups=args.follow_ups, prompts=args.prompts,
+        code_edit_history=args.code_edit_history, reask_prompts=args.reask_prompts,
+        reask_times=args.reask_times, reask_temperature=args.reask_temperature,
         max_tokens=args.max_tokens, seed=args.seed, model=args.model, dtype=args.dtype,
         threads=args.threads, context=args.context, request_timeout=args.request_timeout,
         start_timeout=args.start_timeout, data_dir=args.data_dir,

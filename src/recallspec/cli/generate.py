@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from recallspec.errors import DataError
+from recallspec.policy import POLICY
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -16,9 +17,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--model", default=None,
         help="GGUF file, HF directory or alias (default: SmolLM2-135M-Instruct)",
     )
-    p.add_argument("--drafter", default="pld",
+    p.add_argument("--drafter", default=POLICY,
                    help="drafter name (none, pld, llma, ...), options as name:key=value:... "
-                   "(e.g. crest:datastore=chat.crest, sam:index=x.rsidx:delta=3)")
+                   "(e.g. crest:datastore=chat.crest, sam:index=x.rsidx:delta=3; "
+                   f"default: the measured policy, {POLICY})")
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads stdin)")
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"

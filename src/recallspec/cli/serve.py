@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from recallspec.errors import DataError, RecallspecError
+from recallspec.policy import SERVE_MODE, SERVE_POLICY
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -18,9 +19,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the model id clients send (default: --model, or the default alias)")
     p.add_argument("--drafter", default=None,
                    help="default drafter for requests that name none, as name:key=value:... "
-                   "(default: the engine's); 'none' turns speculation off")
+                   f"(mode= included; default: the measured serving policy, {SERVE_POLICY}); "
+                   "'none' turns speculation off")
     p.add_argument("--mode", default=None,
-                   help="default batch mode (ems, adaptive, ...; default: the engine's)")
+                   help="default batch mode (ems, adaptive, ...; default: --drafter's mode=, "
+                   "else the policy's with the default drafter, else ems)")
     p.add_argument("--index", default=None,
                    help="corpus index file for the default drafter (sam, sam+recycling, ...)")
     p.add_argument("--memory-tokens", type=int, default=0, metavar="N",
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from recallspec.drafters.base import parse_spec
-    from recallspec.engine import Engine, EngineConfig
+    from recallspec.engine import Engine
     from recallspec.models.loader import DEFAULT_MODEL
     from recallspec.server import EngineLoop, Metrics, create_app
 
@@ -77,14 +80,16 @@ def run(args: argparse.Namespace) -> int:
         corpus_dir = Path(args.corpus_dir).resolve()
         if not corpus_dir.is_dir():
             raise DataError(f"--corpus-dir {args.corpus_dir}: not a directory")
-    defaults = EngineConfig()
-    drafter = args.drafter or defaults.drafter
+    # The default: the measured serving policy (recallspec/policy.py), its mode unless --mode.
+    policy_name, policy_opts = parse_spec(args.drafter or SERVE_POLICY)
+    policy_mode = str(policy_opts.pop("mode", SERVE_MODE if args.drafter is None else "ems"))
+    drafter = ":".join([policy_name, *(f"{k}={v}" for k, v in policy_opts.items())])
     if args.index is not None:
         name, opts = parse_spec(drafter)
         drafter = ":".join([name, *(f"{k}={v}" for k, v in opts.items()), f"index={args.index}"])
     try:
         config: dict[str, object] = {"max_batch_size": args.max_batch_size, "dtype": args.dtype,
-                                     "drafter": drafter, "mode": args.mode or defaults.mode,
+                                     "drafter": drafter, "mode": args.mode or policy_mode,
                                      "memory_tokens": args.memory_tokens,
                                      "memory_prompts": args.memory_prompts,
                                      "memory_snapshot": args.memory_snapshot}

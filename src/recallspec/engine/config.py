@@ -21,6 +21,9 @@ class EngineConfig:
     threads: int | None = None  # cores for decoding; default torch.get_num_threads()
     # Requests that name no drafter or mode get these: a drafter spec as the CLI takes
     # it ("name" or "name:key=value:..."), and a batch mode (``runtime/modes.py``).
+    # The library's default is plain decoding (the exact reference, no cost curve to
+    # measure); the command line, the server and the demo default to the measured
+    # policy (``recallspec/policy.py``).
     drafter: str = "none"
     mode: str = "ems"
     # Response memory (``index/memory.py``): finished requests' outputs (and, with

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from itertools import chain, count
@@ -56,6 +57,11 @@ from recallspec.runtime.threads import decode_threads
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
 from recallspec.spec.verify import sample
+
+
+def _say(message: str) -> None:
+    """One-time notes of long work (the cost curve's measurement) on stderr."""
+    print(f"recallspec: {message}", file=sys.stderr, flush=True)
 
 
 class Engine:
@@ -112,7 +118,8 @@ class Engine:
             fp = getattr(self.tokenizer, "fingerprint", "")
             key = curve_key(self.model, fp, self.threads)
             path = cache_dir() / "cost_curves" / f"{key}.json"
-            self._cost_curve = calibrate(self.model, self.threads, key=key, cache_path=path)
+            self._cost_curve = calibrate(self.model, self.threads, key=key, cache_path=path,
+                                         say=_say)
         return self._cost_curve
 
     # ---- prompts and drafters --------------------------------------------------------

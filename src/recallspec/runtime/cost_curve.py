@@ -360,7 +360,8 @@ def calibrate(
         except (ValueError, KeyError, TypeError, json.JSONDecodeError):
             pass  # stale or corrupt: measure again
     if say:
-        say("calibrating the verification cost curve of this model on this machine ...")
+        say("measuring the verification cost curve of this model on this machine (once; "
+            "about 25 s, then cached) ...")
     # A curve measured while other jobs load the CPU is wrong for good (2-thread steps
     # stall on descheduled peers); such a curve serves this process but is not cached.
     busy = _busy()
