@@ -10,7 +10,6 @@ inside the forward (``Engine.stats.forward_s``), the drafting time, and the rest
 
 from __future__ import annotations
 
-import statistics
 import sys
 
 from recallspec import Engine, SamplingParams
