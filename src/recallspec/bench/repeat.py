@@ -9,8 +9,16 @@ Workloads (chat requests, one at a time, so the timings of the two arms compare)
   earlier ones;
 * ``code_edit``: HumanEval and MBPP tasks (half each), then follow-up turns asking to
   change the code just written (rename the function, add a docstring, add a unit
-  test), each with the whole conversation so far; greedy; one tenant per task. A
-  follow-up re-emits most of the previous answer;
+  test); greedy; one tenant per task. A follow-up re-emits most of the previous answer.
+  With ``code_edit_history`` (the default, what a chat client sends) each follow-up
+  carries the whole conversation so far, so the previous answer is in the prompt and
+  the request's own automaton drafts it: the memory has nothing to add. Without it each
+  follow-up is a fresh conversation, the task and the change asked for (a stateless
+  client, an agent re-prompting): the previous answer is only in the memory;
+* ``reask``: Spec-Bench first turns (others than the control's), each sent
+  ``reask_times`` times in a row in a fresh conversation (a user pressing
+  "regenerate", an agent retrying a step) at ``reask_temperature`` (0: greedy), one
+  tenant for all: the repetition is not in the prompt, the memory is its only source;
 * ``spec_bench``: Spec-Bench first turns (evenly over its six categories), greedy, one
   tenant for all: the control, with nothing to repeat.
 
@@ -46,9 +54,10 @@ from typing import Any
 from recallspec.bench.suites import SPEC_BENCH_CATEGORIES, Question, SuiteSelection, load_suite
 from recallspec.errors import DataError
 
-WORKLOADS = ("self_consistency", "code_edit", "spec_bench")
-GREEDY_WORKLOADS = ("code_edit", "spec_bench")
-DEFAULT_MAX_TOKENS = {"self_consistency": 128, "code_edit": 192, "spec_bench": 128}
+WORKLOADS = ("self_consistency", "code_edit", "reask", "spec_bench")
+GREEDY_WORKLOADS = ("code_edit", "spec_bench")  # reask: greedy at reask_temperature 0
+DEFAULT_MAX_TOKENS = {"self_consistency": 128, "code_edit": 192, "reask": 128,
+                      "spec_bench": 128}
 FOLLOW_UPS = (
     "Rename the function to `solution`. Return the whole code.",
     "Add a docstring to the function. Return the whole code.",
@@ -73,6 +82,10 @@ class RepeatConfig:
     tenancy: str = "question"  # self_consistency: "question" (a tenant each) or "shared"
     tasks: int = 8  # code_edit: half HumanEval, half MBPP
     follow_ups: int = 3  # code_edit: turns after the first (at most len(FOLLOW_UPS))
+    code_edit_history: bool = True  # code_edit: follow-ups with the conversation so far
+    reask_prompts: int = 8  # reask: Spec-Bench first turns
+    reask_times: int = 2  # reask: sends of each (the first and the re-sends)
+    reask_temperature: float = 0.0  # reask: 0 = greedy
     prompts: int = 12  # spec_bench: first turns
     max_tokens: int | None = None  # per request; default DEFAULT_MAX_TOKENS per workload
     seed: int = 0  # self_consistency: sample k of a question has seed 1000 * seed + k
@@ -92,8 +105,13 @@ class RepeatConfig:
             raise DataError("give at least one workload and one drafter")
         if self.memory_tokens < 1:
             raise DataError("--memory-tokens must be >= 1 (the arm without memory is run anyway)")
-        if min(self.questions, self.samples, self.tasks, self.prompts) < 1:
-            raise DataError("--questions, --samples, --tasks and --prompts must be >= 1")
+        if min(self.questions, self.samples, self.tasks, self.prompts, self.reask_prompts) < 1:
+            raise DataError("--questions, --samples, --tasks, --prompts and --reask-prompts "
+                            "must be >= 1")
+        if self.reask_times < 2:
+            raise DataError("--reask-times must be >= 2 (the first send and a re-send)")
+        if not 0 <= self.reask_temperature <= 2:
+            raise DataError("--reask-temperature must be in [0, 2]")
         if not 0 <= self.follow_ups <= len(FOLLOW_UPS):
             raise DataError(f"--follow-ups must be in 0..{len(FOLLOW_UPS)}")
         if self.tenancy not in ("question", "shared"):
@@ -108,17 +126,25 @@ class RepeatConfig:
     def tokens_for(self, workload: str) -> int:
         return self.max_tokens or DEFAULT_MAX_TOKENS[workload]
 
+    def temperature_for(self, workload: str) -> float:
+        """0 = greedy."""
+        if workload in GREEDY_WORKLOADS:
+            return 0.0
+        return self.reask_temperature if workload == "reask" else self.temperature
+
 
 @dataclass(frozen=True)
 class Conversation:
     """One unit of a workload: its user turns (answered in order, each with the
-    conversation so far) or one prompt asked ``samples`` times."""
+    conversation so far unless ``history`` is off) or one prompt asked ``samples``
+    times."""
 
     workload: str
     id: str
     tenant: str
     turns: tuple[str, ...]
-    samples: int = 1  # > 1: the single turn sampled this many times (seeds 0..n-1)
+    samples: int = 1  # > 1: the single turn sent this many times (sampled: seeds 0..n-1)
+    history: bool = True  # False: every turn a fresh conversation
 
 
 @dataclass
@@ -140,6 +166,7 @@ class Record:
     steps: int | None = None
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    temperature: float | None = None  # 0 = greedy
 
 
 def load_workloads(cfg: RepeatConfig) -> list[Conversation]:
@@ -159,22 +186,41 @@ def load_workloads(cfg: RepeatConfig) -> list[Conversation]:
                                  cfg.data_dir)
             out += [Conversation(w, f"{q.category}-{q.question_id}",
                                  f"code-{q.category}-{q.question_id}",
-                                 (q.turns[0], *FOLLOW_UPS[:cfg.follow_ups])) for q in qs]
+                                 _code_turns(q.turns[0], cfg), history=cfg.code_edit_history)
+                    for q in qs]
+        elif w == "reask":
+            out += [Conversation(w, f"reask-{q.question_id}", "reask", (q.turns[0],),
+                                 cfg.reask_times) for q in _reask(cfg)]
         else:
             out += [Conversation(w, f"spec_bench-{q.question_id}", "spec_bench", (q.turns[0],))
                     for q in _spec_bench(cfg)]
     return out
 
 
-def _spec_bench(cfg: RepeatConfig) -> list[Question]:
-    """``cfg.prompts`` first turns, round-robin over the categories (evenly spaced
-    within each, as ``--per-category``)."""
-    k = math.ceil(cfg.prompts / len(SPEC_BENCH_CATEGORIES))
+def _code_turns(task: str, cfg: RepeatConfig) -> tuple[str, ...]:
+    """The task, then the follow-ups: as turns of one conversation, or (no history) as
+    fresh requests that restate the task."""
+    asks = FOLLOW_UPS[:cfg.follow_ups]
+    return (task, *(asks if cfg.code_edit_history else (f"{task}\n\n{a}" for a in asks)))
+
+
+def _spec_bench(cfg: RepeatConfig, n: int | None = None) -> list[Question]:
+    """``n`` (default ``cfg.prompts``) first turns, round-robin over the categories
+    (evenly spaced within each, as ``--per-category``)."""
+    n = cfg.prompts if n is None else n
+    k = math.ceil(n / len(SPEC_BENCH_CATEGORIES))
     by_cat: dict[str, list[Question]] = {}
     for q in load_suite("spec_bench", SuiteSelection(per_category=k), cfg.data_dir):
         by_cat.setdefault(q.category, []).append(q)
     out = [qs[i] for i in range(k) for qs in by_cat.values() if i < len(qs)]
-    return out[:cfg.prompts]
+    return out[:n]
+
+
+def _reask(cfg: RepeatConfig) -> list[Question]:
+    """``cfg.reask_prompts`` Spec-Bench first turns none of which is in the control."""
+    control = {q.question_id for q in _spec_bench(cfg)}
+    pool = _spec_bench(cfg, cfg.reask_prompts + len(control))
+    return [q for q in pool if q.question_id not in control][:cfg.reask_prompts]
 
 
 # ---- the client ------------------------------------------------------------------------
@@ -213,17 +259,21 @@ def chat(client: Any, model: str, messages: list[dict[str, str]], *, max_tokens:
 def run_conversation(client: Any, srv: _Launch, c: Conversation,
                      cfg: RepeatConfig) -> list[Record]:
     """One conversation against one server, one request at a time: every turn with the
-    conversation so far (the server's own earlier answers)."""
-    greedy = c.workload in GREEDY_WORKLOADS
+    conversation so far (the server's own earlier answers), or alone without history."""
+    temperature = cfg.temperature_for(c.workload)
+    greedy = temperature == 0.0
     recs: list[Record] = []
     messages: list[dict[str, str]] = []
     for turn, text in enumerate(c.turns):
+        if not c.history:
+            messages = []
         messages.append({"role": "user", "content": text})
         last: Record | None = None
         for k in range(c.samples):
-            last = Record(srv.name, srv.drafter, srv.memory, c.workload, c.id, turn, k)
+            last = Record(srv.name, srv.drafter, srv.memory, c.workload, c.id, turn, k,
+                          temperature=temperature)
             chat(client, srv.model, messages, max_tokens=cfg.tokens_for(c.workload),
-                 temperature=0.0 if greedy else cfg.temperature,
+                 temperature=temperature,
                  seed=None if greedy else 1000 * cfg.seed + k, tenant=c.tenant, rec=last)
             recs.append(last)
         if last is None or not last.ok:
@@ -254,6 +304,7 @@ def run_repeat_bench(cfg: RepeatConfig, out: Path, *,
 
     from recallspec.bench.report import _machine
     from recallspec.bench.serve_client import WARMUP_MESSAGE
+    from recallspec.engine import EngineConfig
 
     if log is None:
         def log(msg: str) -> None:
@@ -262,6 +313,7 @@ def run_repeat_bench(cfg: RepeatConfig, out: Path, *,
     out.mkdir(parents=True, exist_ok=True)
     rep: dict[str, Any] = {
         "config": {**dataclasses.asdict(cfg), "threads": cfg.threads or os.cpu_count(),
+                   "memory_prompt_tail": EngineConfig().memory_prompt_tail,
                    "max_tokens_per_workload": {w: cfg.tokens_for(w) for w in cfg.workloads}},
         "machine": _machine(),
         "conversations": [dataclasses.asdict(c) for c in convs],

@@ -13,6 +13,7 @@ last cursor is gone), so nothing is left on disk even after a crash of the proce
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -32,6 +33,7 @@ from recallspec.index.static import IndexBuilder, StaticIndex
 
 MEMORY, CORPUS = "memory", "corpus"  # the kinds of recall source (drafters' source names)
 IDLE_EXIT_S = 30.0  # a worker thread ends after this long without work (restarted on demand)
+EXIT_JOIN_S = 30.0  # at interpreter exit, the longest wait for a worker's current job
 
 
 @dataclass(frozen=True, eq=False)  # identity: a drafter keeps one cursor per source object
@@ -160,21 +162,49 @@ def _lower_priority() -> None:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
+# Running workers and their owners' conditions; ``_exiting`` once the interpreter exits.
+_running: dict[threading.Thread, threading.Condition] = {}
+_exiting = False
+
+
+@atexit.register
+def _stop_workers() -> None:
+    """At interpreter exit (before daemon threads are frozen): let every worker finish
+    its current job and end. A daemon thread still inside a C++ build (which runs
+    without the GIL) when the interpreter finalizes is killed as it takes the GIL back,
+    and that kill aborts the process ("terminate called without an active exception")."""
+    global _exiting
+    _exiting = True
+    for thread, cond in list(_running.items()):
+        with cond:
+            cond.notify_all()
+        thread.join(EXIT_JOIN_S)
+
+
 def _work(ref: weakref.ref[Jobs], cond: threading.Condition) -> None:
-    _lower_priority()
+    _running[threading.current_thread()] = cond
+    try:
+        _lower_priority()
+        _serve(ref, cond)
+    finally:
+        _running.pop(threading.current_thread(), None)
+
+
+def _serve(ref: weakref.ref[Jobs], cond: threading.Condition) -> None:
     while True:
         with cond:
             owner = ref()
             if owner is None:
                 return
-            job = None if owner._closed else owner._next_job()
-            if job is None and not owner._closed:
+            stop = owner._closed or _exiting
+            job = None if stop else owner._next_job()
+            if job is None and not stop:
                 del owner  # wait without keeping the owner alive
                 cond.wait(IDLE_EXIT_S)
                 owner = ref()
                 if owner is None:
                     return
-                job = None if owner._closed else owner._next_job()
+                job = None if owner._closed or _exiting else owner._next_job()
             if job is None:
                 owner._thread = None
                 cond.notify_all()
