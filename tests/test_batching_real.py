@@ -32,8 +32,12 @@ def batch_case(
 
 
 def _engine(engine: Any, bs: int) -> Engine:
-    # Shares the loaded weights; only the KV cache (and batch size) is new.
-    return Engine(engine.model, engine.tokenizer, EngineConfig(max_batch_size=bs))
+    # Shares the loaded weights and the cost curve (measured once per session: on a busy
+    # machine a measured curve is not cached on disk, and every new engine would measure
+    # it again); only the KV cache (and batch size) is new.
+    eng = Engine(engine.model, engine.tokenizer, EngineConfig(max_batch_size=bs))
+    eng.use_cost_curve(engine.cost_curve())
+    return eng
 
 
 @pytest.mark.parametrize("bs", [1, 3, 8])

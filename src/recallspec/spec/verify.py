@@ -15,6 +15,7 @@ Definitions used throughout:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,20 +40,21 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
     The committed tokens are exactly what plain greedy decoding would produce next.
     """
     _check(tree, logits)
-    best = logits.argmax(dim=-1).tolist()  # [n + 1]
+    # Only the rows on the walked path need their argmax (len(path) + 1 of n + 1 rows):
+    # a reduction over the vocabulary per row is most of a greedy step's verification.
+    rows = _numpy_view(logits)
     children = tree.children()
     toks = tree.tokens.tolist()
     path: list[int] = []
-    row = 0  # logits row of the current node (0 = root)
     node = -1
     while True:
-        want = best[row]
+        want = int(rows[node + 1].argmax())  # the current node's row
         nxt = next((c for c in children[node + 1] if toks[c] == want), None)
         if nxt is None:
             break
         path.append(nxt)
-        node, row = nxt, nxt + 1
-    return Verdict(tuple(path), (*(toks[i] for i in path), best[row]))
+        node = nxt
+    return Verdict(tuple(path), (*(toks[i] for i in path), want))
 
 
 def verify_sampling(
@@ -102,8 +104,17 @@ def verify_sampling(
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """One token from a single row of logits (argmax when greedy)."""
     if params.greedy:
-        return int(logits.argmax())
+        return int(_numpy_view(logits).argmax())
     return int(torch.multinomial(probabilities(logits, params), 1, generator=generator))
+
+
+def _numpy_view(logits: torch.Tensor) -> Any:
+    """``logits`` as a numpy array (shared memory) when it can be, else as is. Both
+    ``argmax`` return the first index of the maximum; numpy's is ~10x faster than
+    torch's on the CPU over a large vocabulary, a per-step cost (issue 18)."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return logits.detach().numpy()
+    return logits
 
 
 def _check(tree: DraftTree, logits: torch.Tensor) -> None:
