@@ -44,6 +44,25 @@ class BigramModel:
         return self.table[meta.input_ids[meta.logits_indices]]
 
 
+class FoldedByteTokenizer:
+    """Bytes folded into ids 1..vocab-1 (small-vocabulary fake models); id 0 is EOS."""
+
+    has_chat_template = False
+    eos_token_ids = frozenset({0})
+
+    def __init__(self, vocab: int = 40) -> None:
+        self.vocab = vocab
+
+    def encode(self, text: str) -> list[int]:
+        return [1 + b % (self.vocab - 1) for b in text.encode()]
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+
 class ByteTokenizer:
     """Token id = byte value; id 0 is EOS."""
 

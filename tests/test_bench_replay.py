@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import BigramModel, successor_model
+from helpers import BigramModel, FoldedByteTokenizer, successor_model
 
 from recallspec.bench.answers import answers_path, read_answers
 from recallspec.bench.replay import ReplayConfig, accepted_path, replay_answers, replay_turn
@@ -29,20 +29,6 @@ def CycleModel(seed: int) -> BigramModel:
     return successor_model(torch.randint(0, V, (V,), generator=g))
 
 
-class ByteTokenizer:
-    has_chat_template = False
-    eos_token_ids = frozenset({EOS})
-
-    def encode(self, text: str) -> list[int]:
-        return [1 + b % (V - 1) for b in text.encode()]
-
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.encode(text)
-
-    def decode(self, ids: list[int]) -> str:
-        return " ".join(map(str, ids))
-
-
 def test_accepted_path_walks_the_tree() -> None:
     tree = DraftTree.from_lists([5, 6, 7, 8, 9], [-1, -1, 0, 1, 2])
     assert accepted_path(tree, [5, 7, 1]) == 2
@@ -57,7 +43,7 @@ def test_accepted_path_walks_the_tree() -> None:
                                                            ("pld", 3, 7)])
 def test_replay_equals_engine_on_exact_model(seed: int, drafter: str, nodes: int,
                                              max_new: int) -> None:
-    eng = Engine(CycleModel(seed), ByteTokenizer(), EngineConfig(max_draft_nodes=nodes,
+    eng = Engine(CycleModel(seed), FoldedByteTokenizer(V), EngineConfig(max_draft_nodes=nodes,
                                                                  max_len=512))
     cfg = ReplayConfig(max_new_tokens=max_new, max_draft_nodes=nodes, max_len=eng.max_len)
     g = torch.Generator().manual_seed(100 + seed)
@@ -76,7 +62,7 @@ def test_replay_equals_engine_on_exact_model(seed: int, drafter: str, nodes: int
 
 
 def test_replay_cli_matches_engine_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    eng = Engine(CycleModel(5), ByteTokenizer(), EngineConfig(max_len=512))
+    eng = Engine(CycleModel(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
     run_bench(BenchConfig(suite="demo", methods=("ar", "pld", "llma"), max_new_tokens=30),
               tmp_path, engine=eng, progress=False, log=lambda m: None)
     ar = read_answers(answers_path(tmp_path, "ar"))
@@ -93,7 +79,7 @@ def test_replay_cli_matches_engine_run(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_replay_refuses_non_ar_answers(tmp_path: Path) -> None:
-    eng = Engine(CycleModel(5), ByteTokenizer(), EngineConfig(max_len=512))
+    eng = Engine(CycleModel(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
     run_bench(BenchConfig(suite="demo", methods=("pld",), max_new_tokens=8), tmp_path,
               engine=eng, progress=False, log=lambda m: None)
     from recallspec.bench.replay import load_ar_answers
@@ -148,7 +134,7 @@ def test_replay_cli_checks_a_corpus_index_against_the_recorded_model(
     from recallspec.index import StaticIndex
     from recallspec.models import load_tokenizer
 
-    eng = Engine(CycleModel(5), ByteTokenizer(), EngineConfig(max_len=512))
+    eng = Engine(CycleModel(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
     run_bench(BenchConfig(suite="demo", methods=("ar",), max_new_tokens=30), tmp_path,
               engine=eng, progress=False, log=lambda m: None)
     ar = answers_path(tmp_path, "ar")
@@ -170,7 +156,7 @@ def test_replay_eos_inside_accepted_draft() -> None:
     succ = torch.arange(V).roll(-1)  # t -> t + 1
     succ[7] = EOS  # 5 -> 6 -> 7 -> EOS
     model = successor_model(succ)
-    eng = Engine(model, ByteTokenizer(), EngineConfig(max_len=128))
+    eng = Engine(model, FoldedByteTokenizer(V), EngineConfig(max_len=128))
     prompt = [5, 6, 7, EOS, 9, 5]
     spec = eng.generate(prompt, SamplingParams(max_new_tokens=20), drafter="pld")
     assert isinstance(spec, GenerationResult)

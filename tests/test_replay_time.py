@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import needs_model, successor_model
+from helpers import FoldedByteTokenizer, needs_model, successor_model
 
 from recallspec.bench.replay import FixedPolicy, ReplayConfig, StepRecord, replay_steps
 from recallspec.bench.replay_policies import AdaptivePolicy, OraclePolicy, make_policy
@@ -32,20 +32,6 @@ from recallspec.spec.tree import DraftTree
 
 V = 40
 EOS = 0
-
-
-class ByteTokenizer:
-    has_chat_template = False
-    eos_token_ids = frozenset({EOS})
-
-    def encode(self, text: str) -> list[int]:
-        return [1 + b % (V - 1) for b in text.encode()]
-
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.encode(text)
-
-    def decode(self, ids: list[int]) -> str:
-        return " ".join(map(str, ids))
 
 
 def cycle_model(seed: int) -> Any:
@@ -108,7 +94,7 @@ def test_time_model_prices_prefill_chunks_and_steps() -> None:
 
 def _ar_records(model: Any, prompts: list[list[int]], max_new: int,
                 wall: Any = None) -> list[dict[str, Any]]:
-    eng = Engine(model, ByteTokenizer(), EngineConfig(max_len=512))
+    eng = Engine(model, FoldedByteTokenizer(V), EngineConfig(max_len=512))
     recs: list[dict[str, Any]] = []
     for i, p in enumerate(prompts):
         r = eng.generate(p, SamplingParams(max_new_tokens=max_new), drafter="none")
@@ -162,7 +148,7 @@ def test_adaptive_replay_equals_the_engine(drafter: str) -> None:
     curve = CostCurve((1, 4, 8, 17), (1.0, 1.1, 1.6, 2.8), 0.0)  # seconds: overhead stays 0
     model = cycle_model(3)
     prompts = _prompts(3, 6)
-    eng = Engine(model, ByteTokenizer(), EngineConfig(max_len=512, max_draft_nodes=16))
+    eng = Engine(model, FoldedByteTokenizer(V), EngineConfig(max_len=512, max_draft_nodes=16))
     eng.use_cost_curve(curve)
     cfg = ReplayConfig(max_new_tokens=40, max_draft_nodes=16, max_len=eng.max_len)
     planner = DraftPlanner(16, lambda: curve)
@@ -256,7 +242,7 @@ def test_portfolio_candidates_and_lossless_adaptive() -> None:
     assert cands[0][1].tokens.tolist()[:1] == [6]  # the automaton: the earliest "4 5"
     assert cands[1][1].tokens.tolist()[:1] == [9]  # the latest occurrence
     assert d.propose(0, 8).tokens.tolist() == cands[0][1].tokens.tolist()
-    eng = Engine(cycle_model(7), ByteTokenizer(), EngineConfig(max_len=512))
+    eng = Engine(cycle_model(7), FoldedByteTokenizer(V), EngineConfig(max_len=512))
     eng.use_cost_curve(CostCurve((1, 16), (1.0, 1.5), 0.0))
     params = SamplingParams(max_new_tokens=40)
     for p in _prompts(7, 4):
@@ -275,7 +261,7 @@ def test_cli_predicts_and_compares_with_recorded_answers(
     from recallspec.bench.answers import answers_path
     from recallspec.bench.runner import BenchConfig, run_bench
 
-    eng = Engine(cycle_model(5), ByteTokenizer(), EngineConfig(max_len=512))
+    eng = Engine(cycle_model(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
     run_bench(BenchConfig(suite="demo", methods=("ar", "pld"), max_new_tokens=30), tmp_path,
               engine=eng, progress=False, log=lambda m: None)
     curve = tmp_path / "curve.json"
