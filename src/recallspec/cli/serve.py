@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from recallspec.errors import DataError, RecallspecError
-from recallspec.policy import SERVE_MODE, SERVE_POLICY
+from recallspec.policy import SERVE_POLICY
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -82,11 +82,10 @@ def run(args: argparse.Namespace) -> int:
             raise DataError(f"--corpus-dir {args.corpus_dir}: not a directory")
     # The default: the measured serving policy (recallspec/policy.py), its mode unless --mode.
     policy_name, policy_opts = parse_spec(args.drafter or SERVE_POLICY)
-    policy_mode = str(policy_opts.pop("mode", SERVE_MODE if args.drafter is None else "ems"))
-    drafter = ":".join([policy_name, *(f"{k}={v}" for k, v in policy_opts.items())])
+    policy_mode = str(policy_opts.pop("mode", "ems"))
     if args.index is not None:
-        name, opts = parse_spec(drafter)
-        drafter = ":".join([name, *(f"{k}={v}" for k, v in opts.items()), f"index={args.index}"])
+        policy_opts["index"] = args.index
+    drafter = ":".join([policy_name, *(f"{k}={v}" for k, v in policy_opts.items())])
     try:
         config: dict[str, object] = {"max_batch_size": args.max_batch_size, "dtype": args.dtype,
                                      "drafter": drafter, "mode": args.mode or policy_mode,
