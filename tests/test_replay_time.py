@@ -13,12 +13,12 @@ import torch
 from helpers import FoldedByteTokenizer, needs_model, successor_model
 
 from recallspec.bench.replay import FixedPolicy, ReplayConfig, StepRecord, replay_steps
+from recallspec.bench.replay_fit import fit_row_overhead, fit_time_model
 from recallspec.bench.replay_policies import AdaptivePolicy, OraclePolicy, make_policy
 from recallspec.bench.replay_time import (
     TimeModel,
     TurnSim,
     ar_sims,
-    fit_time_model,
     predict,
     simulate,
 )
@@ -126,6 +126,51 @@ def test_fit_recovers_overheads_despite_a_disturbed_turn() -> None:
     assert tm.step_overhead == pytest.approx(0.02, rel=1e-3)
     assert tm.prompt_overhead == pytest.approx(0.003, rel=1e-3)
     assert fit["disturbed"] == 1
+
+
+def test_fit_reads_the_recorded_split_of_each_turn() -> None:
+    """With the engine's split recorded (forward seconds, decode wall), the run's speed
+    against the curve and the step, prefill and per-turn terms are recovered."""
+    c = grid_curve()
+    truth = TimeModel(c, step_overhead=0.02, count_policy_time=False, forward_scale=1.2,
+                      prefill_scale=1.1, turn_overhead=0.05)
+    recs = _ar_records(cycle_model(2), _prompts(2, 12), 30)
+    for rec, sims in zip(recs, ar_sims(recs).values(), strict=True):
+        ch = rec["choices"][0]
+        ch["timing"] = [{"steps": len(s.steps), "rows": len(s.steps), "draft_s": 0.0,
+                         "forward_s": 1.2 * truth.forwards(s.steps),
+                         "decode_s": truth.forward_scale * truth.forwards(s.steps)
+                         + 0.02 * len(s.steps)} for s in sims]
+        ch["wall_time"] = [truth.turn(s) for s in sims]
+        ch["wall_time_repeats"] = [[w] for w in ch["wall_time"]]
+    recs[4]["choices"][0]["wall_time_repeats"][0][0] *= 3  # another job slowed one turn
+    tm, fit = fit_time_model(c, recs)
+    assert fit["source"] == "timing" and fit["disturbed"] == 1
+    assert tm.forward_scale == pytest.approx(1.2, rel=1e-6)
+    assert tm.step_overhead == pytest.approx(0.02, rel=1e-6)
+    # A regression by iteratively reweighted least squares: exact to about its weight
+    # floor (1e-4 s of residual), not to rounding.
+    assert tm.prefill_scale == pytest.approx(1.1, rel=1e-2)
+    assert tm.turn_overhead == pytest.approx(0.05, abs=1e-3)
+
+
+def test_row_overhead_is_fitted_on_one_drafting_method() -> None:
+    """The per-draft-row term comes from one drafting method's walls (AR has no rows);
+    one turn slowed 3x by another job does not move it (a weighted median)."""
+    c = grid_curve()
+    recs = _ar_records(cycle_model(3), _prompts(3, 12), 30)
+    cfg = ReplayConfig(max_new_tokens=30, max_draft_nodes=16)
+    sims = simulate(recs, make_policy("pld", cfg, c).build(), cfg)
+    truth = TimeModel(c, step_overhead=0.02, count_policy_time=False, row_overhead=0.004)
+    answers = [{"question_id": r["question_id"], "choices": [
+        {"wall_time": [truth.turn(t) for t in sims[str(r["question_id"])]]}]} for r in recs]
+    answers[2]["choices"][0]["wall_time"][0] *= 3
+    start = TimeModel(c, step_overhead=0.02, count_policy_time=False)
+    tm, stats = fit_row_overhead(start, recs, [(sims, answers)])
+    assert tm.row_overhead == pytest.approx(0.004, rel=1e-6)
+    assert stats["row_fit_turns"] == sum(
+        1 for t in sims.values() for x in t if any(s.drafted for s in x.steps))
+    assert tm.turn(sims["0"][0]) == pytest.approx(truth.turn(sims["0"][0]))
 
 
 # ---- policies ----------------------------------------------------------------------
@@ -276,6 +321,13 @@ def test_cli_predicts_and_compares_with_recorded_answers(
     assert set(res["predicted"]) == {"ar", "pld", "portfolio:mode=adaptive", "oracle"}
     assert set(res["recorded"]) == {"ar", "pld"}  # methods the run recorded
     assert res["predicted"]["pld"]["overall"]["mat"] > 1.0
+    assert res["fit"]["row_fit"] == "auto"  # pld: the only recorded drafting method
+    assert set(res["fit"]["row_overhead_ms"]) == {"pld", "portfolio:mode=adaptive", "oracle"}
+    # llma was not recorded: no row term can be fitted on it, said clearly
+    assert main(["bench", "replay", "--answers", str(answers_path(tmp_path, "ar")),
+                 "--methods", "ar,pld,llma", "--predict-time", "--curve", str(curve),
+                 "--fit-rows-on", "llma"]) != 0
+    assert "--fit-rows-on llma" in capsys.readouterr().err
 
 
 @needs_model

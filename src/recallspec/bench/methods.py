@@ -45,6 +45,18 @@ class TurnOutput:
     wall_time: float  # seconds, prefill included
     prompt_tokens: int
     finish_reason: str
+    # Our engine's split of the turn (``engine_timing``; None for peers): what policy
+    # replay's time model is fitted on (bench/replay_fit.py).
+    timing: dict[str, float] | None = None
+
+
+def engine_timing(stats: Any) -> dict[str, float]:
+    """A turn's split from ``Engine.stats`` (batch 1: counters since ``generate`` began):
+    decoding steps, rows fed to them, seconds inside their forwards, seconds drafting,
+    and the decode-only steps' whole wall time (the rest of the turn is the prefill)."""
+    return {"steps": float(stats.steps), "rows": float(stats.rows),
+            "forward_s": float(stats.forward_s), "draft_s": float(stats.draft_s),
+            "decode_s": float(stats.decode_only_s)}
 
 
 class Method(Protocol):
@@ -120,7 +132,7 @@ class EngineMethod:
                                    drafter_options=self._options, mode=self._mode)
         return TurnOutput(
             list(res.token_ids), res.text, list(res.accept_lengths), float(res.wall_time),
-            int(res.prompt_tokens), str(res.finish_reason),
+            int(res.prompt_tokens), str(res.finish_reason), engine_timing(self.engine.stats),
         )
 
 

@@ -5,18 +5,25 @@ Under greedy decoding every lossless method commits the AR tokens, so a replayed
 policy's steps (``bench/replay.py``: tokens committed, draft rows, cached context) are
 the engine's. A turn's seconds are then predicted as
 
-    prefill(prompt) + prompt_overhead * prompt tokens
-        + sum over steps [ curve(1 + drafted, context) + step_overhead + the policy's time ]
+    turn_overhead + prefill_scale * prefill(prompt) + prompt_overhead * prompt tokens
+        + sum over steps [ forward_scale * curve(1 + drafted, context) + step_overhead
+                           + row_overhead * drafted + the policy's time ]
 
 * ``prefill``: the prompt in ``prefill_chunk``-token chunks, each priced by the curve's
   prefill grid at the position it starts (last row's logits only);
 * ``curve(rows, context)``: one verification forward (all rows' logits) after
   ``context`` cached tokens (the curve's decode grid, ``runtime/cost_curve.py``);
-* ``step_overhead``, ``prompt_overhead``: what a step (sampling, commit, detokenising,
-  bookkeeping) and a prompt token (chunking, batch building, the drafter's indexing)
-  cost beyond the forwards, fitted on the recorded ``ar`` wall times
-  (``fit_time_model``): AR has no drafts, so the fit never sees a policy's rows and
-  predicting the drafting methods is a test of the model, not a fit to them;
+* the scales, ``step_overhead`` and the per-turn / per-prompt-token terms are fitted
+  on the recorded ``ar`` run (``bench/replay_fit.py``): the machine's speed during the
+  run against the calibration (a shared VM drifts by 10-20% within minutes), and what a
+  step (sampling, commit, detokenising, bookkeeping) and a turn cost beyond the
+  forwards. AR has no drafts, so that fit never sees a policy's rows;
+* ``row_overhead``: what a draft row costs beyond the curve's price of it (most of it
+  in the forwards themselves: a 17-row verification inside decoding ran 1.11x its
+  calibrated time while a 1-row one ran 0.93-1.06x; ~0.025 ms a row in verification
+  and commit). AR cannot show it, so it is fitted on the other recorded drafting
+  methods' runs (``bench/replay_fit.py``: each method is predicted with a row term
+  fitted without it, so every error tests the model);
 * the policy's own time (proposing, sizing, observing): measured while replaying, the
   same Python code the engine runs (``count_policy_time``; off for load-free
   comparisons).
@@ -35,10 +42,9 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from recallspec.bench.replay import Policy, ReplayConfig, StepRecord, replay_steps
 from recallspec.bench.replay_logits import TurnTopk
+from recallspec.errors import DataError
 from recallspec.runtime.cost_curve import CostCurve
 
 PREFILL_CHUNK = 512  # EngineConfig.prefill_chunk
@@ -51,6 +57,10 @@ class TimeModel:
     prompt_overhead: float = 0.0  # seconds per prompt token beyond the prefill forwards
     prefill_chunk: int = PREFILL_CHUNK
     count_policy_time: bool = True  # add the policy's measured seconds
+    row_overhead: float = 0.0  # seconds a draft row costs beyond the curve's price of it
+    forward_scale: float = 1.0  # the run's decode forwards / the curve's
+    prefill_scale: float = 1.0  # the run's prefill / the curve's
+    turn_overhead: float = 0.0  # seconds per turn beyond prefill and steps
 
     def prefill(self, prompt_len: int) -> float:
         t, s = 0.0, 0
@@ -64,8 +74,10 @@ class TimeModel:
         return sum(self.curve(1 + s.drafted, 1, s.context) for s in steps)
 
     def turn(self, sim: TurnSim) -> float:
-        t = self.prefill(sim.prompt_len) + self.forwards(sim.steps)
+        t = self.turn_overhead + self.prefill_scale * self.prefill(sim.prompt_len)
+        t += self.forward_scale * self.forwards(sim.steps)
         t += self.step_overhead * len(sim.steps) + self.prompt_overhead * sim.prompt_len
+        t += self.row_overhead * sum(s.drafted for s in sim.steps)
         return t + (sim.policy_s if self.count_policy_time else 0.0)
 
 
@@ -156,35 +168,6 @@ def ar_sims(records: Sequence[dict[str, Any]]) -> dict[str, list[TurnSim]]:
     return out
 
 
-def fit_time_model(
-    curve: CostCurve, records: Sequence[dict[str, Any]], *, prefill_chunk: int = PREFILL_CHUNK,
-) -> tuple[TimeModel, dict[str, float]]:
-    """``step_overhead`` and ``prompt_overhead`` from the recorded ar wall times minus
-    the curve's prefill and forwards, regressed on [steps, prompt tokens] by least
-    absolute deviations (iteratively reweighted): a turn that another job slowed is a
-    one-sided outlier, which would drag a least-squares fit. (A constant per turn fits
-    no better and goes negative.) Returns the model and fit statistics."""
-    base = TimeModel(curve, prefill_chunk=prefill_chunk, count_policy_time=False)
-    rows: list[tuple[float, float, float, float]] = []  # (steps, prompt, wall, curve's s)
-    for rec, sims in zip(records, ar_sims(records).values(), strict=True):
-        for sim, wall in zip(sims, rec["choices"][0]["wall_time"], strict=True):
-            rows.append((len(sim.steps), sim.prompt_len, float(wall), base.turn(sim)))
-    x = np.asarray([[s, p] for s, p, _, _ in rows], dtype=np.float64)
-    y = np.asarray([w - c for _, _, w, c in rows])
-    w = np.ones(len(y))
-    coef = np.zeros(2)
-    for _ in range(50):
-        sw = np.sqrt(w)
-        coef = np.linalg.lstsq(x * sw[:, None], y * sw, rcond=None)[0]
-        w = 1.0 / np.maximum(np.abs(y - x @ coef), 1e-4)
-    step, prompt = max(float(coef[0]), 0.0), max(float(coef[1]), 0.0)
-    model = np.asarray([c for _, _, _, c in rows]) + x @ np.asarray([step, prompt])
-    slowed = np.asarray([w for _, _, w, _ in rows]) > 1.25 * model  # another job slowed it
-    tm = TimeModel(curve, step, prompt, prefill_chunk)
-    return tm, {"turns": float(len(y)), "disturbed": float(slowed.sum()),
-                "step_overhead_ms": step * 1e3, "prompt_overhead_ms": prompt * 1e3}
-
-
 def predict(
     records: Sequence[dict[str, Any]], sims: dict[str, list[TurnSim]], tm: TimeModel,
 ) -> dict[str, dict[str, Any]]:
@@ -237,42 +220,66 @@ def predict_methods(
     records: Sequence[dict[str, Any]], cfg: ReplayConfig, curve: CostCurve,
     methods: Sequence[str], answers_dir: Path, *, count_policy_time: bool = True,
     topk: dict[str, list[TurnTopk]] | None = None, vocab: int = 0,
-    warn: Callable[[str], None] = lambda msg: None,
-) -> tuple[dict[str, float], dict[str, Any], dict[str, Any]]:
+    row_fit: str | None = "auto", warn: Callable[[str], None] = lambda msg: None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(time-model fit, {method: ``predict``}, {method: ``real_speeds``} for methods whose
-    answers ``answers_dir`` holds): ``bench replay --predict-time``."""
+    answers ``answers_dir`` holds): ``bench replay --predict-time``.
+
+    ``row_fit``: where ``row_overhead`` comes from: "auto" fits it, for each method, on
+    the runs of the OTHER listed drafting methods that were recorded (all of them for a
+    method that was not); a method name fits it on that one run (its own error is then
+    in-sample); None leaves it out."""
     from recallspec.bench.answers import answers_path, read_answers
+    from recallspec.bench.replay_fit import fit_row_overhead, fit_time_model
     from recallspec.bench.replay_policies import make_policy
 
-    tm, fit = fit_time_model(curve, records)
+    tm, fit_stats = fit_time_model(curve, records)
     tm = replace(tm, count_policy_time=count_policy_time)
-    pred: dict[str, Any] = {}
-    real: dict[str, Any] = {}
+    sims: dict[str, dict[str, list[TurnSim]]] = {}
+    recorded: dict[str, list[dict[str, Any]]] = {}
     for m in methods:
         spec = make_policy(m, cfg, curve, tm.step_overhead)
         if spec.approximate:
             warn(f"{m}: its drafter learns from verification logits; replay "
                  + ("feeds it the committed rows only" if topk else "has none (--model-topk)")
                  + ": an approximation")
-        pred[m] = predict(records, simulate(records, spec.build(), cfg, topk=topk, vocab=vocab),
-                          tm)
-        recorded = answers_path(answers_dir, "ar" if m in ("ar", "none") else m)
-        if recorded.is_file():
-            real[m] = real_speeds(records, read_answers(recorded))
+        sims[m] = simulate(records, spec.build(), cfg, topk=topk, vocab=vocab)
+        path = answers_path(answers_dir, "ar" if m in ("ar", "none") else m)
+        if path.is_file():
+            recorded[m] = read_answers(path)
+    drafting = [m for m in methods if m not in ("ar", "none") and m in recorded]
+    if row_fit not in (None, "auto") and row_fit not in drafting:
+        raise DataError(f"--fit-rows-on {row_fit}: not a listed drafting method with "
+                        f"recorded answers in {answers_dir} ({', '.join(drafting) or 'none'})")
+    fit: dict[str, Any] = dict(fit_stats)
+    fit["row_fit"] = row_fit
+    fit["row_overhead_ms"] = {}
+    pred: dict[str, Any] = {}
+    for m in methods:
+        tm_m = tm
+        if row_fit is not None and m not in ("ar", "none"):
+            on = [row_fit] if row_fit != "auto" else [x for x in drafting if x != m] or drafting
+            if on:
+                tm_m, _ = fit_row_overhead(tm, records, [(sims[x], recorded[x]) for x in on])
+            fit["row_overhead_ms"][m] = tm_m.row_overhead * 1e3
+        pred[m] = predict(records, sims[m], tm_m)
+    real = {m: real_speeds(records, recorded[m]) for m in methods if m in recorded}
     return fit, pred, real
 
 
 def render_prediction_markdown(
     pred: dict[str, dict[str, dict[str, Any]]], real: dict[str, dict[str, float]],
-    baseline: str | None = "ar",
+    baseline: str | None = "ar", fitted: str | None = None,
 ) -> str:
     """Per category: predicted tokens/s of each method (speedup over ``baseline`` where
-    it was predicted too), and recorded tokens/s with the prediction's error."""
+    it was predicted too), and recorded tokens/s with the prediction's error;
+    ``fitted``: a method the row term was fitted on alone (marked: in-sample)."""
     methods = list(pred)
     if not methods:
         return ""
     cats = list(pred[methods[0]])
-    lines = ["| category | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    heads = [f"{m} (row fit)" if m == fitted else m for m in methods]
+    lines = ["| category | " + " | ".join(heads) + " |", "|---|" + "---|" * len(methods)]
     for c in cats:
         cells = []
         for m in methods:
@@ -289,5 +296,8 @@ def render_prediction_markdown(
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Cells: predicted tokens/s (speedup over predicted ar), MAT = tokens per "
-                 "step, d = draft nodes per step, [recorded tokens/s, prediction error].")
+                 "step, d = draft nodes per step, [recorded tokens/s, prediction error]. "
+                 "The time model's scales, step and turn terms are fitted on ar; its "
+                 "per-draft-row term on the other recorded drafting methods, or on the "
+                 "one marked (row fit), whose error is then in-sample.")
     return "\n".join(lines) + "\n"

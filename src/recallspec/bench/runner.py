@@ -159,6 +159,8 @@ def make_record(
                 "finish_reason": [o.finish_reason for o in outs],
                 "wall_time_repeats": times,
                 "repeats_agree": a.agree,
+                **({"timing": [o.timing for o in outs]}
+                   if all(o.timing is not None for o in outs) else {}),
             }
         ],
         "tstamp": time.time(),

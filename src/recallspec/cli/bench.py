@@ -91,6 +91,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     help="replay drafters that learn from verification logits (recycling) "
                          "with the recorded model's top-k along the answers (one forward "
                          "per turn, cached; rejected nodes' rows stay unknown)")
+    pl.add_argument("--fit-rows-on", default="auto",
+                    help="where the time model's per-draft-row term comes from: auto (each "
+                         "method's from the OTHER listed drafting methods' recorded runs), a "
+                         "recorded method's name (that run alone), or none")
     pl.add_argument("--no-policy-time", action="store_true",
                     help="leave the policies' measured Python time out of the prediction")
     pl.add_argument("--out", default=None, help="also write the prediction (JSON) here")
@@ -322,6 +326,7 @@ def _predict(args: argparse.Namespace, recs: list[dict[str, Any]], settings: dic
     fit, pred, real = predict_methods(
         recs, cfg, curve, _csv(args.methods) or (), Path(args.answers).parent.parent,
         count_policy_time=not args.no_policy_time, topk=topk, vocab=vocab,
+        row_fit=None if args.fit_rows_on == "none" else args.fit_rows_on,
         warn=lambda msg: print(msg, file=sys.stderr))
     res = {"config": cfg.__dict__, "fit": fit, "predicted": pred, "recorded": real}
     if args.out:
@@ -329,11 +334,18 @@ def _predict(args: argparse.Namespace, recs: list[dict[str, Any]], settings: dic
     if args.json:
         print(json.dumps(res, indent=2))
     else:
-        print(f"time model (fitted on the ar wall times): {fit['step_overhead_ms']:.3f} ms a "
-              f"step, {fit['prompt_overhead_ms']:.3f} ms a prompt token beyond the curve "
-              f"({fit['turns']:.0f} turns; {fit['disturbed']:.0f} took 25% longer than "
-              "the model: another job?)\n")
-        print(render_prediction_markdown(pred, real))
+        rows = fit["row_overhead_ms"]
+        print(f"time model (fitted on the ar run's {fit['source']}): forwards "
+              f"x{fit['forward_scale']:.3f} and prefill x{fit['prefill_scale']:.3f} the "
+              f"curve's, {fit['step_overhead_ms']:.3f} ms a step, "
+              f"{fit['turn_overhead_ms']:.1f} ms a turn, {fit['prompt_overhead_ms']:.3f} ms "
+              f"a prompt token ({fit['turns']:.0f} turns; {fit['disturbed']:.0f} took 25% "
+              "longer than the model: another job?); ms a draft row "
+              + ("(fitted on the other methods' runs)" if fit["row_fit"] == "auto"
+                 else f"(fitted on {fit['row_fit']})") + ": "
+              + (", ".join(f"{m} {v:.3f}" for m, v in rows.items()) or "none") + "\n")
+        fitted = fit["row_fit"] if fit["row_fit"] not in (None, "auto") else None
+        print(render_prediction_markdown(pred, real, fitted=fitted))
     return 0
 
 
