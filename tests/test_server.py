@@ -278,7 +278,8 @@ def test_bad_requests_get_openai_errors(server: Server) -> None:
 @pytest.fixture
 def guarded(tmp_path: Path) -> Iterator[Server]:
     yield from start_server(tmp_path / "server.log", "--api-key", "sesame",
-                            "--max-batch-size", "1", "--max-waiting", "1")
+                            "--max-batch-size", "1", "--max-waiting", "1",
+                            "--max-draft-nodes", "2")
 
 
 def test_api_key_and_full_queue(guarded: Server) -> None:
@@ -308,4 +309,15 @@ def test_api_key_and_full_queue(guarded: Server) -> None:
             assert r.headers["retry-after"] and r.json()["error"]["type"] == "rate_limit_error"
         else:
             assert r.json()["choices"][0]["text"] == ok.choices[0].text
+    # --max-draft-nodes 2: drafts happened (a counting prompt repeats itself), none longer
+    metrics = httpx.get(f"{server.base}/metrics").text
+    drafts, draft_tokens = (_metric(metrics, f"recallspec:spec_decode_num_{n}_total")
+                            for n in ("drafts", "draft_tokens"))
+    assert drafts > 0 and draft_tokens <= 2 * drafts, (drafts, draft_tokens)
+
+
+def _metric(text: str, name: str) -> float:
+    """The sum of a Prometheus metric's samples in an exposition ``text``."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
     server.wait_idle()

@@ -47,6 +47,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-waiting", type=int, default=256,
                    help="requests waiting for a slot before new ones get 429")
     p.add_argument("--max-len", type=int, default=None, help="KV positions per request")
+    p.add_argument("--max-draft-nodes", type=int, default=None, metavar="N",
+                   help="draft-tree nodes verified per request and step, at most (default "
+                   "16; the cost-aware mode drafts fewer where rows do not pay; workloads "
+                   "that re-send long texts gain from more, e.g. 32)")
     p.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -96,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
             config["memory_prompt_tail"] = args.memory_prompt_tail
         if args.max_len is not None:
             config["max_len"] = args.max_len
+        if args.max_draft_nodes is not None:
+            config["max_draft_nodes"] = args.max_draft_nodes
         engine = Engine.load(args.model, **config)
     except ValueError as e:
         raise DataError(str(e)) from None
