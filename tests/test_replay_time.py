@@ -76,6 +76,40 @@ def test_cost_curve_json_round_trip_and_format() -> None:
         CostGrid((1, 2), (0,), ((1.0,),))
 
 
+def test_a_curve_measured_while_busy_stands_in_but_is_never_cached(tmp_path: Path) -> None:
+    """Busy: measured once, kept in a provisional file that later busy calls reuse (no
+    new measurement per engine); quiet: measured again and cached for good."""
+    from recallspec.runtime import cost_curve as cc
+
+    calls = []
+
+    class Counting:  # counts forwards, to tell a measurement from a read
+        def __init__(self, model: Any) -> None:
+            self.model = model
+            self.config = model.config
+
+        def new_cache(self, *a: Any) -> Any:
+            return self.model.new_cache(*a)
+
+        def __call__(self, *a: Any) -> Any:
+            calls.append(1)
+            return self.model(*a)
+
+    model = Counting(cycle_model(7))
+    path = tmp_path / "curve.json"
+    kw: dict[str, Any] = {"key": "k", "cache_path": path, "contexts": False, "repeats": 1}
+    busy = cc.calibrate(model, 1, busy=lambda: True, **kw)
+    assert not path.exists() and path.with_suffix(".busy.json").is_file() and calls
+    calls.clear()
+    assert cc.calibrate(model, 1, busy=lambda: True, **kw) == busy and not calls
+    assert cc.calibrate(model, 1, busy=lambda: True, **(kw | {"key": "other"})) != busy
+    calls.clear()
+    quiet = cc.calibrate(model, 1, busy=lambda: False, **kw)  # quiet: measured again
+    assert calls and path.is_file() and not path.with_suffix(".busy.json").exists()
+    calls.clear()
+    assert cc.calibrate(model, 1, busy=lambda: True, **kw) == quiet and not calls
+
+
 # ---- the time model ------------------------------------------------------------------
 
 

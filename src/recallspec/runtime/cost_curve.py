@@ -344,27 +344,41 @@ def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+PROVISIONAL_TTL = 1800.0  # seconds a curve measured on a busy machine stands in
+
+
 def calibrate(
     model: Any, threads: int, *, key: str = "", sizes: Sequence[int] = DEFAULT_SIZES,
     repeats: int = 3, cache_path: Path | None = None, say: Callable[[str], None] | None = None,
-    contexts: bool = True,
+    contexts: bool = True, busy: Callable[[], bool] | None = None,
 ) -> CostCurve:
     """The model's cost curve with ``threads`` cores: read from ``cache_path`` when it was
     measured for the same ``key`` (``curve_key``), else measured (about 20-30 s; the
-    context grids, ``contexts``, are about half of it) and written there."""
-    if cache_path is not None and cache_path.is_file():
-        try:
-            curve = CostCurve.from_json(json.loads(cache_path.read_text()))
-            if curve.key == key:
-                return curve
-        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
-            pass  # stale or corrupt: measure again
+    context grids, ``contexts``, are about half of it) and written there.
+
+    A curve measured while other jobs load the CPU (``busy``, default: the 1-min load)
+    is wrong for good (2-thread steps stall on descheduled peers), so it is never written
+    to ``cache_path``; it goes to a provisional file beside it instead, which stands in
+    for ``PROVISIONAL_TTL`` seconds while the machine stays busy (without it every new
+    engine in a loaded process measured again: a test run under load took 30 min longer).
+    On a quiet machine the curve is measured again and cached for good."""
+    is_busy = busy or _busy
+    cached = _read_curve(cache_path, key)
+    if cached is not None:
+        return cached
+    provisional = None if cache_path is None else cache_path.with_suffix(".busy.json")
+    if provisional is not None and is_busy():
+        stand_in = _read_curve(provisional, key)
+        age = time.time() - provisional.stat().st_mtime if stand_in is not None else 0.0
+        if stand_in is not None and age < PROVISIONAL_TTL:
+            if say:
+                say(f"the machine is busy: using the cost curve measured while it was busy "
+                    f"{age / 60:.0f} min ago (measured again once the machine is quiet)")
+            return stand_in
     if say:
         say("measuring the verification cost curve of this model on this machine (once; "
             "about 25 s, then cached) ...")
-    # A curve measured while other jobs load the CPU is wrong for good (2-thread steps
-    # stall on descheduled peers); such a curve serves this process but is not cached.
-    busy = _busy()
+    was_busy = is_busy()
     scratch = model.new_cache(1, REFERENCE_CONTEXT + max(sizes) + 1)
     times = forward_times(model, scratch, threads, sizes, cached=REFERENCE_CONTEXT,
                           repeats=repeats)
@@ -379,12 +393,33 @@ def calibrate(
                                repeats=repeats)
     curve = CostCurve(tuple(sorted(times)), tuple(times[k] for k in sorted(times)), per_seq, key,
                       decode, prefill)
-    if busy or _busy():
+    if was_busy or is_busy():
         if say:
-            say("the machine is busy: the cost curve is used now but not cached")
+            say("the machine is busy: the cost curve is used for now, not cached for good")
+        if provisional is not None:
+            _write_curve(provisional, curve)
     elif cache_path is not None:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(curve.to_json(), indent=1))
-        tmp.replace(cache_path)
+        _write_curve(cache_path, curve)
+        if provisional is not None:
+            provisional.unlink(missing_ok=True)
     return curve
+
+
+def _read_curve(path: Path | None, key: str) -> CostCurve | None:
+    """The curve in ``path`` if it is one measured for ``key`` (None: absent, another
+    key, or stale or corrupt: measure again)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        curve = CostCurve.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+        return None
+    return curve if curve.key == key else None
+
+
+def _write_curve(path: Path, curve: CostCurve) -> None:
+    """Atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(curve.to_json(), indent=1))
+    tmp.replace(path)
