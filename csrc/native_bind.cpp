@@ -1,6 +1,7 @@
 // Python side of the native forward (native_model.h), registered into recallspec._kernels:
 // the weights handed over once (kept alive by references to their Python objects), and
 // the per-call marshalling of runtime/native.py.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/vector.h>
 
+#include "kernel_common.h"
 #include "native_model.h"
 #include "qseg.h"
 
@@ -134,7 +136,7 @@ void forward_py(NativeModel& m, uintptr_t ids, uintptr_t positions, uintptr_t pa
                 std::vector<uintptr_t> valid, uintptr_t k, uintptr_t v,
                 std::vector<int64_t> cache_shape, std::vector<uintptr_t> cos,
                 std::vector<uintptr_t> sin, int64_t rope_rows, int64_t num_layers, uintptr_t out,
-                unsigned threads, int isa) {
+                unsigned threads, int isa, uintptr_t argmax) {
   need(T > 0 && R >= 0 && ids && positions && parents && (R == 0 || (logits_rows && out)),
        "forward needs T > 0 rows and non-null arrays");
   need(cache_shape.size() == 5 && k && v, "the cache is [L, S, Hkv, N, D] K and V");
@@ -151,7 +153,36 @@ void forward_py(NativeModel& m, uintptr_t ids, uintptr_t positions, uintptr_t pa
     r.sin.push_back(ptr<float>(sin[i]));
   }
   r.rows = rope_rows;
-  m.forward(a, c, r, num_layers, reinterpret_cast<float*>(out), threads, isa);
+  m.forward(a, c, r, num_layers, reinterpret_cast<float*>(out), reinterpret_cast<int64_t*>(argmax),
+            threads, isa);
+}
+
+using FRows = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using IOut = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// The forward's argmax on its own, for the tests: each row of x cut into chunks of
+// `chunk` columns, each scanned as the forward's epilogue does (Ops::max, then
+// Ops::argmax where ArgmaxAcc::may_take), last chunk first (the forward's threads
+// report in no fixed order).
+void argmax_rows(FRows x, IOut out, int64_t chunk, int isa) {
+  rs::require_isa(isa);
+  const Ops& op = isa >= rs::kAvx512 ? ops_avx512() : isa == rs::kAvx2 ? ops_avx2() : ops_scalar();
+  const int64_t R = int64_t(x.shape(0)), n = int64_t(x.shape(1));
+  need(int64_t(out.shape(0)) == R && n > 0 && chunk > 0, "argmax_rows needs x [R, n > 0], out [R]");
+  for (int64_t i = 0; i < R; ++i) {
+    const float* row = x.data() + i * n;
+    ArgmaxAcc acc;
+    for (int64_t c = (n - 1) / chunk * chunk; c >= 0; c -= chunk) {
+      const int64_t len = std::min(chunk, n - c);
+      bool nan = false;
+      const float m = op.max(row + c, len, &nan);
+      if (acc.may_take(m, nan, c)) {
+        const int64_t j = c + op.argmax(row + c, len);
+        acc.offer(row[j], j);
+      }
+    }
+    out.data()[i] = acc.at;
+  }
 }
 
 const char* const kCounterNames[kCounters] = {"quantize", "gemm", "attention", "other", "total"};
@@ -197,5 +228,8 @@ void register_native(nb::module_& m) {
            nb::arg("t"), nb::arg("logits_rows"), nb::arg("r"), nb::arg("query_start"),
            nb::arg("slots"), nb::arg("cache_lens"), nb::arg("valid"), nb::arg("k"), nb::arg("v"),
            nb::arg("cache_shape"), nb::arg("cos"), nb::arg("sin"), nb::arg("rope_rows"),
-           nb::arg("num_layers"), nb::arg("out"), nb::arg("threads"), nb::arg("isa"));
+           nb::arg("num_layers"), nb::arg("out"), nb::arg("threads"), nb::arg("isa"),
+           nb::arg("argmax") = 0);
+  m.def("argmax_rows", &nf::argmax_rows, nb::arg("x").noconvert(), nb::arg("out").noconvert(),
+        nb::arg("chunk"), nb::arg("isa"));
 }

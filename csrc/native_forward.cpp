@@ -26,21 +26,31 @@ constexpr int64_t kParallelRows = 32;
 // Attention below this many (key x head_dim) products runs in the calling thread.
 constexpr int64_t kParallelAttn = 1 << 15;
 
-// Run fn(a, b) on contiguous parts [a, b) of [0, total), one part per thread.
+// Run fn(p, a, b) on contiguous parts [a, b) of [0, total), part p in thread p.
 template <class F>
-void split(int64_t total, unsigned parts, F&& fn) {
+void split_parts(int64_t total, unsigned parts, F&& fn) {
   const int64_t np = std::max<int64_t>(1, std::min<int64_t>(parts, total));
   if (np == 1) {
-    if (total > 0) fn(int64_t(0), total);
+    if (total > 0) fn(0u, int64_t(0), total);
     return;
   }
   const int64_t per = (total + np - 1) / np;
   rs::pool().run(unsigned(np), [&](unsigned p) {
     const int64_t a = std::min<int64_t>(total, int64_t(p) * per);
     const int64_t b = std::min<int64_t>(total, a + per);
-    if (a < b) fn(a, b);
+    if (a < b) fn(p, a, b);
   });
 }
+
+// Run fn(a, b) on contiguous parts [a, b) of [0, total), one part per thread.
+template <class F>
+void split(int64_t total, unsigned parts, F&& fn) {
+  split_parts(total, parts, [&](unsigned, int64_t a, int64_t b) { fn(a, b); });
+}
+
+// Output groups of 16 columns a thread computes before it runs a product's epilogue
+// over them (NativeModel::matmul): 1024 columns, 4 KB a row, still in its L1 or L2.
+constexpr int64_t kEpilogueGroups = 64;
 
 }  // namespace
 
@@ -53,10 +63,24 @@ void NativeModel::tick(Counter c, ns_clock::time_point& t0) {
   t0 = t1;
 }
 
-void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out, const float* bias) {
+void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out, const float* bias,
+                         const Epilogue* epi) {
+  // Without an epilogue a thread computes its whole part at once; with one, in chunks of
+  // kEpilogueGroups groups (each output's arithmetic is the same however the columns are
+  // cut), running epi on each chunk's columns right after computing them.
+  auto chunks = [&](unsigned p, int64_t a, int64_t b, int64_t first, int64_t last, auto&& gemm) {
+    const int64_t step = epi ? kEpilogueGroups : b - a;
+    for (int64_t c = a; c < b; c += step) {
+      const int64_t e = std::min(b, c + step);
+      gemm(c, e);
+      if (epi) (*epi)(p, first + 16 * c, std::min(last, first + 16 * e));
+    }
+  };
   if (m.dense) {
-    split((m.n + 15) / 16, parts_, [&](int64_t a, int64_t b) {
-      ops_->dense(x, M, m.k, m.dense, 16 * a, std::min(m.n, 16 * b), out, m.n);
+    split_parts((m.n + 15) / 16, parts_, [&](unsigned p, int64_t a, int64_t b) {
+      chunks(p, a, b, 0, m.n, [&](int64_t c, int64_t e) {
+        ops_->dense(x, M, m.k, m.dense, 16 * c, std::min(m.n, 16 * e), out, m.n);
+      });
     });
   }
   const bool widened = isa_ == rs::kAvx2 || isa_ == rs::kAvx512;  // the vpmaddwd paths
@@ -86,13 +110,15 @@ void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out,
     }
     const qk::QX qx{buf.q, buf.qw, buf.d, buf.xs, buf.dxs, M, m.k, w.sb};
     float* o = out + m.offs[i];
-    split(w.groups, parts_, [&](int64_t g0, int64_t g1) {
-      switch (isa_) {
-        case rs::kAvx512Vnni: qk::gemm_avx512vnni(w, qx, o, m.n, g0, g1); break;
-        case rs::kAvx512: qk::gemm_avx512(w, qx, o, m.n, g0, g1); break;
-        case rs::kAvx2: qk::gemm_avx2(w, qx, o, m.n, g0, g1); break;
-        default: qk::gemm_scalar(w, qx, o, m.n, g0, g1); break;
-      }
+    split_parts(w.groups, parts_, [&](unsigned p, int64_t a, int64_t b) {
+      chunks(p, a, b, m.offs[i], m.offs[i] + w.n, [&](int64_t g0, int64_t g1) {
+        switch (isa_) {
+          case rs::kAvx512Vnni: qk::gemm_avx512vnni(w, qx, o, m.n, g0, g1); break;
+          case rs::kAvx512: qk::gemm_avx512(w, qx, o, m.n, g0, g1); break;
+          case rs::kAvx2: qk::gemm_avx2(w, qx, o, m.n, g0, g1); break;
+          default: qk::gemm_scalar(w, qx, o, m.n, g0, g1); break;
+        }
+      });
     });
   }
   if (bias)
@@ -101,7 +127,7 @@ void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out,
 }
 
 void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs& r, int64_t n_layers,
-                          float* out, unsigned threads, int isa) {
+                          float* out, int64_t* argmax, unsigned threads, int isa) {
   const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim, hid = cfg_.hidden;
   const int64_t I = cfg_.inter, nq = H * D, nkv = Hkv * D, nqkv = nq + 2 * nkv, group = H / Hkv;
   const float eps = cfg_.eps;
@@ -250,10 +276,42 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     for (int64_t i = 0; i < R; ++i)
       op.rms_norm(h + a.logits_rows[i] * hid, final_norm_, fin_.data() + i * hid, hid, eps);
     tick(kOther, t0);
-    matmul(head_, fin_.data(), R, out, nullptr);
+    // The soft-cap (elementwise) and each row's argmax run as the product's epilogue, by
+    // the thread that computed the columns, while they are in its cache (the argmax
+    // saves greedy verification a pass over every row's vocabulary; issue 18); both are
+    // timed as part of the product. Each thread keeps one ArgmaxAcc per row, merged at
+    // the end (ArgmaxAcc's choice does not depend on how the columns were split).
+    const int64_t V = cfg_.vocab;
+    const float cap = cfg_.softcap;
+    const int64_t stride = (R + 3) / 4 * 4;  // threads' accumulators a cache line apart
+    if (argmax) best_.assign(size_t(parts_ * stride), ArgmaxAcc{});
+    const Epilogue epi = [&](unsigned p, int64_t n0, int64_t n1) {
+      for (int64_t i = 0; i < R; ++i) {
+        float* row = out + i * V;
+        if (cap > 0.0f) op.softcap(row + n0, n1 - n0, cap);
+        if (argmax) {  // the chunk's argmax only when it may beat the part's so far
+          ArgmaxAcc& acc = best_[size_t(p * stride + i)];
+          bool nan = false;
+          const float m = op.max(row + n0, n1 - n0, &nan);
+          if (acc.may_take(m, nan, n0)) {
+            const int64_t j = n0 + op.argmax(row + n0, n1 - n0);
+            acc.offer(row[j], j);
+          }
+        }
+      }
+    };
+    matmul(head_, fin_.data(), R, out, nullptr, cap > 0.0f || argmax ? &epi : nullptr);
+    if (argmax) {
+      for (int64_t i = 0; i < R; ++i) {
+        ArgmaxAcc acc;
+        for (unsigned p = 0; p < parts_; ++p) {
+          const ArgmaxAcc& b = best_[size_t(p * stride + i)];
+          if (b.at >= 0) acc.offer(b.v, b.at);
+        }
+        argmax[i] = acc.at;
+      }
+    }
     tick(kGemm, t0);
-    if (cfg_.softcap > 0.0f) op.softcap(out, R * cfg_.vocab, cfg_.softcap);
-    tick(kOther, t0);
   }
   if (profiling_) {
     counters_[kTotal] += (ns_clock::now() - start).count();

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -65,6 +66,31 @@ struct QBuf {
   }
 };
 
+// A running argmax over a row's columns, offered candidates (a value and its column) in
+// any order: it keeps the first NaN, else the largest value at its first column, so the
+// result never depends on how the columns were split or in which order parts report.
+// (Here, not in native_ops.h: that header is compiled for every instruction set too.)
+struct ArgmaxAcc {
+  float v = 0.0f;
+  int64_t at = -1;  // -1: nothing offered yet
+  // Whether a range starting at column `first`, whose largest number is m (has_nan: it
+  // holds a NaN), may hold a candidate that offer() would take: when not, its argmax
+  // need not be looked for.
+  bool may_take(float m, bool has_nan, int64_t first) const {
+    if (at < 0) return true;
+    if (v != v) return has_nan && first < at;
+    return has_nan || m > v || (m == v && first < at);
+  }
+  void offer(float cv, int64_t c) {
+    const bool cn = cv != cv, bn = v != v;
+    const bool better = at < 0 || (cn ? (!bn || c < at) : (!bn && (cv > v || (cv == v && c < at))));
+    if (better) {
+      v = cv;
+      at = c;
+    }
+  }
+};
+
 enum Counter { kQuant, kGemm, kAttn, kOther, kTotal, kCounters };
 
 struct Config {
@@ -87,10 +113,12 @@ class NativeModel {
                  nanobind::object ffn_norm, nanobind::object q_norm, nanobind::object k_norm,
                  nanobind::object post_attn, nanobind::object post_ffn);
 
-  // Runs the first n_layers layers, then the head for a.logits_rows into out [R, vocab];
-  // releases the GIL. threads: parts of the pool to use; isa: kernel_common.h's code.
+  // Runs the first n_layers layers, then the head for a.logits_rows into out [R, vocab]
+  // and, unless argmax is null, each of those rows' argmax (Ops::argmax over the whole
+  // row) into argmax [R]; releases the GIL. threads: parts of the pool to use; isa:
+  // kernel_common.h's code.
   void forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs& r, int64_t n_layers,
-               float* out, unsigned threads, int isa);
+               float* out, int64_t* argmax, unsigned threads, int isa);
 
   // Seconds per counter since the last reset (a clock read between the parts of a
   // forward while profiling is on), and the number of calls.
@@ -100,7 +128,11 @@ class NativeModel {
  private:
   Matrix matrix(nanobind::object w, int64_t n, int64_t k);
   const float* vec(nanobind::object v, int64_t n, bool optional);
-  void matmul(const Matrix& m, const float* x, int64_t M, float* out, const float* bias);
+  // Work on output columns [n0, n1) of every row, run by thread p right after computing
+  // them (the head's soft-cap and argmax).
+  using Epilogue = std::function<void(unsigned p, int64_t n0, int64_t n1)>;
+  void matmul(const Matrix& m, const float* x, int64_t M, float* out, const float* bias,
+              const Epilogue* epi = nullptr);
   // Adds the time since t0 to counter c and restarts t0; a product's quantization is
   // timed inside matmul and taken out of the gemm counter.
   void tick(Counter c, std::chrono::steady_clock::time_point& t0);
@@ -118,6 +150,7 @@ class NativeModel {
   const Ops* ops_ = nullptr;
   QBuf q32_, q16_;
   std::vector<float> h_, x_, qkv_, att_, o_, gu_, act_, fin_;
+  std::vector<ArgmaxAcc> best_;  // [parts][R, padded]: each thread's running argmax of each row
   Plan plan_;
   bool profiling_ = false;
   int64_t counters_[kCounters] = {};

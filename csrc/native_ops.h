@@ -78,6 +78,13 @@ struct Ops {
   // h += o; x *= s (n % 16 == 0).
   void (*add)(float* h, const float* o, int64_t n);
   void (*scale)(float* x, int64_t n, float s);
+  // The index of the first largest of x[0, n) (n >= 1), a NaN counting as larger than
+  // every number (the first NaN if there is one): numpy's and torch's argmax. Only exact
+  // comparisons (-0 == +0), so every path gives the same index.
+  int64_t (*argmax)(const float* x, int64_t n);
+  // The largest number in x[0, n) (n >= 1; -inf if there is none) and whether x holds a
+  // NaN: a cheaper first pass that tells when argmax can be skipped.
+  float (*max)(const float* x, int64_t n, bool* has_nan);
 };
 
 const Ops& ops_scalar();

@@ -34,6 +34,29 @@ def test_drafters_token_identical_on_spec_bench(engine: Any, spec_bench_prompts:
     assert accepted["pld"] > 0  # the drafts were really used
 
 
+def test_greedy_equals_argmax_of_plain_decoding(engine: Any) -> None:
+    """The engine's greedy tokens (verified with the forward's own argmax where the model
+    computes one) are those of a plain loop taking ``torch.argmax`` of each step's logits:
+    the check that does not share the engine's argmax."""
+    ids = engine.encode_prompt("Write a limerick about a cat who learns to code.", chat=True)
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    model, cache = engine.model, engine.cache
+    slot = cache.allocate()
+    want: list[int] = []
+    try:
+        with torch.inference_mode():
+            last = model(build_batch([SequenceInput(slot, 0, ids, logits="last")]), cache)[0]
+            for i in range(NEW_TOKENS):
+                want.append(int(torch.argmax(last)))
+                meta = build_batch([SequenceInput(slot, len(ids) + i, want[-1:])])
+                last = model(meta, cache)[0]
+    finally:
+        cache.release(slot)
+    for drafter in ("none", "llma", "pld"):
+        got = engine.generate(ids, params, drafter=drafter)
+        assert isinstance(got, GenerationResult) and got.token_ids == want, drafter
+
+
 def test_batched_ragged_identical_to_single(engine: Any, spec_bench_prompts: list[str]) -> None:
     """Sequences of different prompt lengths and draft sizes decoded together, joining
     and leaving the batch at different steps, equal single-sequence AR."""

@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from recallspec import _kernels
 from recallspec.models import CausalLM, load_model, load_tokenizer
 from recallspec.runtime import isa
 from recallspec.runtime.batch import SequenceInput, build_batch
@@ -348,3 +349,103 @@ def test_switch_and_errors(smol: CausalLM, monkeypatch: pytest.MonkeyPatch) -> N
         smol(build_batch([SequenceInput(0, 0, [1, 2]), SequenceInput(0, 4, [3])]), cache)
     with pytest.raises(ValueError, match="token id"):
         smol(build_batch([SequenceInput(0, 0, [smol.config.vocab_size])]), cache)
+
+
+# ---- the forward's argmax (greedy verification reads it instead of the logits) ----------
+
+def test_argmax_kernel_first_maximum() -> None:
+    """Ops::argmax with the forward's merge of column chunks (in any order) is torch's and
+    numpy's argmax bit for bit: ties (first index), NaN (the first), -0 == +0, infinities,
+    rows shorter than a vector and ragged tails, on every path."""
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for n in (1, 5, 16, 63, 64, 65, 130, 1000, 3000):
+        x = torch.randint(-3, 3, (6, n), generator=g).float()  # many exact ties
+        x[1] = float("-inf")
+        x[2] = -0.0
+        x[2, n // 2 :] = 0.0
+        x[3, torch.rand(n, generator=g) < 0.1] = float("inf")
+        x[4, torch.rand(n, generator=g) < 0.05] = float("nan")
+        x[5, -1] = 9.0
+        cases.append(x)
+    for x in cases:
+        want = x.argmax(-1)
+        assert torch.equal(want, torch.from_numpy(x.numpy().argmax(-1)))
+        for v in isa.variants():
+            for chunk in (1, 7, 16, 64, 1024):
+                out = torch.empty(x.shape[0], dtype=torch.int64)
+                _kernels.argmax_rows(x, out, chunk, isa.code(v))
+                assert torch.equal(out, want), (v, chunk, x.shape)
+
+
+def _argmax_with(model: CausalLM, steps: Steps, ties: list[int] | None = None,
+                 **kw: object) -> list[torch.Tensor]:
+    """``_forward_with``, checking each step's ``meta.argmax`` against its logits;
+    ``ties`` gets each step's fewest copies of a row's maximum."""
+    assert model.native is not None
+    cache, out = model.new_cache(3, 256), []
+    ties = [] if ties is None else ties
+    for s in steps:
+        meta = build_batch(s)
+        assert meta.argmax.tolist() == [-1] * meta.num_logits  # until a forward writes it
+        n_layers, max_pos = model._check_batch(meta, cache, None)
+        rope = [model._rope_table(b, max_pos) for b in model.rope_bases]
+        logits = model.native.forward(meta, cache, n_layers, rope, **kw)  # type: ignore[arg-type]
+        assert torch.equal(meta.argmax, logits.argmax(-1)), kw
+        out.append(meta.argmax.clone())
+        ties.append(int((logits == logits.max(-1, keepdim=True).values).sum(-1).min()))
+    return out
+
+
+def test_forward_argmax_every_batch_and_path(smol: CausalLM, prompt_ids: list[int]) -> None:
+    """Each returned row's argmax, batch sizes 1 to 3 with trees, prefill and padded KV:
+    the argmax of its logits, whatever the threads and the path."""
+    steps = list(_steps_smol(prompt_ids))
+    base = _argmax_with(smol, steps, threads=1)
+    for kw in [{"threads": 2}, *({"isa": v, "threads": 2} for v in isa.variants()
+                                 if v not in ("scalar", isa.ISA))]:
+        got = _argmax_with(smol, steps, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(base, got, strict=True)), kw
+
+
+def test_forward_argmax_ties_across_chunks_threads_segments(
+    smol: CausalLM, smol_dense: CausalLM, prompt_ids: list[int],
+) -> None:
+    """Exact ties in real logits: a head whose row j repeats row j % 3000, so every
+    maximum recurs in later column chunks and in the other thread's columns (the first
+    must win); quantized in two segments of different formats; and a soft-cap that
+    saturates (tanh rounds to 1: ties that only exist after the cap)."""
+    steps = [[SequenceInput(0, 0, prompt_ids[:12])],
+             [SequenceInput(0, 12, prompt_ids[12:19], TREE), SequenceInput(1, 0, prompt_ids[:3])]]
+    w = smol.lm_head_w
+    assert isinstance(w, QuantizedWeight)
+    periodic = w.dequantize()[torch.arange(w.n) % 3000]
+    half = w.n // 2
+    old, native = smol.lm_head_w, smol.native
+    smol.lm_head_w = QuantizedWeight.concat([
+        QuantizedWeight.from_float(periodic[:half], "Q4_1"),
+        QuantizedWeight.from_float(periodic[half:], "Q8_0"),
+    ])
+    try:
+        smol.native = NativeModel(smol)
+        for threads in (1, 2):
+            ties: list[int] = []
+            _argmax_with(smol, steps, ties, threads=threads)
+            assert min(ties) >= 2  # every row's maximum recurs
+    finally:
+        smol.lm_head_w, smol.native = old, native
+    c, native = smol_dense.config, smol_dense.native
+    head = smol_dense.lm_head_w
+    assert isinstance(head, torch.Tensor)
+    try:
+        smol_dense.lm_head_w = head[torch.arange(head.shape[0]) % 3000].contiguous()
+        smol_dense.native = NativeModel(smol_dense)
+        ties = []
+        _argmax_with(smol_dense, steps[:1], ties, threads=2)
+        smol_dense.config = replace(c, final_logit_softcap=0.5)
+        smol_dense.native = NativeModel(smol_dense)
+        got = _argmax_with(smol_dense, steps[:1], ties, threads=2)[0]
+        assert min(ties) >= 2 and int(got.max()) < 3000  # the first of the tied maxima
+        print("copies of the maximum, periodic and capped:", ties)
+    finally:
+        smol_dense.config, smol_dense.native, smol_dense.lm_head_w = c, native, head

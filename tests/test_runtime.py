@@ -23,6 +23,19 @@ def test_build_batch_ragged_layout() -> None:
     assert meta.logits_indices.tolist() == [0, 1, 2, 6]
     assert meta.is_chain == (True, False)
     assert meta.kv_len(1) == 5
+    assert meta.input_ids.tolist() == [7, 8, 9, 1, 2, 3, 4]
+    assert meta.seq_index.tolist() == [0, 0, 0, 1, 1, 1, 1]
+    assert meta.parents.tolist() == [-1, 0, 1, -1, 0, 0, 2]
+    assert meta.argmax.tolist() == [-1] * 4  # until a forward that computes it writes it
+    # One int64 buffer holds them all, in the order the native forward reads them.
+    assert meta.ints.typecode == "q" and meta.argmax_list() == [-1] * 4
+    assert meta.ints.tolist() == [
+        *meta.input_ids.tolist(), *meta.positions.tolist(), *meta.seq_index.tolist(),
+        *meta.cache_pos.tolist(), *meta.cache_slot_per_row.tolist(), *meta.parents.tolist(),
+        *meta.logits_indices.tolist(), *meta.argmax.tolist()]
+    assert (meta.num_tokens, meta.num_logits) == (7, 4)
+    none = build_batch([SequenceInput(0, 3, [5, 6], logits="none")])
+    assert none.num_logits == 0 and none.logits_indices.tolist() == none.argmax.tolist() == []
 
 
 def test_build_batch_rejects_bad_trees() -> None:

@@ -9,7 +9,7 @@ import torch
 
 from recallspec.spec.sampling import SamplingParams, probabilities
 from recallspec.spec.tree import DraftTree, limit_depth
-from recallspec.spec.verify import verify_greedy, verify_sampling
+from recallspec.spec.verify import verify_greedy, verify_greedy_argmax, verify_sampling
 
 V = 6
 
@@ -54,6 +54,22 @@ def test_empty_tree_is_plain_step() -> None:
 def test_logits_shape_checked() -> None:
     with pytest.raises(ValueError, match="logits"):
         verify_greedy(DraftTree.chain([1, 2]), one_hot_logits([1, 2]))
+    with pytest.raises(ValueError, match="argmax"):
+        verify_greedy_argmax([1, 2], [-1, 0], [1, 2])
+
+
+def test_greedy_with_the_forwards_argmax_is_the_same() -> None:
+    """Row argmaxes handed in (the native forward's) give the verdict of the logits' own,
+    ties (first index) included."""
+    g = torch.Generator().manual_seed(0)
+    trees = [DraftTree.empty(), DraftTree.chain([1, 2, 3]),
+             DraftTree.from_lists([1, 2, 3, 4, 0], [-1, -1, 1, 1, 0])]
+    for tree in trees:
+        for _ in range(50):
+            logits = torch.randint(0, 3, (len(tree) + 1, V), generator=g).float()
+            want = verify_greedy(tree, logits)
+            ids = logits.argmax(-1).tolist()
+            assert verify_greedy_argmax(tree.tokens.tolist(), tree.parents.tolist(), ids) == want
 
 
 def test_tree_validation() -> None:

@@ -43,5 +43,9 @@ class NativeModel:
         self, ids: int, positions: int, parents: int, t: int, logits_rows: int, r: int,
         query_start: Any, slots: Any, cache_lens: Any, valid: list[int], k: int, v: int,
         cache_shape: list[int], cos: list[int], sin: list[int], rope_rows: int,
-        num_layers: int, out: int, threads: int, isa: int,
+        num_layers: int, out: int, threads: int, isa: int, argmax: int = 0,
     ) -> None: ...
+
+# The forward's row argmax (first maximum, NaN first) on its own, each row of x
+# (float32 [R, n]) in chunks of `chunk` columns merged last first, into out (int64 [R]).
+def argmax_rows(x: Any, out: Any, chunk: int, isa: int) -> None: ...

@@ -120,16 +120,24 @@ class RequestOutput:
 
 
 # ---- committing text ---------------------------------------------------------------
+# Tokens the detokenizer's window may span before it slides (a second decode, then): one
+# decode per commit otherwise, of a window that stays short.
+DETOK_WINDOW = 32
+
+
 def extend_text(req: Request, decode: Decode) -> None:
     """Append the complete characters of newly committed tokens to ``req.text``: decode
-    a window from ``detok_prefix`` (a little context, for tokenizers whose pieces
-    depend on the previous token) and keep what follows the window's old part."""
+    the window from ``detok_prefix`` (context before ``detok_read``, for tokenizers whose
+    pieces depend on the previous token) and keep what follows ``detok_text``, the
+    window's old part as decoded by the last call (so one decode per call)."""
     ids = req.generated
-    old = decode(ids[req.detok_prefix : req.detok_read])
     new = decode(ids[req.detok_prefix :])
-    if len(new) > len(old) and not new.endswith("\ufffd"):  # no half character
-        req.text += new[len(old) :]
-        req.detok_prefix, req.detok_read = req.detok_read, len(ids)
+    if len(new) > len(req.detok_text) and not new.endswith("\ufffd"):  # no half character
+        req.text += new[len(req.detok_text) :]
+        if len(ids) - req.detok_prefix > DETOK_WINDOW:  # slide: what was read is context
+            req.detok_prefix = req.detok_read
+            new = decode(ids[req.detok_prefix :])
+        req.detok_read, req.detok_text = len(ids), new
 
 
 def hit_stop(req: Request, before: int) -> bool:

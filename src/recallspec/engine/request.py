@@ -97,6 +97,7 @@ class Request:
     text_sent: int = 0  # characters of ``text`` already in an output
     detok_prefix: int = 0  # incremental detokenizer offsets into ``generated``
     detok_read: int = 0
+    detok_text: str = ""  # decode(generated[detok_prefix:detok_read]), kept from the last call
     # Response memory: the partition it reads and feeds ("" = the anonymous one), and
     # whether it uses the memory at all (it still sees the live corpora).
     tenant: str = ""

@@ -3,7 +3,9 @@
 Every decoding request feeds its root (the last committed token) and its draft tree;
 the plan's prompt chunks follow; all in ONE ragged forward with no padding of inputs or
 KV cache. Each request then keeps its own accepted path: the KV cache compacts it and
-the slot advances by its own count.
+the slot advances by its own count. Greedy requests verify by each row's argmax as the
+native forward returns it (``BatchMetadata.argmax``), reading no logits; the logits rows
+are sliced only for sampling, for drafters that read them, and for forwards without it.
 
 The padded batch modes (EMS-SD's baselines, chosen per request) differ only in cost:
 ``pad_inputs`` requests are padded to the longest draft among them with leaves below
@@ -28,7 +30,7 @@ from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.kv_cache import KVCache
 from recallspec.runtime.linear import forward_threads
 from recallspec.spec.tree import DraftTree
-from recallspec.spec.verify import Verdict, verify_greedy, verify_sampling
+from recallspec.spec.verify import Verdict, verify_greedy, verify_greedy_argmax, verify_sampling
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,9 @@ class Verified:
     request: Request
     tree: DraftTree
     verdict: Verdict
-    logits: torch.Tensor  # [1 + len(tree), V]: the root's row, then each node's
+    # [1 + len(tree), V]: the root's row, then each node's; None where nothing read them
+    # (greedy verification by the forward's argmax, for a drafter without needs_logits).
+    logits: torch.Tensor | None
     num_kv: int  # KV entries committed: the root + the accepted nodes
 
 
@@ -64,12 +68,13 @@ class Runner:
         pad_to = max((len(t) for r, t in zip(decoding, trees, strict=True) if r.mode.pad_inputs),
                      default=0)
         n_rows: list[int] = []  # rows fed per decoding request, padding included
-        for req, tree in zip(decoding, trees, strict=True):
+        as_lists = [(t.tokens.tolist(), t.parents.tolist()) for t in trees]  # fed and verified
+        for req, (tree_toks, tree_parents) in zip(decoding, as_lists, strict=True):
             start = cache.length(req.slot)
-            toks = [req.generated[-1], *tree.tokens.tolist()]
-            parents = [-1, *(tree.parents + 1).tolist()]
+            toks = [req.generated[-1], *tree_toks]
+            parents = [-1, *[p + 1 for p in tree_parents]]
             if req.mode.pad_inputs:  # padding rows: leaves below the root
-                pad = max(min(pad_to - len(tree), self.max_len - start - len(toks)), 0)
+                pad = max(min(pad_to - len(tree_toks), self.max_len - start - len(toks)), 0)
                 toks += [req.generated[-1]] * pad
                 parents += [0] * pad
                 stats.padding_rows += pad
@@ -91,16 +96,23 @@ class Runner:
             stats.rows += meta.num_tokens
         verified: list[Verified] = []
         failed: list[Failure] = []
+        # Each logits row's argmax, when the forward computed them (-1: it did not).
+        argmax = meta.argmax_list() if decoding else []
+        if argmax and argmax[0] < 0:
+            argmax = []
         off = 0
         for b, (req, tree) in enumerate(zip(decoding, trees, strict=True)):
-            rows = logits[off : off + 1 + len(tree)]
-            off += n_rows[b]
+            first, end, off = off, off + 1 + len(tree), off + n_rows[b]  # padding after end
             stats.draft_nodes += len(tree)
+            greedy_ids = argmax[first:end] if req.params.greedy else []
             try:
-                verdict = (
-                    verify_greedy(tree, rows) if req.params.greedy
-                    else verify_sampling(tree, rows, req.params, req.generator)
-                )
+                if greedy_ids:  # no tensor op unless the drafter reads the rows
+                    verdict = verify_greedy_argmax(*as_lists[b], greedy_ids)
+                    rows = logits[first:end] if req.drafter.needs_logits else None
+                else:
+                    rows = logits[first:end]
+                    verdict = (verify_greedy(tree, rows) if req.params.greedy
+                               else verify_sampling(tree, rows, req.params, req.generator))
             except Exception as e:
                 failed.append((req, e))
                 continue

@@ -7,7 +7,10 @@ reference's own product arithmetic: the tight parity oracle of the tests, not tu
 ``forward(meta, cache, num_layers, rope)`` then runs the whole model over a ragged batch
 (``runtime.batch``) in ``recallspec._kernels`` (csrc/native_forward.cpp), writing the
 KV cache and returning float32 logits for ``meta.logits_indices``, like
-``CausalLM.forward_reference``, the Python forward it is checked against.
+``CausalLM.forward_reference``, the Python forward it is checked against. It also writes
+each returned row's argmax into ``meta.argmax`` (exactly ``torch.argmax`` of the row,
+computed by each thread over the head's columns it has just produced), so greedy
+verification reads no logits.
 
 Every output row is bit-identical whatever else is in the batch, whatever the tree
 around it (given its own visible keys), the thread count and the instruction-set path:
@@ -48,10 +51,6 @@ def enabled_by_default() -> bool:
     """Whether quantized models use the native forward unless told otherwise (read at
     model construction): yes, unless ``RECALLSPEC_NATIVE`` is 0 / false / no / off."""
     return os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def _i64(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype == torch.int64 and t.is_contiguous() else t.to(torch.int64).contiguous()
 
 
 class NativeModel:
@@ -96,14 +95,21 @@ class NativeModel:
         threads: int | None = None, isa: str | None = None,
     ) -> torch.Tensor:
         """Logits [len(meta.logits_indices), vocab] float32; writes the rows' keys and
-        values into ``cache``. ``rope``: the (cos, sin) tables [N, head_dim] of each of
-        the model's ``rope_bases``, N > every position (the model's own tables).
-        ``threads`` defaults to ``kernel_threads()``, ``isa`` to ``runtime.isa.ISA``."""
+        values into ``cache``, and each returned row's argmax into ``meta.argmax`` (for
+        greedy verification, which then needs no pass over the vocabulary). ``rope``: the
+        (cos, sin) tables [N, head_dim] of each of the model's ``rope_bases``, N > every
+        position (the model's own tables). ``threads`` defaults to ``kernel_threads()``,
+        ``isa`` to ``runtime.isa.ISA``."""
         k, v = cache.k, cache.v
         if k.dtype != torch.float32 or not (k.is_contiguous() and v.is_contiguous()):
             raise TypeError("the native forward needs a contiguous float32 KV cache")
-        ids, pos, par = _i64(meta.input_ids), _i64(meta.positions), _i64(meta.parents)
-        rows = _i64(meta.logits_indices)
+        # Addresses into meta.ints (the layout of runtime.batch.BatchMetadata).
+        t, r = meta.num_tokens, meta.num_logits
+        base, n = meta.ints.buffer_info()  # (alive and never resized during the call)
+        if meta.ints.typecode != "q" or meta.ints.itemsize != 8 or n != 6 * t + 2 * r:
+            raise TypeError("BatchMetadata.ints must be int64 [6 T + 2 R]")
+        ids, pos, par = base, base + 8 * t, base + 40 * t
+        rows, argmax = base + 48 * t, base + 48 * t + 8 * r
         valid = meta.cache_valid
         kept: list[torch.Tensor] = []  # alive until the call returns
         addrs: list[int] = []
@@ -119,14 +125,13 @@ class NativeModel:
         for cs, sn in tables:
             if cs.dtype != torch.float32 or sn.shape != cs.shape or cs.shape[1] != d:
                 raise ValueError("RoPE tables must be float32 [N, head_dim]")
-        out = torch.empty(rows.shape[0], self.config.vocab_size, dtype=torch.float32)
+        out = torch.empty(r, self.config.vocab_size, dtype=torch.float32)
         self._h.forward(
-            ids.data_ptr(), pos.data_ptr(), par.data_ptr(), ids.shape[0],
-            rows.data_ptr(), rows.shape[0], meta.query_start, meta.cache_slots,
+            ids, pos, par, t, rows, r, meta.query_start, meta.cache_slots,
             meta.cache_lens, addrs, k.data_ptr(), v.data_ptr(), list(k.shape),
             [cs.data_ptr() for cs, _ in tables], [sn.data_ptr() for _, sn in tables],
             min(cs.shape[0] for cs, _ in tables), num_layers, out.data_ptr(),
-            kernel_threads() if threads is None else threads, _isa.code(isa),
+            kernel_threads() if threads is None else threads, _isa.code(isa), argmax,
         )
         return out
 

@@ -14,6 +14,7 @@ Definitions used throughout:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,18 +44,37 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
     # Only the rows on the walked path need their argmax (len(path) + 1 of n + 1 rows):
     # a reduction over the vocabulary per row is most of a greedy step's verification.
     rows = _numpy_view(logits)
-    children = tree.children()
-    toks = tree.tokens.tolist()
+    return _greedy_walk(tree.tokens.tolist(), tree.parents.tolist(),
+                        lambda r: int(rows[r].argmax()))
+
+
+def verify_greedy_argmax(
+    tokens: Sequence[int], parents: Sequence[int], argmax: Sequence[int]
+) -> Verdict:
+    """``verify_greedy`` of the tree ``tokens``/``parents`` (``DraftTree``'s arrays as
+    lists) from each row's argmax (first index of the maximum), as the native forward
+    computes them (``BatchMetadata.argmax``): no logits are read."""
+    if not len(tokens) == len(parents) == len(argmax) - 1:
+        raise ValueError(f"need {len(tokens) + 1} row argmaxes and {len(tokens)} parents "
+                         f"for a {len(tokens)}-node tree, got {len(argmax)} and {len(parents)}")
+    return _greedy_walk(tokens, parents, argmax.__getitem__)
+
+
+def _greedy_walk(
+    tokens: Sequence[int], parents: Sequence[int], row_argmax: Callable[[int], int]
+) -> Verdict:
+    """The greedy path, asking ``row_argmax`` for the rows it walks (row 0 the root's,
+    row i + 1 node i's). One pass in node order: a node's children come after it, and
+    siblings carry distinct tokens, so at most one child of the current node matches."""
     path: list[int] = []
     node = -1
-    while True:
-        want = int(rows[node + 1].argmax())  # the current node's row
-        nxt = next((c for c in children[node + 1] if toks[c] == want), None)
-        if nxt is None:
-            break
-        path.append(nxt)
-        node = nxt
-    return Verdict(tuple(path), (*(toks[i] for i in path), want))
+    want = row_argmax(0)
+    for i, p in enumerate(parents):
+        if p == node and tokens[i] == want:
+            path.append(i)
+            node = i
+            want = row_argmax(i + 1)
+    return Verdict(tuple(path), (*(tokens[i] for i in path), want))
 
 
 def verify_sampling(
