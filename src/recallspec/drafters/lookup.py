@@ -70,11 +70,12 @@ class LookupDrafter:
 
     def _extend(self, st: _LookupState, tokens: Sequence[int]) -> None:
         text = st.text
+        tables = tuple(st.last_end.items())  # once per call, not per token
         for t in tokens:
             i = len(text)  # index of the new token
             # The n-gram ending at i-1 now has a successor (token i): index it.
-            for n, table in st.last_end.items():
-                if i - n >= 0:
+            for n, table in tables:
+                if i >= n:
                     table[tuple(text[i - n : i])] = i - 1
             text.append(int(t))
 

@@ -99,11 +99,10 @@ class PortfolioDrafter(SamDrafter):
         st = self._states[rid]
         out: list[tuple[int, DraftTree]] = []
         n = min(max_nodes, self.options.max_tokens)
-        sam, source = self._automaton_draft(st, max_nodes)
+        sam, source, length = self._automaton_draft(st, max_nodes)
         if len(sam):
-            length = self._automaton_source(st)[1]
             out.append((SOURCES.index(source) * N_BUCKETS + length_bucket(length), sam))
-        l_d = self._lengths(st)[0]
+        l_d = self._dynamic_length(st)
         if l_d > 0:  # no earlier occurrence of even the last token: nothing to look up
             latest = self.latest.propose(rid, n)
             if len(latest):

@@ -69,6 +69,8 @@ class RecallCursors:
         self._pick()
 
     def advance(self, tokens: npt.NDArray[np.uint32]) -> None:
+        if not self.cursors:  # nothing to follow; ``best`` is already None
+            return
         for _, cur in self.cursors:
             cur.advance(tokens)
         self._pick()

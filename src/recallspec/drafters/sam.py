@@ -44,6 +44,7 @@ and source; ``source_counts`` counts proposals per source over the instance's li
 from __future__ import annotations
 
 import os
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -70,8 +71,9 @@ N_BUCKETS = len(_BUCKET_EDGES) + 1
 
 
 def length_bucket(length: int) -> int:
-    """The bucket of a match length (0 for no match, N_BUCKETS - 1 for >= 32)."""
-    return sum(length >= e for e in _BUCKET_EDGES)
+    """The bucket of a match length (0 for no match, N_BUCKETS - 1 for >= 32): how many
+    edges it reaches."""
+    return bisect_right(_BUCKET_EDGES, length)
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class SamDrafter:
 
     def propose(self, rid: int, max_nodes: int) -> DraftTree:
         st = self._states[rid]
-        tree, source = self._automaton_draft(st, max_nodes)
+        tree, source, _ = self._automaton_draft(st, max_nodes)
         return self._record(st, tree, source)
 
     def observe(
@@ -208,10 +210,13 @@ class SamDrafter:
         return self._states[rid].last.source
 
     # -- drafting ----------------------------------------------------------------
+    def _dynamic_length(self, st: _State) -> int:
+        """``l_d`` (0 when the options ignore the request's own automaton)."""
+        return st.dyn.match_length if self.options.dynamic else 0
+
     def _lengths(self, st: _State) -> tuple[int, int]:
         """``l_d`` and the external match ``l_x`` (static index, memory, corpora)."""
-        l_d = st.dyn.match_length if self.options.dynamic else 0
-        return l_d, self._external(st)[1]
+        return self._dynamic_length(st), self._external(st)[1]
 
     def _delta(self, source: str) -> int:
         """How much longer than ``l_d`` a match of this external source must be."""
@@ -233,40 +238,43 @@ class SamDrafter:
                 best = (kind, rc.best_length, rc.best[1])
         return best
 
-    def _automaton_source(self, st: _State) -> tuple[str, int]:
-        """The automaton to draft from and its match length: the external one if
-        ``l_x > l_d + delta_x``, else the dynamic one; none without an earlier
-        occurrence (``l_d`` = 0: nothing to copy)."""
-        l_d = st.dyn.match_length if self.options.dynamic else 0
+    def _automaton_match(self, st: _State) -> tuple[str, int, MatchCursor | None]:
+        """The automaton to draft from, its match length and (an external one's) cursor:
+        the external one if ``l_x > l_d + delta_x``, else the dynamic one; none without
+        an earlier occurrence (``l_d`` = 0: nothing to copy)."""
+        l_d = self._dynamic_length(st)
         source, l_x, cursor = self._external(st)
         if cursor is not None and l_x > l_d + self._delta(source):
-            return source, l_x
-        return (DYNAMIC, l_d) if l_d > 0 else (NONE, 0)
+            return source, l_x, cursor
+        return (DYNAMIC, l_d, None) if l_d > 0 else (NONE, 0, None)
+
+    def _automaton_source(self, st: _State) -> tuple[str, int]:
+        """``_automaton_match`` without the cursor."""
+        source, length, _ = self._automaton_match(st)
+        return source, length
 
     def _auxiliary_turn(self, st: _State) -> bool:
         """SAM-Decoding[T]'s switch: the auxiliary drafter (if any) drafts when
         ``max(l_d, l_x - delta_x) < tau``."""
         if self.auxiliary is None:
             return False
-        l_d = st.dyn.match_length if self.options.dynamic else 0
         source, l_x, _ = self._external(st)
-        return max(l_d, l_x - self._delta(source)) < self.tau
+        return max(self._dynamic_length(st), l_x - self._delta(source)) < self.tau
 
-    def _automaton_draft(self, st: _State, max_nodes: int) -> tuple[DraftTree, str]:
-        """The draft of the automaton ``_automaton_source`` picks."""
+    def _automaton_draft(self, st: _State, max_nodes: int) -> tuple[DraftTree, str, int]:
+        """The draft of the automaton ``_automaton_match`` picks, its source and the
+        match length it rests on (NONE and 0 when nothing may be drafted)."""
         n = min(self.options.max_tokens, max_nodes)
         if n <= 0:
-            return DraftTree.empty(), NONE
-        source, _ = self._automaton_source(st)
-        if source in EXTERNAL:
-            cursor = self._external(st)[2]
-            assert cursor is not None
+            return DraftTree.empty(), NONE, 0
+        source, length, cursor = self._automaton_match(st)
+        if cursor is not None:  # an EXTERNAL source
             if self.options.tree:
-                return cursor.draft_tree(n), source
-            return DraftTree.chain(cursor.draft_chain(n).tolist()), source
+                return cursor.draft_tree(n), source, length
+            return DraftTree.chain(cursor.draft_chain(n)), source, length
         if source == DYNAMIC:
-            return DraftTree.chain(st.dyn.draft_chain(n).tolist()), DYNAMIC
-        return DraftTree.empty(), NONE
+            return DraftTree.chain(st.dyn.draft_chain(n)), DYNAMIC, length
+        return DraftTree.empty(), NONE, 0
 
     def _automaton_or(
         self, rid: int, max_nodes: int, auxiliary: Callable[[], DraftTree]
@@ -276,13 +284,13 @@ class SamDrafter:
         ``auxiliary()`` (recorded under ``self.auxiliary``)."""
         st = self._states[rid]
         if not self._auxiliary_turn(st):
-            tree, src = self._automaton_draft(st, max_nodes)
+            tree, src, _ = self._automaton_draft(st, max_nodes)
             if len(tree):
                 return self._record(st, tree, src)
         return self._record(st, auxiliary(), str(self.auxiliary))
 
     def _record(self, st: _State, tree: DraftTree, source: str) -> DraftTree:
-        l_d = st.dyn.match_length if self.options.dynamic else 0
+        l_d = self._dynamic_length(st)
         l_s = st.cursor.match_length if st.cursor is not None else 0
         if len(tree) == 0:
             source = NONE
@@ -324,9 +332,8 @@ class SamRecyclingDrafter(SamDrafter):
         Not counted in ``source_counts``."""
         st = self._states[rid]
         out: list[tuple[int, DraftTree]] = []
-        tree, source = self._automaton_draft(st, max_nodes)
+        tree, source, length = self._automaton_draft(st, max_nodes)
         if len(tree):
-            length = self._automaton_source(st)[1]
             out.append((SOURCES.index(source) * N_BUCKETS + length_bucket(length), tree))
         rec = self.recycling.propose(rid, min(max_nodes, self.options.max_tokens))
         if len(rec):

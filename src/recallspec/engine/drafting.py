@@ -35,7 +35,7 @@ from recallspec.drafters.base import (
 )
 from recallspec.engine.request import Request
 from recallspec.runtime.cost_curve import CostCurve
-from recallspec.spec.draft_sizing import AcceptanceStats, choose_draft_sizes
+from recallspec.spec.draft_sizing import AcceptanceStats, choose_draft_sizes, running_min
 from recallspec.spec.tree import DraftTree, limit_depth
 
 PROBE_EVERY = 8
@@ -43,6 +43,9 @@ PROBE_MAX = 128
 CONTEXT_STEP = 32  # cached tokens per step of the cost tables' context
 
 Failure = tuple[Request, Exception]
+# A request's draft tree and, where ``_choose`` already priced it, its per-node gains
+# (``AcceptanceStats.key_node_rates``, running minimum) in the context it was chosen in.
+Proposal = tuple[int, DraftTree, list[float] | None]
 
 
 class DraftPlanner:
@@ -55,8 +58,7 @@ class DraftPlanner:
         self.step_overhead = 0.0
         self.position_cost: dict[str, float] = {}  # costly drafters: seconds per position
         self.probe_wait: dict[str, int] = {}  # per drafter: idle steps before a probe
-        self._cost_tables: dict[tuple[int, ...], npt.NDArray[np.float64]] = {}
-        self._chosen: dict[int, int] = {}  # rid -> context of the candidate chosen this step
+        self._cost_tables: dict[tuple[int, ...], list[float]] = {}
 
     def _stats(self, req: Request) -> AcceptanceStats:
         """The request's acceptance statistics (rows as its drafter's engine-wide prior)."""
@@ -78,7 +80,7 @@ class DraftPlanner:
     ) -> tuple[list[DraftTree], list[Failure]]:
         """Each request's tree (``rooms[i]``: nodes its slot has room for) and the
         requests whose drafter raised (their tree is empty; they must not be fed)."""
-        trees = [DraftTree.empty()] * len(decoding)
+        trees: list[DraftTree | None] = [None] * len(decoding)
         failed: list[Failure] = []
         fixed: list[int] = []
         presize: list[int] = []
@@ -108,18 +110,20 @@ class DraftPlanner:
             for i, tree in got:
                 trees[i] = tree
                 placed += len(tree)
-        proposed: list[tuple[int, DraftTree]] = []
+        proposed: list[Proposal] = []
         for d, idx in _by_drafter(decoding, post):
             if callable(getattr(d, "candidates", None)):
                 proposed += self._choose(d, decoding, idx, rooms, failed)
             else:
-                proposed += self._propose(d, decoding, idx, [rooms[i] for i in idx], failed)
+                got = self._propose(d, decoding, idx, [rooms[i] for i in idx], failed)
+                proposed += [(i, tree, None) for i, tree in got]
         if proposed:
-            reqs = [decoding[i] for i, _ in proposed]
-            sizes = self._sizes(reqs, [t.parents for _, t in proposed], len(decoding) + placed)
-            for (i, tree), k in zip(proposed, sizes, strict=True):
+            reqs = [decoding[i] for i, _, _ in proposed]
+            sizes = self._sizes(reqs, [t.parents for _, t, _ in proposed], len(decoding) + placed,
+                                known=[g for _, _, g in proposed])
+            for (i, tree, _), k in zip(proposed, sizes, strict=True):
                 trees[i] = tree.truncate(k)
-        return trees, failed
+        return [DraftTree.empty() if t is None else t for t in trees], failed  # None: failed
 
     def _propose(
         self, d: Drafter, decoding: Sequence[Request], idx: list[int], sizes: list[int],
@@ -154,13 +158,15 @@ class DraftPlanner:
     def _choose(
         self, d: Drafter, decoding: Sequence[Request], idx: list[int], rooms: Sequence[int],
         failed: list[Failure],
-    ) -> list[tuple[int, DraftTree]]:
-        """(index, tree) for requests whose drafter offers ``candidates``: each request's
-        candidate whose best size promises the most tokens per second, judged by the
-        request's statistics in that candidate's context (``_sizes`` then sizes it in
-        the batch). Ties go to the drafter's first candidate."""
-        out: list[tuple[int, DraftTree]] = []
+    ) -> list[Proposal]:
+        """(index, tree, gains) for requests whose drafter offers ``candidates``: each
+        request's candidate whose best size promises the most tokens per second, judged
+        by the request's statistics in that candidate's context, which is left set
+        (``_sizes`` then sizes it in the batch with these gains). Ties go to the
+        drafter's first candidate."""
+        out: list[Proposal] = []
         curve = self._curve()
+        overhead = self.step_overhead
         for i in idx:
             req = decoding[i]
             try:
@@ -170,51 +176,64 @@ class DraftPlanner:
                 continue
             want = req.params.max_new_tokens - len(req.generated) - 1
             st, prior = self._stats(req), self.prior(req.drafter)
-            table = self._cost_table(curve, 1, rooms[i], 1, cached_context([req]))
-            table = table + self.step_overhead
-            best: tuple[float, int, DraftTree] | None = None
+            costs = self._cost_table(curve, 1, rooms[i], 1, cached_context([req]))
+            best: tuple[float, int, DraftTree, list[float]] | None = None
             for ctx, tree in cands:
                 tree = limit_depth(tree.truncate(rooms[i]), want)
                 if not len(tree):
                     continue
                 st.context = ctx
-                g = np.minimum.accumulate(st.node_rates(tree.parents, st.key_rates(prior)))
-                value = float(np.max((1.0 + np.concatenate(([0.0], np.cumsum(g))))
-                                     / table[: len(g) + 1]))
+                parents = tree.parents.tolist()
+                if len(parents) <= st.max_nodes:
+                    gains, value = _price(parents, st.key_rate_list(prior), costs, overhead)
+                else:  # not from a planner-cut tree; node_rates' rule for the extra nodes
+                    gains = running_min(st.key_node_rates(parents, prior))
+                    value = _best_rate(gains, costs, overhead)
                 if best is None or value > best[0]:
-                    best = (value, ctx, tree)
+                    best = (value, ctx, tree, gains)
             if best is None:
-                out.append((i, DraftTree.empty()))
+                # No draft: its context is never read (``AcceptanceStats.update`` ignores
+                # an empty tree, and the next step sets one before sizing).
+                out.append((i, DraftTree.empty(), []))
             else:
-                self._chosen[req.rid] = best[1]
-                out.append((i, best[2]))
+                st.context = best[1]
+                out.append((i, best[2], best[3]))
         return out
 
     # ---- adaptive sizing ---------------------------------------------------------
     def _sizes(
         self, reqs: Sequence[Request], parents: Sequence[npt.NDArray[np.int64]],
         base_rows: int, node_cost: float = 0.0,
+        known: Sequence[list[float] | None] | None = None,
     ) -> list[int]:
         """How many nodes of each request's (actual or prospective) draft tree
-        ``parents`` to verify, maximising the batch's expected tokens per second."""
+        ``parents`` to verify, maximising the batch's expected tokens per second.
+        ``known[i]``: request i's gains as ``_choose`` computed them (its context set),
+        else None."""
         curve = self._curve()
-        gains = []
-        for req, par in zip(reqs, parents, strict=True):
-            st = self._stats(req)
-            chosen = self._chosen.pop(req.rid, None)  # a candidate's context (_choose)
-            st.context = draft_context(req.drafter, req.rid) if chosen is None else chosen
-            # Only the request's current row is needed: computing every row of every
-            # context (a hundred for the SAM drafters) each step cost more than the rest.
-            gains.append(st.node_rates(par, st.key_rates(self.prior(req.drafter))))
+        gains: list[Sequence[float]] = []
+        for n, (req, par) in enumerate(zip(reqs, parents, strict=True)):
+            g = None if known is None else known[n]
+            if g is None:
+                st = self._stats(req)
+                st.context = draft_context(req.drafter, req.rid)
+                # Only the request's current row is needed: computing every row of every
+                # context (a hundred for the SAM drafters) each step cost more than the rest.
+                g = st.key_node_rates(par.tolist(), self.prior(req.drafter))
+            gains.append(g)
         # Rows cost more the longer the text they attend to: price them at the batch's
         # mean cached length (a 2,000-token context doubles a step's cost). Every row
         # count the scan may try is priced at once (per-call interpolation was a third
         # of the planner's time).
-        table = self._cost_table(curve, base_rows, sum(len(g) for g in gains), len(reqs),
-                                 cached_context(reqs))
+        # Rows priced in whole multiples of max_draft_nodes (entries are elementwise, so a
+        # longer table has the same prefix): one table serves the step's every tree size,
+        # and for one request it is the one ``_choose`` used.
+        step = max(self.max_draft_nodes, 1)
+        extra_rows = -(-sum(len(g) for g in gains) // step) * step
+        table = self._cost_table(curve, base_rows, extra_rows, len(reqs), cached_context(reqs))
         extra = self.step_overhead
         sizes = choose_draft_sizes(
-            gains, lambda n_rows, seqs: float(table[n_rows - base_rows]) + extra,
+            gains, lambda n_rows, seqs: table[n_rows - base_rows] + extra,
             base_rows=base_rows, node_cost=node_cost,
         )
         for i, (req, par) in enumerate(zip(reqs, parents, strict=True)):
@@ -232,10 +251,11 @@ class DraftPlanner:
 
     def _cost_table(
         self, curve: CostCurve, base_rows: int, extra_rows: int, seqs: int, context: int,
-    ) -> npt.NDArray[np.float64]:
+    ) -> list[float]:
         """Seconds of a forward of base_rows + [0, extra_rows] rows of ``seqs`` sequences
         at ``context`` cached tokens, kept per context rounded to CONTEXT_STEP tokens (a
-        step's cost changes by ~1% over that many; numpy on small arrays is not free)."""
+        step's cost changes by ~1% over that many; numpy on small arrays is not free).
+        A list (read one by one: numpy scalars cost more); callers must not change it."""
         ctx = context // CONTEXT_STEP * CONTEXT_STEP
         key = (id(curve), base_rows, extra_rows, seqs, ctx)
         table = self._cost_tables.get(key)
@@ -243,7 +263,7 @@ class DraftPlanner:
             if len(self._cost_tables) >= 4096:
                 self._cost_tables.clear()
             rows = np.arange(base_rows, base_rows + extra_rows + 1, dtype=np.float64)
-            table = self._cost_tables[key] = curve.costs(rows, seqs, ctx)
+            table = self._cost_tables[key] = curve.costs(rows, seqs, ctx).tolist()
         return table
 
     # ---- learning from the step ----------------------------------------------------
@@ -275,6 +295,44 @@ class DraftPlanner:
         self.step_overhead = max(0.9 * self.step_overhead + 0.1 * extra, 0.0)
 
 
+def _best_rate(gains: Sequence[float], costs: Sequence[float], overhead: float) -> float:
+    """Expected tokens per second of the best prefix of a draft whose node gains are
+    ``gains`` (non-increasing), a forward of 1 + k rows costing ``costs[k] + overhead``:
+    ``max((1 + cumsum([0] + gains)) / (costs + overhead))``, in the same IEEE operations
+    in the same order as numpy's (cumsum and the additions run left to right)."""
+    best = 1.0 / (costs[0] + overhead)
+    total = 0.0
+    for k, g in enumerate(gains, start=1):
+        total += g
+        value = (1.0 + total) / (costs[k] + overhead)
+        if value > best:
+            best = value
+    return best
+
+
+def _price(
+    parents: list[int], rates: list[float], costs: Sequence[float], overhead: float,
+) -> tuple[list[float], float]:
+    """``_best_rate`` of a draft (no more nodes than ``rates``) and its gains: the
+    running minimum of its node rates (``AcceptanceStats.key_node_rates`` from the
+    conditional ``rates``), in one pass with the same IEEE operations in the same order."""
+    node = [0.0] * len(parents)
+    gains: list[float] = []
+    low = float("inf")
+    total = 0.0
+    best = 1.0 / (costs[0] + overhead)
+    for j, p in enumerate(parents):
+        r = node[j] = rates[j] if p < 0 else rates[j] * node[p]
+        if not r >= low and low == low:  # running_min's rule (NaN sticks)
+            low = r
+        gains.append(low)
+        total += low
+        value = (1.0 + total) / (costs[j + 1] + overhead)
+        if value > best:
+            best = value
+    return gains, best
+
+
 def cached_context(reqs: Sequence[Request]) -> int:
     """Mean tokens cached per request before this step (prompt + generated[:-1])."""
     if not reqs:
@@ -286,6 +344,8 @@ def _by_drafter(
     decoding: Sequence[Request], idx: list[int]
 ) -> list[tuple[Drafter, list[int]]]:
     """``idx`` grouped by drafter instance, groups in order of first appearance."""
+    if not idx:
+        return []
     groups: dict[int, tuple[Drafter, list[int]]] = {}
     for i in idx:
         d = decoding[i].drafter

@@ -53,7 +53,11 @@ N_STATES = 3
 @dataclass
 class AcceptanceStats:
     """Decayed per-row, per-node-index counts of reached and accepted draft nodes, one
-    row per (draft context, previous outcome) pair."""
+    row per (draft context, previous outcome) pair.
+
+    The counts change only through ``update``, which bumps the row's version:
+    ``key_rate_list`` keeps each row's conditional rates until its own or the prior's
+    row changes (the planner asks for the same few rows step after step)."""
 
     max_nodes: int
     decay: float = 0.95  # weight of the past per update (~20-step memory per row)
@@ -62,12 +66,19 @@ class AcceptanceStats:
     context: int = 0  # the context of the draft being sized (set before each step)
     reached: npt.NDArray[np.float64] = field(init=False)  # [contexts * N_STATES, max_nodes]
     accepted: npt.NDArray[np.float64] = field(init=False)  # [contexts * N_STATES, max_nodes]
+    # [contexts * N_STATES]: updates of each row so far (what the memo below is keyed by)
+    _versions: list[int] = field(init=False, repr=False, compare=False)
+    # row -> (its version, the prior, the prior row's version, key_rates(prior) as a list)
+    _rates: dict[int, tuple[int, AcceptanceStats | None, int, list[float]]] = field(
+        init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.contexts < 1:
             raise ValueError("contexts must be >= 1")
         self.reached = np.zeros((self.contexts * N_STATES, self.max_nodes))
         self.accepted = np.zeros((self.contexts * N_STATES, self.max_nodes))
+        self._versions = [0] * (self.contexts * N_STATES)
+        self._rates = {}
 
     @property
     def key(self) -> int:
@@ -86,18 +97,20 @@ class AcceptanceStats:
         ``key``: the row the draft was made in; by default this request's own ``key``,
         whose state then moves to the outcome (a shared prior passes the request's key
         and keeps no state of its own). A step without a draft changes nothing."""
-        par = [int(p) for p in parents]
+        par = parents.tolist() if isinstance(parents, np.ndarray) else [int(p) for p in parents]
         if not par:
             return
         s = self.key if key is None else key
         acc = set(accepted_nodes)
-        self.reached[s] *= self.decay
-        self.accepted[s] *= self.decay
+        self._versions[s] += 1
+        reached, accepted = self.reached[s], self.accepted[s]  # views of the row
+        reached *= self.decay
+        accepted *= self.decay
         for j, p in enumerate(par[: self.max_nodes]):
             if p < 0 or p in acc:
-                self.reached[s, j] += 1.0
+                reached[j] = float(reached[j]) + 1.0  # Python floats: numpy scalars cost more
                 if j in acc:
-                    self.accepted[s, j] += 1.0
+                    accepted[j] = float(accepted[j]) + 1.0
         if key is None:
             last = max(acc, default=-1)
             leaf = last >= 0 and last not in par  # no drafted child below the path's end
@@ -157,22 +170,68 @@ class AcceptanceStats:
             r[j] = c[j] * (1.0 if p < 0 else r[p])
         return r
 
+    def key_rate_list(self, prior: AcceptanceStats | None = None) -> list[float]:
+        """``key_rates(prior)`` as a list, memoised per row (see the class docstring);
+        the caller must not change it."""
+        k = self.key
+        prior_version = -1 if prior is None else prior._versions[k]
+        memo = self._rates.get(k)
+        if (memo is not None and memo[0] == self._versions[k] and memo[1] is prior
+                and memo[2] == prior_version):
+            return memo[3]
+        c = self.key_rates(prior).tolist()
+        self._rates[k] = (self._versions[k], prior, prior_version, c)
+        return c
+
+    def key_node_rates(
+        self, parents: Sequence[int], prior: AcceptanceStats | None = None,
+    ) -> list[float]:
+        """``node_rates(parents, key_rates(prior))`` as a list, equal bit for bit (the
+        same IEEE products in the same order; a chain's running product is numpy's
+        ``cumprod``), without numpy's per-call cost on a few nodes: the planner
+        evaluates every candidate draft with it each step."""
+        c = self.key_rate_list(prior)
+        n = min(len(parents), self.max_nodes)
+        r = [0.0] * len(parents)
+        for j in range(n):
+            p = parents[j]
+            r[j] = c[j] if p < 0 else c[j] * r[p]
+        if len(parents) > n and list(parents[:n]) == list(range(-1, n - 1)):
+            del r[n:]  # as node_rates: a chain longer than max_nodes gets max_nodes rates
+        return r
+
+
+def running_min(xs: Sequence[float] | npt.NDArray[np.float64]) -> list[float]:
+    """``np.minimum.accumulate(xs)`` as a list of floats (exact: min picks an element;
+    a NaN propagates, as numpy's)."""
+    out: list[float] = []
+    m = float("inf")
+    for x in xs:
+        x = float(x)
+        if not x >= m and m == m:  # x < m, or x is NaN (m == m: m is not NaN yet)
+            m = x
+        out.append(m)
+    return out
+
 
 def _row_rates(
     acc: npt.NDArray[np.float64], reach: npt.NDArray[np.float64],
     target: npt.NDArray[np.float64] | None, weight: float, default: float,
 ) -> npt.NDArray[np.float64]:
     """One row of ``conditional_rates`` (same shrinkage), without the matrix overhead."""
-    if target is None:
-        pooled = (float(acc[1:].sum()) + default) / (float(reach[1:].sum()) + 1.0)
-        target = np.full(acc.shape, pooled)
-        target[0] = default
     # acc <= reach and 0 <= target <= 1, so the rate is in [0, 1] up to rounding.
-    return np.minimum((acc + weight * target) / (reach + weight), 1.0)
+    if target is not None:
+        return np.minimum((acc + weight * target) / (reach + weight), 1.0)
+    # The target is ``default`` at index 0, else the pooled rate: the same IEEE operations
+    # as on a filled target array, index 0 in Python (fewer numpy calls on 16 values).
+    pooled = (float(np.add.reduce(acc[1:])) + default) / (float(np.add.reduce(reach[1:])) + 1.0)
+    r = (acc + weight * pooled) / (reach + weight)
+    r[0] = (float(acc[0]) + weight * default) / (float(reach[0]) + weight)
+    return np.minimum(r, 1.0, out=r)
 
 
 def choose_draft_sizes(
-    gains: Sequence[npt.NDArray[np.float64]],
+    gains: Sequence[Sequence[float] | npt.NDArray[np.float64]],
     cost: Callable[[int, int], float],
     *,
     base_rows: int,
@@ -192,22 +251,38 @@ def choose_draft_sizes(
     if nseq == 0:
         return []
     tokens0 = float(nseq if base_tokens is None else base_tokens)
+    if nseq == 1:
+        # One sequence: its running minimum is already in the order the sort below gives
+        # (gain descending, ties by node), unless it holds a NaN (unordered).
+        run = running_min(gains[0])
+        if not run or run[-1] == run[-1]:
+            return [_best_prefix(run, cost, base_rows, 1, tokens0, node_cost)]
     cand: list[tuple[float, int, int]] = []  # (-gain, seq, node)
     for i, g in enumerate(gains):
-        run = np.minimum.accumulate(np.asarray(g, dtype=np.float64)) if len(g) else g
-        cand.extend((-float(x), i, j) for j, x in enumerate(run))
+        cand.extend((-x, i, j) for j, x in enumerate(running_min(g)))
     cand.sort()
-    best_val = tokens0 / cost(base_rows, nseq)
-    best_n = 0
-    tokens = tokens0
-    for n, (neg, _, _) in enumerate(cand, start=1):
-        if -neg <= 0.0:
-            break
-        tokens += -neg
-        val = tokens / (cost(base_rows + n, nseq) + n * node_cost)
-        if val > best_val * (1 + 1e-9):
-            best_val, best_n = val, n
+    best_n = _best_prefix([-neg for neg, _, _ in cand], cost, base_rows, nseq, tokens0,
+                          node_cost)
     sizes = [0] * nseq
     for _, i, _ in cand[:best_n]:
         sizes[i] += 1
     return sizes
+
+
+def _best_prefix(
+    ordered: Sequence[float], cost: Callable[[int, int], float], base_rows: int, nseq: int,
+    tokens0: float, node_cost: float,
+) -> int:
+    """How many of the best-first node gains ``ordered`` to draft (``choose_draft_sizes``;
+    ties go to fewer rows)."""
+    best_val = tokens0 / cost(base_rows, nseq)
+    best_n = 0
+    tokens = tokens0
+    for n, gain in enumerate(ordered, start=1):
+        if gain <= 0.0:
+            break
+        tokens += gain
+        val = tokens / (cost(base_rows + n, nseq) + n * node_cost)
+        if val > best_val * (1 + 1e-9):
+            best_val, best_n = val, n
+    return best_n
