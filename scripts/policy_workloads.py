@@ -1,0 +1,92 @@
+"""Issue 22's workload table: the default policy against the best fixed drafter, per
+workload, from bench runs (``recallspec bench --out DIR``) and, where a run has one,
+the replay prediction written next to it (``recallspec bench replay --predict-time
+--out DIR/prediction.json``).
+
+    .venv/bin/python scripts/policy_workloads.py --policy portfolio:mode=adaptive \
+        --out docs/policy/workloads bench_out/policy_*
+
+Writes OUT.json and OUT.md. Speedups are the bench report's (mean of per-question
+tokens/s over ``ar``'s, same run); "policy / best fixed" divides the policy's speedup by
+the best fixed method's in that run (any method of the run other than ``ar`` and the
+policy counts as fixed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def workload_row(run: Path, policy: str) -> dict[str, Any]:
+    rep = json.loads((run / "report.json").read_text(encoding="utf-8"))
+    settings = rep["run"]["settings"]
+    overall = {m: v["stats"]["overall"] for m, v in rep["methods"].items()}
+    if policy not in overall or "ar" not in overall:
+        raise SystemExit(f"{run}: the run has no {policy!r} or no 'ar'")
+    speed = {m: float(s["speedup_vs_ar"]) for m, s in overall.items()}
+    fixed = {m: v for m, v in speed.items() if m not in ("ar", policy)}
+    best = max(fixed, key=lambda m: fixed[m])
+    row: dict[str, Any] = {
+        "workload": settings["suite"], "run": str(run),
+        "questions": int(overall["ar"]["questions"]),
+        "repeats": int(rep["run"]["config"].get("repeats", 1)),
+        "ar_tokens_per_s": float(overall["ar"]["tokens_per_s"]),
+        "speedup": speed, "mat": {m: float(s["mat"]) for m, s in overall.items()},
+        "identical_to_ar": {m: float(s["identical_to_ar"]) for m, s in overall.items()},
+        "best_fixed": best, "policy_over_best_fixed": speed[policy] / fixed[best],
+    }
+    pred_file = run / "prediction.json"
+    if pred_file.is_file():
+        pred = json.loads(pred_file.read_text(encoding="utf-8"))
+        row["replay_error"] = {
+            m: p["overall"]["tokens_per_s"] / pred["recorded"][m]["overall"] - 1.0
+            for m, p in pred["predicted"].items() if m in pred.get("recorded", {})}
+    return row
+
+
+def render(rows: list[dict[str, Any]], policy: str) -> str:
+    methods = list(rows[0]["speedup"]) if rows else []
+    head = ["workload", "n", "ar tok/s", *methods, "best fixed", f"{policy} / best fixed",
+            "identical to ar"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for r in rows:
+        cells = [r["workload"], str(r["questions"]), f"{r['ar_tokens_per_s']:.1f}"]
+        for m in methods:
+            v = r["speedup"].get(m)
+            cell = "-" if v is None else f"{v:.2f}x"
+            cells.append(f"**{cell}**" if m == r["best_fixed"] else cell)
+        ident = min(r["identical_to_ar"].values())
+        cells += [r["best_fixed"], f"{r['policy_over_best_fixed']:.3f}", f"{100 * ident:.0f}%"]
+        lines.append("| " + " | ".join(cells) + " |")
+    out = "\n".join(lines) + "\n"
+    errs = [r for r in rows if "replay_error" in r]
+    if errs:
+        ms = list(errs[0]["replay_error"])
+        out += "\nReplay prediction error of tokens/s (overall, per run):\n\n"
+        out += "| workload | " + " | ".join(ms) + " |\n|---" + "|---" * len(ms) + "|\n"
+        for r in errs:
+            out += f"| {r['workload']} | " + " | ".join(
+                f"{100 * r['replay_error'][m]:+.1f}%" if m in r["replay_error"] else "-"
+                for m in ms) + " |\n"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="bench output directories")
+    ap.add_argument("--policy", default="portfolio:mode=adaptive")
+    ap.add_argument("--out", type=Path, required=True, help="OUT.json and OUT.md are written")
+    args = ap.parse_args()
+    rows = [workload_row(r, args.policy) for r in args.runs]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    md = render(rows, args.policy)
+    args.out.with_suffix(".md").write_text(md, encoding="utf-8")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
