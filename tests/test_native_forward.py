@@ -278,11 +278,18 @@ def _forward_with(model: CausalLM, steps: Steps, max_len: int = 256,
     return out
 
 
+def _other_settings() -> list[dict[str, object]]:
+    """Forward settings whose results must equal one thread on this machine's path: two
+    threads, and two threads on every other vector path it can run (the scalar path is
+    too slow for whole steps; the tests check it on a short case)."""
+    return [{"threads": 2}, *({"isa": v, "threads": 2} for v in isa.variants()
+                              if v not in ("scalar", isa.ISA))]
+
+
 def test_threads_and_kernel_paths(smol: CausalLM, prompt_ids: list[int]) -> None:
     steps = list(_steps_smol(prompt_ids))
     base = _forward_with(smol, steps, threads=1)
-    for kw in [{"threads": 2}, *({"isa": v, "threads": 2} for v in isa.variants()
-                                 if v not in ("scalar", isa.ISA))]:
+    for kw in _other_settings():
         got = _forward_with(smol, steps, **kw)
         assert all(torch.equal(a, b) for a, b in zip(base, got, strict=True)), kw
     # The portable path (slow products): a short case.
@@ -402,8 +409,7 @@ def test_forward_argmax_every_batch_and_path(smol: CausalLM, prompt_ids: list[in
     the argmax of its logits, whatever the threads and the path."""
     steps = list(_steps_smol(prompt_ids))
     base = _argmax_with(smol, steps, threads=1)
-    for kw in [{"threads": 2}, *({"isa": v, "threads": 2} for v in isa.variants()
-                                 if v not in ("scalar", isa.ISA))]:
+    for kw in _other_settings():
         got = _argmax_with(smol, steps, **kw)
         assert all(torch.equal(a, b) for a, b in zip(base, got, strict=True)), kw
 
