@@ -183,6 +183,16 @@ def test_run_report_schema_and_arithmetic(tmp_path: Path) -> None:
         assert (tmp_path / "speedup.png").is_file() and (tmp_path / "accept_hist.png").is_file()
 
 
+def test_overwrite_discards_the_whole_earlier_run(tmp_path: Path) -> None:
+    """--overwrite starts over: a method of the earlier run that is not run again does
+    not stay behind to join the new report."""
+    _run_fake(tmp_path)
+    run_bench(BenchConfig(suite="demo", methods=("ar",), max_new_tokens=24), tmp_path,
+              overwrite=True, engine=fake_engine(), progress=False, log=lambda m: None)
+    assert not answers_path(tmp_path, "pld").exists()
+    assert answers_path(tmp_path, "ar").is_file()
+
+
 def test_resume_skips_done_and_refuses_corrupt(tmp_path: Path) -> None:
     _run_fake(tmp_path)
     path = answers_path(tmp_path, "pld")

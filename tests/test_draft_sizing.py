@@ -157,3 +157,32 @@ def test_cost_curve_interpolates_and_round_trips() -> None:
     assert CostCurve.from_json(c.to_json()) == c
     with pytest.raises(ValueError):
         CostCurve((2, 1), (1.0, 1.0), 0.0)
+
+
+def test_step_overhead_ignores_drift_and_stalls() -> None:
+    """The planner's step overhead is the time outside the forward (in the curve's
+    seconds): a machine running slower than the curve does not inflate it, and one
+    stalled step does not swing it (a large overhead makes rows look cheap)."""
+    from types import SimpleNamespace
+
+    from recallspec.drafters.lookup import make_pld
+    from recallspec.engine.drafting import DraftPlanner
+
+    curve = CostCurve((1, 16), (0.003, 0.006), 0.0)
+    req = SimpleNamespace(mode=SimpleNamespace(adaptive=True), drafter=make_pld(),
+                          prompt=[1] * 100, generated=[2])
+    planner = DraftPlanner(16, lambda: curve)
+    outside = 0.0002
+    for step in range(40):
+        # The forward runs 1.5x the curve's price (drift); a 30 ms stall outside the
+        # forward at step 20 and inside it at step 30.
+        fwd = 1.5 * curve(1, 1, 100) + (0.03 if step == 30 else 0.0)
+        stall = 0.03 if step == 20 else 0.0
+        planner.note_step([req], 1, fwd + outside + stall, 0.0, curve, fwd)  # type: ignore[list-item]
+        if step >= 1:
+            # Drift scales the outside time to the curve's seconds (/ 1.5), no more.
+            assert planner.step_overhead == pytest.approx(outside / 1.5, rel=1e-6), step
+    # Without the forward's time, everything beyond the curve counts (the old rule).
+    legacy = DraftPlanner(16, lambda: curve)
+    legacy.note_step([req], 1, 0.005, 0.0, curve)  # type: ignore[list-item]
+    assert legacy.step_overhead == pytest.approx(0.005 - curve(1, 1, 100))

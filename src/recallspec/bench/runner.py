@@ -181,12 +181,15 @@ def run_bench(
     # Refuse to touch completed answers unless told: read (and validate) every file
     # first, so a corrupt one fails before any model is loaded.
     done: dict[str, set[str]] = {}
+    if overwrite:
+        # The whole earlier run, not only the methods listed now: the report covers
+        # every answer file in ``out``, and a method left from before would join it.
+        for p in answers_path(out, "ar").parent.glob("*.jsonl"):
+            p.unlink()
     for m in methods:
         p = answers_path(out, m)
         if p.exists() and p.stat().st_size > 0:
-            if overwrite:
-                p.unlink()
-            elif not resume:
+            if not resume:
                 raise DataError(
                     f"{p} already holds answers; pass --resume to continue it, "
                     "--overwrite to start over, or another --out"

@@ -21,7 +21,9 @@ model's prompt prefill for a useless first probe), an accepted one resets it.
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -41,6 +43,7 @@ from recallspec.spec.tree import DraftTree, limit_depth
 PROBE_EVERY = 8
 PROBE_MAX = 128
 CONTEXT_STEP = 32  # cached tokens per step of the cost tables' context
+OVERHEAD_WINDOW = 31  # decode steps the step overhead is the median of
 
 Failure = tuple[Request, Exception]
 # A request's draft tree and, where ``_choose`` already priced it, its per-node gains
@@ -53,9 +56,13 @@ class DraftPlanner:
         self.max_draft_nodes = max_draft_nodes
         self._curve = curve  # the cost curve, measured on first use
         self.priors: dict[str, AcceptanceStats] = {}  # per drafter: the engine-wide stats
-        # Decayed mean of a decode step's wall time beyond the curve's forward (drafting,
-        # verification, bookkeeping); it dilutes the cost of rows.
+        # A decode step's wall time beyond the curve's forward (drafting, verification,
+        # bookkeeping): the median of the last OVERHEAD_WINDOW steps' (a mean let one
+        # stalled step - a page fault, another process - swing it from 0.1 to 3 ms, and
+        # a large overhead makes rows look cheap: the planner then over-drafted). It
+        # dilutes the cost of rows.
         self.step_overhead = 0.0
+        self._extras: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
         self.position_cost: dict[str, float] = {}  # costly drafters: seconds per position
         self.probe_wait: dict[str, int] = {}  # per drafter: idle steps before a probe
         self._cost_tables: dict[tuple[int, ...], list[float]] = {}
@@ -282,17 +289,31 @@ class DraftPlanner:
 
     def note_step(
         self, decoding: Sequence[Request], rows: int, elapsed: float, t_drafted: float,
-        curve: CostCurve | None,
+        curve: CostCurve | None, t_forward: float | None = None,
     ) -> None:
-        """A decode-only step took ``elapsed`` seconds for ``rows`` rows: update the
-        overhead beyond the curve (adaptive steps only)."""
+        """A decode-only step took ``elapsed`` seconds for ``rows`` rows, ``t_forward`` of
+        them in the forward: update the overhead beyond the curve (adaptive steps only).
+
+        With ``t_forward`` the overhead is the time outside the forward, in the curve's
+        seconds (times curve / t_forward, within [0.5, 2]): the forward's own time
+        follows the machine's speed (a shared VM drifts 10-20% within minutes), which
+        scales every price alike and so leaves the best draft size unchanged, while
+        counting it as overhead made rows look cheap whenever the machine ran slower
+        than when it was calibrated."""
         adaptive = [r for r in decoding if r.mode.adaptive]
         if not adaptive or curve is None:
             return
-        extra = elapsed - curve(rows, len(decoding), cached_context(decoding))
+        priced = curve(rows, len(decoding), cached_context(decoding))
+        if t_forward is not None and t_forward > 0.0:
+            # (Bounded: a curve more than 2x off is not drift but another machine's, or
+            # a test's; the time outside the forward then counts about as measured.)
+            extra = (elapsed - t_forward) * min(max(priced / t_forward, 0.5), 2.0)
+        else:
+            extra = elapsed - priced
         if any(has_costly_proposals(r.drafter) for r in adaptive):
             extra -= t_drafted  # priced per draft position instead
-        self.step_overhead = max(0.9 * self.step_overhead + 0.1 * extra, 0.0)
+        self._extras.append(extra)
+        self.step_overhead = max(statistics.median(self._extras), 0.0)
 
 
 def _best_rate(gains: Sequence[float], costs: Sequence[float], overhead: float) -> float:

@@ -322,6 +322,7 @@ class Engine:
             decoding, trees = [r for r, _ in kept], [t for _, t in kept]
         t_drafted = time.perf_counter() - t_step
         self.stats.draft_s += t_drafted
+        forward_before = self.stats.forward_s
         res = self.runner.run(decoding, trees, plan.prefill, self.stats)
         for req, e in res.failed:
             req.fail(e)
@@ -340,7 +341,8 @@ class Engine:
         if decoding and not plan.prefill:
             elapsed = time.perf_counter() - t_step
             self.stats.decode_only_s += elapsed
-            self.planner.note_step(decoding, res.num_rows, elapsed, t_drafted, self._cost_curve)
+            self.planner.note_step(decoding, res.num_rows, elapsed, t_drafted, self._cost_curve,
+                                   self.stats.forward_s - forward_before)
             self.stats.decode_only_tokens += self.stats.new_tokens - new_before
         for req, row in res.first_rows:
             try:
