@@ -1,0 +1,97 @@
+"""Issue 18's profile of one verification forward: k = 1 vs k = 16 new rows (a chain,
+every row's logits) after C cached tokens, split by the native forward's own counters
+(``NativeModel.set_profiling``: activation quantization, weight products, attention,
+other native work) for 1 and 2 threads. Best of R forwards per cell (the machine's
+noise is one-sided: a slower run was disturbed).
+
+    .venv/bin/python scripts/exp_verify_profile.py [--model ALIAS] [--cached 200 512]
+        [--repeats 15] [--out bench_out/verify_profile]
+
+Writes OUT.json and OUT.md. Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recallspec.engine import Engine
+from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.runtime.linear import forward_threads
+from recallspec.runtime.threads import decode_threads
+
+PARTS = ("gemm", "attention", "quantize", "other")
+
+
+def profile_cell(model: Any, cache: Any, slot: int, ctx: list[int], cached: int, k: int,
+                 threads: int, repeats: int) -> dict[str, float]:
+    """Milliseconds of the best of ``repeats`` forwards of k rows at ``cached``, and its
+    split."""
+    native = model.native
+    meta = build_batch([SequenceInput(slot, cached, ctx[cached : cached + k], logits="all")])
+    best: dict[str, float] | None = None
+    for _ in range(repeats + 1):  # the first is a warm-up
+        native.profile(reset=True)
+        t0 = time.perf_counter()
+        with decode_threads(threads), forward_threads(meta.num_tokens, threads):
+            model(meta, cache)
+        wall = time.perf_counter() - t0
+        prof = native.profile(reset=True)
+        cell = {"wall": 1e3 * wall, **{p: 1e3 * float(prof[p]) for p in PARTS}}
+        if best is None or cell["wall"] < best["wall"]:
+            best = cell
+    assert best is not None
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--cached", type=int, nargs="+", default=[200, 512])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--out", default="bench_out/verify_profile")
+    args = ap.parse_args()
+    engine = Engine.load(args.model)
+    model = engine.model
+    if model.native is None:
+        raise SystemExit("the model has no native forward (quantized weights only)")
+    top = max(args.cached)
+    vocab = int(model.config.vocab_size)
+    ctx = torch.randint(0, vocab, (top + 16,), generator=torch.Generator().manual_seed(0)).tolist()
+    cache = model.new_cache(1, top + 17)
+    slot = cache.allocate()
+    model.native.set_profiling(True)
+    rows: list[dict[str, Any]] = []
+    with torch.inference_mode():
+        for s in range(0, top, 256):
+            toks = ctx[s : min(s + 256, top)]
+            model(build_batch([SequenceInput(slot, s, toks, logits="none")]), cache)
+            cache.commit(slot, s, range(len(toks)))
+        for cached in args.cached:
+            for threads in (1, 2):
+                one = profile_cell(model, cache, slot, ctx, cached, 1, threads, args.repeats)
+                many = profile_cell(model, cache, slot, ctx, cached, 16, threads, args.repeats)
+                for k, cell in ((1, one), (16, many)):
+                    rows.append({"cached": cached, "threads": threads, "k": k, **cell,
+                                 "ratio_to_k1": cell["wall"] / one["wall"]})
+    model.native.set_profiling(False)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    lines = ["| cached | threads | k | wall ms | GEMM | attention | act. quantize | other native "
+             "| k / k=1 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['cached']} | {r['threads']} | {r['k']} | {r['wall']:.2f} | {r['gemm']:.2f} "
+              f"| {r['attention']:.2f} | {r['quantize']:.2f} | {r['other']:.2f} "
+              f"| {r['ratio_to_k1']:.2f}x |" for r in rows]
+    md = "\n".join(lines) + "\n"
+    out.with_suffix(".md").write_text(md, encoding="utf-8")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
