@@ -22,6 +22,7 @@ import torch
 
 from recallspec.engine import Engine
 from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.runtime.cost_curve import random_prefix
 from recallspec.runtime.linear import forward_threads
 from recallspec.runtime.threads import decode_threads
 
@@ -61,17 +62,12 @@ def main() -> None:
     if model.native is None:
         raise SystemExit("the model has no native forward (quantized weights only)")
     top = max(args.cached)
-    vocab = int(model.config.vocab_size)
-    ctx = torch.randint(0, vocab, (top + 16,), generator=torch.Generator().manual_seed(0)).tolist()
     cache = model.new_cache(1, top + 17)
     slot = cache.allocate()
+    ctx = random_prefix(model, cache, slot, top, 16)
     model.native.set_profiling(True)
     rows: list[dict[str, Any]] = []
     with torch.inference_mode():
-        for s in range(0, top, 256):
-            toks = ctx[s : min(s + 256, top)]
-            model(build_batch([SequenceInput(slot, s, toks, logits="none")]), cache)
-            cache.commit(slot, s, range(len(toks)))
         for cached in args.cached:
             for threads in (1, 2):
                 one = profile_cell(model, cache, slot, ctx, cached, 1, threads, args.repeats)

@@ -182,7 +182,7 @@ def test_step_overhead_ignores_drift_and_stalls() -> None:
         if step >= 1:
             # Drift scales the outside time to the curve's seconds (/ 1.5), no more.
             assert planner.step_overhead == pytest.approx(outside / 1.5, rel=1e-6), step
-    # Without the forward's time, everything beyond the curve counts (the old rule).
+    # Without a measured forward time, everything beyond the curve counts.
     legacy = DraftPlanner(16, lambda: curve)
-    legacy.note_step([req], 1, 0.005, 0.0, curve)  # type: ignore[list-item]
+    legacy.note_step([req], 1, 0.005, 0.0, curve, 0.0)  # type: ignore[list-item]
     assert legacy.step_overhead == pytest.approx(0.005 - curve(1, 1, 100))

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recallspec.bench.answers import AnswerWriter, answers_path, read_answers
+from recallspec.bench.answers import AnswerWriter, answers_path, iter_answer_files, read_answers
 from recallspec.bench.methods import Method, MethodFactory, TurnOutput, check_method_names
 from recallspec.bench.peers import PeerCrashed
 from recallspec.bench.prompting import conversation_ids
@@ -184,7 +184,7 @@ def run_bench(
     if overwrite:
         # The whole earlier run, not only the methods listed now: the report covers
         # every answer file in ``out``, and a method left from before would join it.
-        for p in answers_path(out, "ar").parent.glob("*.jsonl"):
+        for _, p in iter_answer_files(out):
             p.unlink()
     for m in methods:
         p = answers_path(out, m)

@@ -56,11 +56,11 @@ class DraftPlanner:
         self.max_draft_nodes = max_draft_nodes
         self._curve = curve  # the cost curve, measured on first use
         self.priors: dict[str, AcceptanceStats] = {}  # per drafter: the engine-wide stats
-        # A decode step's wall time beyond the curve's forward (drafting, verification,
-        # bookkeeping): the median of the last OVERHEAD_WINDOW steps' (a mean let one
-        # stalled step - a page fault, another process - swing it from 0.1 to 3 ms, and
-        # a large overhead makes rows look cheap: the planner then over-drafted). It
-        # dilutes the cost of rows.
+        # A decode step's time outside its forward (drafting, verification, bookkeeping)
+        # in the curve's seconds (``note_step``): the median of the last OVERHEAD_WINDOW
+        # steps' (a mean let one stalled step - a page fault, another process - swing it
+        # from 0.1 to 3 ms, and a large overhead makes rows look cheap: the planner then
+        # over-drafted). It dilutes the cost of rows.
         self.step_overhead = 0.0
         self._extras: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
         self.position_cost: dict[str, float] = {}  # costly drafters: seconds per position
@@ -289,26 +289,26 @@ class DraftPlanner:
 
     def note_step(
         self, decoding: Sequence[Request], rows: int, elapsed: float, t_drafted: float,
-        curve: CostCurve | None, t_forward: float | None = None,
+        curve: CostCurve | None, t_forward: float,
     ) -> None:
         """A decode-only step took ``elapsed`` seconds for ``rows`` rows, ``t_forward`` of
         them in the forward: update the overhead beyond the curve (adaptive steps only).
 
-        With ``t_forward`` the overhead is the time outside the forward, in the curve's
-        seconds (times curve / t_forward, within [0.5, 2]): the forward's own time
-        follows the machine's speed (a shared VM drifts 10-20% within minutes), which
-        scales every price alike and so leaves the best draft size unchanged, while
-        counting it as overhead made rows look cheap whenever the machine ran slower
-        than when it was calibrated."""
+        The overhead is the time outside the forward, in the curve's seconds (times
+        curve / t_forward, within [0.5, 2]): the forward's own time follows the
+        machine's speed (a shared VM drifts 10-20% within minutes), which scales every
+        price alike and so leaves the best draft size unchanged, while counting it as
+        overhead made rows look cheap whenever the machine ran slower than when it was
+        calibrated."""
         adaptive = [r for r in decoding if r.mode.adaptive]
         if not adaptive or curve is None:
             return
         priced = curve(rows, len(decoding), cached_context(decoding))
-        if t_forward is not None and t_forward > 0.0:
+        if t_forward > 0.0:
             # (Bounded: a curve more than 2x off is not drift but another machine's, or
             # a test's; the time outside the forward then counts about as measured.)
             extra = (elapsed - t_forward) * min(max(priced / t_forward, 0.5), 2.0)
-        else:
+        else:  # no forward time measured: everything beyond the curve counts
             extra = elapsed - priced
         if any(has_costly_proposals(r.drafter) for r in adaptive):
             extra -= t_drafted  # priced per draft position instead

@@ -230,6 +230,21 @@ def forward_times(
     return grid[cached]
 
 
+def random_prefix(model: Any, cache: Any, slot: int, cached: int, extra: int) -> list[int]:
+    """``cached + extra`` random token ids (seed 0) of which the first ``cached`` are
+    fed into ``slot`` of ``cache`` and committed (in chunks of 256): a context to time
+    forwards after. The rest are for the forwards' own rows."""
+    vocab = int(model.config.vocab_size)
+    g = torch.Generator().manual_seed(0)
+    ctx: list[int] = torch.randint(0, vocab, (cached + extra,), generator=g).tolist()
+    with torch.inference_mode():
+        for s in range(0, cached, 256):
+            toks = ctx[s : min(s + 256, cached)]
+            model(build_batch([SequenceInput(slot, s, toks, logits="none")]), cache)
+            cache.commit(slot, s, range(len(toks)))
+    return ctx
+
+
 def grid_times(
     model: Any, cache: Any, threads: int, sizes: Sequence[int], contexts: Sequence[int], *,
     logits: str = "all", repeats: int = 3, warmup: int = 1,
@@ -240,18 +255,11 @@ def grid_times(
     max(sizes) positions. The prefix is fed once, up to the largest context: a forward
     at a smaller one overwrites some of its entries with other tokens, which changes
     no timing."""
-    vocab = int(model.config.vocab_size)
-    top = max(contexts)
-    g = torch.Generator().manual_seed(0)
-    ctx = torch.randint(0, vocab, (top + max(sizes),), generator=g).tolist()
     slot = cache.allocate()
     out: dict[int, dict[int, float]] = {}
     try:
+        ctx = random_prefix(model, cache, slot, max(contexts), max(sizes))
         with torch.inference_mode():
-            for s in range(0, top, 256):
-                toks = ctx[s : min(s + 256, top)]
-                model(build_batch([SequenceInput(slot, s, toks, logits="none")]), cache)
-                cache.commit(slot, s, range(len(toks)))
             for c in contexts:
                 out[c] = {}
                 for k in sizes:
