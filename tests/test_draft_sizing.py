@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from recallspec.runtime.cost_curve import CostCurve
+from recallspec.runtime import isa
+from recallspec.runtime.cost_curve import CostCurve, curve_key
 from recallspec.spec.draft_sizing import (
     FULL,
     MISS,
@@ -157,6 +160,24 @@ def test_cost_curve_interpolates_and_round_trips() -> None:
     assert CostCurve.from_json(c.to_json()) == c
     with pytest.raises(ValueError):
         CostCurve((2, 1), (1.0, 1.0), 0.0)
+
+
+def test_curve_key_names_the_cpu_generation_and_the_kernels_build(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached cost curve is reused only on the same CPU generation and the same build of
+    the kernels: one model name covered a Zen 4 and a Zen 5 under KVM, and a rebuilt
+    product changed what a 1-row forward costs by 1.5x."""
+    model = SimpleNamespace(config=SimpleNamespace(num_layers=2, hidden_size=8, vocab_size=10),
+                            weight_format="q4_1", native=None)
+    key = curve_key(model, "fp", 2)
+    assert key == curve_key(model, "fp", 2) and key != curve_key(model, "fp", 1)
+    with monkeypatch.context() as m:
+        m.setattr(isa, "kernels_build", lambda: "another build")
+        assert curve_key(model, "fp", 2) != key
+    with monkeypatch.context() as m:
+        m.setattr(isa, "cpu_identity", lambda: isa.cpu_model() + " (0/0/0)")
+        assert curve_key(model, "fp", 2) != key
+    assert re.fullmatch(r".+ \(\S+/\S+/\S+\)", isa.cpu_identity())
 
 
 def test_step_overhead_ignores_drift_and_stalls() -> None:

@@ -117,9 +117,8 @@ def _machine() -> dict[str, Any]:
     import torch
 
     from recallspec.runtime import isa
-    from recallspec.runtime.cost_curve import cpu_model
 
-    cpu = cpu_model()
+    cpu = isa.cpu_identity()
     return {
         "cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         # The kernel path and the instruction sets it uses (RECALLSPEC_KERNELS picks one).

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import statistics
 import time
 from bisect import bisect_left
@@ -314,17 +313,6 @@ def _per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int
     return max(t_many - t_one, 0.0) / (seqs - 1)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo where there is one)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _busy() -> bool:
     """1-min load above 1.5 runnable tasks per CPU beyond our own."""
     try:
@@ -336,18 +324,18 @@ def _busy() -> bool:
 
 def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
     """What a curve was measured for: the model (its tokenizer, shape and weight format),
-    the forward that runs it (native or Python, the kernel path), the thread count, the
-    CPU and torch. (The forward and kernel path count: the native forward takes half the
-    Python one's time on the same weights, and a curve cached before it existed was
-    used for it.)"""
-    from recallspec.runtime.isa import ISA
+    the forward that runs it (native or Python, the kernel path, the kernels' build), the
+    thread count, the CPU (with its family and model numbers) and torch. (The forward
+    and the kernels count: the native forward takes half the Python one's time on the
+    same weights, and a faster 1-row product changes what a draft row costs.)"""
+    from recallspec.runtime.isa import ISA, cpu_identity, kernels_build
 
     c = model.config
     fmt = getattr(model, "weight_format", None) or str(getattr(model, "dtype", ""))
     forward = "native" if getattr(model, "native", None) is not None else "python"
     parts = [
         tokenizer_fingerprint, str(c.num_layers), str(c.hidden_size), str(c.vocab_size), fmt,
-        str(threads), cpu_model(), torch.__version__, forward, ISA,
+        str(threads), cpu_identity(), torch.__version__, forward, ISA, kernels_build(),
     ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 

@@ -93,17 +93,44 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
+def cpu_identity() -> str:
+    """``cpu_model()`` with the CPU's family / model / stepping numbers: a hypervisor may
+    show one model name for several generations (these machines' "AMD EPYC" was a Zen 4
+    one day and a Zen 5 another), and what was measured on one does not hold on the
+    other."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block only
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    numbers = "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    return f"{cpu_model()} ({numbers})"
+
+
+def kernels_build() -> str:
+    """The compiled kernels' identity: size and modification time of the extension
+    file. A rebuild (other kernels, other speeds) invalidates what was measured on the
+    old build (the cost curve's cache)."""
+    st = os.stat(_kernels.__file__)
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
 def describe(isa: str | None = None) -> str:
-    """One line for test headers and benchmark reports: CPU model, the chosen path and
-    the instruction sets its kernels use, e.g. ``AMD EPYC; kernels avx512
-    (AVX512F/BW/VL, VNNI)``."""
+    """One line for test headers and benchmark reports: the CPU (``cpu_identity``), the
+    chosen path and the instruction sets its kernels use, e.g. ``AMD EPYC (25/17/1);
+    kernels avx512 (AVX512F/BW/VL, VNNI)``."""
     name = ISA if isa is None else isa
     sets = _NAMES.get(name.removesuffix("-novnni"), name)
     if name == "avx512" and HAS_VNNI:
         sets += ", VNNI"
     if name.startswith("avx512") and bool(_kernels.has_avx512_bf16()):
         sets += ", BF16"
-    return f"{cpu_model()}; kernels {name} ({sets})"
+    return f"{cpu_identity()}; kernels {name} ({sets})"
 
 
 ISA: str = _choose(os.environ.get(ENV_VAR, "auto"))
