@@ -35,14 +35,13 @@ from recallspec.models import load_tokenizer
 PROMPT_TAIL = 32  # the server's default --memory-prompt-tail
 
 
-def occurs(needle: Sequence[int], text: Sequence[int]) -> bool:
+def occurs(needle: list[int], text: list[int]) -> bool:
     n = len(needle)
-    first = needle[0]
-    return any(text[p] == first and list(text[p : p + n]) == list(needle)
+    return any(text[p] == needle[0] and text[p : p + n] == needle
                for p in range(len(text) - n + 1))
 
 
-def longest_prefix(out: Sequence[int], t: int, texts: Sequence[Sequence[int]], k: int) -> int:
+def longest_prefix(out: list[int], t: int, texts: Sequence[list[int]], k: int) -> int:
     """The longest l <= k such that out[t:t+l] is a substring of one of `texts`."""
     best = 0
     for text in texts:
@@ -51,7 +50,7 @@ def longest_prefix(out: Sequence[int], t: int, texts: Sequence[Sequence[int]], k
     return best
 
 
-def oracle_steps(out: list[int], prompt: list[int], earlier: Sequence[Sequence[int]],
+def oracle_steps(out: list[int], prompt: list[int], earlier: Sequence[list[int]],
                  k: int) -> int:
     """Steps the oracle needs for `out` with the own text and the `earlier` answers."""
     t = steps = 0

@@ -81,23 +81,8 @@ def code(isa: str | None = None) -> int:
     return c
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
-def cpu_identity() -> str:
-    """``cpu_model()`` with the CPU's family / model / stepping numbers: a hypervisor may
-    show one model name for several generations (these machines' "AMD EPYC" was a Zen 4
-    one day and a Zen 5 another), and what was measured on one does not hold on the
-    other."""
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -108,8 +93,22 @@ def cpu_identity() -> str:
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none)."""
+    return _cpuinfo().get("model name", "unknown CPU")
+
+
+def cpu_identity() -> str:
+    """``cpu_model()`` with the CPU's family / model / stepping numbers: a hypervisor may
+    show one model name for several generations (these machines' "AMD EPYC" was a Zen 4
+    one day and a Zen 5 another), and what was measured on one does not hold on the
+    other."""
+    fields = _cpuinfo()
     numbers = "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
-    return f"{cpu_model()} ({numbers})"
+    return f"{fields.get('model name', 'unknown CPU')} ({numbers})"
 
 
 def kernels_build() -> str:
