@@ -7,7 +7,7 @@ import collections
 import pytest
 import torch
 
-from recallspec.spec.sampling import SamplingParams, probabilities
+from recallspec.spec.sampling import SamplingParams, draw, inverse_cdf, probabilities
 from recallspec.spec.tree import DraftTree, limit_depth
 from recallspec.spec.verify import verify_greedy, verify_greedy_argmax, verify_sampling
 
@@ -130,6 +130,27 @@ def test_biased_sampler_is_detected() -> None:
     p = probabilities(logits[0], SamplingParams(temperature=1.0))
     biased = collections.Counter({1: 8000, 2: 1000, 4: 1000})
     assert chi2_pvalue(biased, p, 10000) < 1e-6
+
+
+def test_draw_follows_the_distribution_and_never_draws_zero_mass() -> None:
+    """The inverse-CDF draw (the bonus and plain sampling token): unnormalised mass with
+    zeros inside and at both ends; the chi-square check refuses any draw outside the
+    support (``chi2_pvalue``'s assertion)."""
+    mass = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 2.0, 0.0])
+    gen = torch.Generator().manual_seed(7)
+    n = 20000
+    counts = collections.Counter(draw(mass, gen) for _ in range(n))
+    assert chi2_pvalue(counts, mass / mass.sum(), n) > 1e-3
+
+
+def test_inverse_cdf_lands_on_mass_at_both_ends_of_the_unit_interval() -> None:
+    """u = 0 takes the first entry with mass; the largest double below 1 (where u * total
+    may round up to the total) the last one; interval edges go to the entry above."""
+    mass = torch.tensor([0.0, 0.2, 0.0, 0.8, 0.0, 0.0])
+    assert inverse_cdf(mass, 0.0) == 1
+    assert inverse_cdf(mass, 1.0 - 2.0**-53) == 3
+    assert inverse_cdf(torch.tensor([1.0, 1.0, 1.0]), 1.0 / 3.0) == 1
+    assert inverse_cdf(torch.tensor([0.1, 0.2, 0.7]), 0.25) == 1
 
 
 def test_top_p_keeps_smallest_prefix() -> None:

@@ -54,3 +54,29 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     return torch.softmax(x, dim=-1)
+
+
+def draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One index from the 1-D distribution ``p`` (non-negative, not necessarily
+    normalised): ``inverse_cdf`` at one uniform draw.
+
+    ``torch.multinomial`` draws one exponential per vocabulary entry for a single
+    sample (~1.1 ms over SmolLM2's 49,152 entries on our CPUs, 14% of a sampled
+    speculative step); this draws one uniform (~0.09 ms).
+    """
+    return inverse_cdf(p, float(torch.rand((), dtype=torch.float64, generator=generator)))
+
+
+def inverse_cdf(p: torch.Tensor, u: float) -> int:
+    """The index whose cumulative mass interval holds ``u`` (in [0, 1)) times the total.
+
+    The cumulative sum is in float64, so the rounding it adds to each entry's probability
+    (~1e-16 relative) is far below anything a sampling test could see. Zero-mass entries
+    are never returned: the search (``right=True``) finds the first entry whose
+    cumulative sum exceeds the target, and a zero-mass entry's sum equals the one before.
+    """
+    cdf = torch.cumsum(p, 0, dtype=torch.float64)
+    i = int(torch.searchsorted(cdf, u * cdf[-1], right=True))
+    if i >= len(p):  # u * total rounded up to the total: the last entry with mass
+        i = int(torch.nonzero(p)[-1])
+    return i

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from recallspec.spec.sampling import SamplingParams, probabilities
+from recallspec.spec.sampling import SamplingParams, draw, probabilities
 from recallspec.spec.tree import DraftTree
 
 
@@ -115,7 +115,7 @@ def verify_sampling(
             p[x] = 0.0
             p /= p.sum()
         if accepted is None:
-            bonus = int(torch.multinomial(p, 1, generator=generator))
+            bonus = draw(p, generator)
             return Verdict(tuple(path), (*(toks[i] for i in path), bonus))
         path.append(accepted)
         node = accepted
@@ -125,7 +125,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """One token from a single row of logits (argmax when greedy)."""
     if params.greedy:
         return int(_numpy_view(logits).argmax())
-    return int(torch.multinomial(probabilities(logits, params), 1, generator=generator))
+    return draw(probabilities(logits, params), generator)
 
 
 def _numpy_view(logits: torch.Tensor) -> Any:
