@@ -14,8 +14,10 @@ from conftest import TEST_DTYPE
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
 from test_verify import chi2_pvalue
 
+from recallspec.drafters.base import create_drafter
+from recallspec.drafters.portfolio import PortfolioDrafter
 from recallspec.drafters.recall import WARM_TOKENS, RecallCursors
-from recallspec.drafters.sam import MEMORY, SamDrafter
+from recallspec.drafters.sam import MEMORY, N_BUCKETS, SOURCES, SamDrafter
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import IndexFileError
 from recallspec.index.memory import ResponseMemory
@@ -55,30 +57,31 @@ def same(got: list[GenerationResult], ar: list[GenerationResult]) -> bool:
 
 
 # ---- lossless, and the memory really drafts -----------------------------------------
-@pytest.mark.parametrize(("drafter", "batch", "prompts_too"), [
-    ("sam", 1, True),
-    ("sam+recycling", 3, True),
-    ("sam+recycling", 1, False),
-    ("sam", 4, False),
+@pytest.mark.parametrize(("drafter", "opts", "batch", "prompts_too"), [
+    ("sam", {}, 1, True),
+    ("sam+recycling", {}, 3, True),
+    ("sam+recycling", {}, 1, False),
+    ("sam", {}, 4, False),
+    ("sam", {"tree": True}, 2, True),  # memory drafts as frequency trees
 ])
-def test_greedy_identical_with_memory(real: Real, drafter: str, batch: int,
-                                      prompts_too: bool) -> None:
+def test_greedy_identical_with_memory(real: Real, drafter: str, opts: dict[str, Any],
+                                      batch: int, prompts_too: bool) -> None:
     """Two rounds of the same prompts: both equal AR; the second drafts from the first
     round's outputs (fewer steps). A third round with ``memory=False`` neither drafts
     from nor feeds the memory."""
     base, prompts, ar = real
     eng = memory_engine(base, batch, memory_prompts=prompts_too)
-    first = run(eng, prompts, drafter)
-    d = eng.drafter(drafter)
+    first = run(eng, prompts, drafter, drafter_options=opts)
+    d = eng.drafter(drafter, **opts)
     assert isinstance(d, SamDrafter)
     before = d.source_counts[MEMORY]
-    second = run(eng, prompts, drafter)
+    second = run(eng, prompts, drafter, drafter_options=opts)
     assert same(first, ar) and same(second, ar)
     assert d.source_counts[MEMORY] > before
     assert sum(s.steps for s in second) < sum(f.steps for f in first)
     held = eng.memory_stats()["tokens"]
     drafted = d.source_counts[MEMORY]
-    off = run(eng, prompts, drafter, memory=False)
+    off = run(eng, prompts, drafter, memory=False, drafter_options=opts)
     assert same(off, ar)
     assert d.source_counts[MEMORY] == drafted and eng.memory_stats()["tokens"] == held
 
@@ -169,6 +172,30 @@ def test_sampling_distribution_with_memory(name: str, opts: dict[str, Any]) -> N
     assert isinstance(d, SamDrafter)
     assert d.source_counts[MEMORY] > n // 2 and drafted > 0
     assert chi2_pvalue(counts, probs, n) > 1e-3
+
+
+def test_portfolio_tree_offers_every_continuation_the_memory_holds() -> None:
+    """``portfolio:tree=true`` drafts a memory match as the memory's frequency tree: where
+    the tenant's earlier text continued the matched context two ways, the draft offers
+    both (under sampling each adds its probability of acceptance); without the option one
+    continuation. The request's own text has no earlier match (``l_d`` = 0)."""
+    eng = Engine(BigramModel(_table()), ByteTokenizer(),
+                 EngineConfig(memory_tokens=4000, memory_prompts=True))
+    eng.generate(list(b"xy the cat. xy the cow."), SamplingParams(max_new_tokens=1),
+                 drafter="none", tenant="t")
+    assert eng.memory is not None and eng.memory.flush(5)
+    view = (eng.memory.view("t"),)
+    firsts = {}
+    for tree in (False, True):
+        d = create_drafter("portfolio", tree=tree)
+        assert isinstance(d, PortfolioDrafter)
+        d._recall = lambda rid: view
+        d.start(0, list(b"zz the c"))
+        (context, draft), = d.candidates(0, 16)  # no own match: no ``latest`` chain
+        assert context // N_BUCKETS == SOURCES.index(MEMORY)
+        roots = draft.tokens[draft.parents < 0].tolist()
+        firsts[tree] = sorted(bytes([t]) for t in roots)
+    assert firsts == {False: [b"a"], True: [b"a", b"o"]}
 
 
 # ---- the budget and the add path ---------------------------------------------------------

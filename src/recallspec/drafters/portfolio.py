@@ -126,10 +126,12 @@ class PortfolioDrafter(SamDrafter):
 @register_drafter("portfolio")
 def make_portfolio(
     *, index: str | os.PathLike[str] | StaticIndex | None = None, max_tokens: int = 40,
-    delta: int = 5, ngram: int = 4, recycling: bool = False, template: str = "sam60",
-    k: int = TOPK, dynamic: bool = True, tokenizer_fingerprint: str | None = None,
+    delta: int = 5, memory_delta: int = 0, tree: bool = False, ngram: int = 4,
+    recycling: bool = False, template: str = "sam60", k: int = TOPK, dynamic: bool = True,
+    tokenizer_fingerprint: str | None = None,
 ) -> PortfolioDrafter:
-    opts, static = _options(index, max_tokens=max_tokens, delta=delta, dynamic=dynamic,
+    opts, static = _options(index, max_tokens=max_tokens, delta=delta,
+                            memory_delta=memory_delta, tree=tree, dynamic=dynamic,
                             tokenizer_fingerprint=tokenizer_fingerprint)
     return PortfolioDrafter(opts, ngram=ngram, recycling=recycling, template=template, k=k,
                             static=static)
