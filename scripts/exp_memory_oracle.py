@@ -1,8 +1,10 @@
-"""Issue 21's headroom on self-consistency: how many tokens a step could accept at best,
-with and without the response memory, on the answers a `recallspec bench repeat` run
-actually sampled.
+"""Issue 21's headroom on self-consistency and code editing: how many tokens a step could
+accept at best, with and without the response memory, on the answers a `recallspec bench
+repeat` run actually produced.
 
-For every self-consistency answer (in the order the server saw them), walk its tokens:
+For every self-consistency or code-editing answer (in the order the server saw them; a
+code-editing follow-up's prompt holds the conversation so far, as the bench sent it),
+walk its tokens:
 at position t one step accepts the longest prefix of output[t:] (at most K tokens) that
 occurs *anywhere* in the allowed sources, plus the model's own next token. That is more
 than any recall drafter can propose (a drafter continues a match of the text's suffix;
@@ -33,6 +35,7 @@ from recallspec.engine.prompts import encode_chat
 from recallspec.models import load_tokenizer
 
 PROMPT_TAIL = 32  # the server's default --memory-prompt-tail
+WORKLOADS = ("self_consistency", "code_edit")
 
 
 def occurs(needle: list[int], text: list[int]) -> bool:
@@ -70,16 +73,26 @@ def main() -> None:
     tok = load_tokenizer(None)
     convs = {c["id"]: c for c in rep["conversations"]}
     rows: list[dict[str, Any]] = []
-    for server in rep["servers"]:
+    for server, workload in [(s, w) for w in WORKLOADS for s in rep["servers"]]:
         recs = [r for r in rep["records"] if r["server"] == server and r["ok"]
-                and r["workload"] == "self_consistency"]
+                and r["workload"] == workload]
         if not recs:
             continue
         memory: dict[str, list[list[int]]] = defaultdict(list)
+        # the conversation so far, per (conversation, sample): earlier turns of one send
+        said: dict[tuple[str, int], list[dict[str, str]]] = defaultdict(list)
         tokens = actual = own = both = 0
         for r in recs:
             conv = convs[r["conversation"]]
-            prompt = encode_chat(tok, [{"role": "user", "content": conv["turns"][0]}])
+            turn = r.get("turn", 0)
+            key = (conv["id"], r.get("sample", 0))
+            history = said[key] if conv.get("history") else []
+            messages = [*history, {"role": "user", "content": conv["turns"][turn]}]
+            prompt = encode_chat(tok, messages)
+            if len(prompt) != r["prompt_tokens"]:
+                raise SystemExit(f"{conv['id']} turn {turn}: rebuilt prompt has "
+                                 f"{len(prompt)} tokens, the server saw {r['prompt_tokens']}")
+            said[key] = [*messages, {"role": "assistant", "content": r["text"]}]
             out: list[int] = r["token_ids"]
             earlier = memory[conv["tenant"]]
             own += oracle_steps(out, prompt, [], args.k)
@@ -87,7 +100,7 @@ def main() -> None:
             tokens += len(out)
             actual += r["steps"]
             earlier.append(prompt[-PROMPT_TAIL:] + out)
-        rows.append({"server": server, "answers": len(recs), "tokens": tokens,
+        rows.append({"server": server, "workload": workload, "answers": len(recs), "tokens": tokens,
                      "tokens_per_step_actual": tokens / actual,
                      "tokens_per_step_oracle_own": tokens / own,
                      "tokens_per_step_oracle_own_and_memory": tokens / both,
@@ -95,11 +108,11 @@ def main() -> None:
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.with_suffix(".json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    lines = [f"Self-consistency answers of `{args.report}`, at most {args.k} tokens a step.", "",
-             "| server | answers | tokens | tokens/step (run) | oracle, own text | "
+    lines = [f"Answers of `{args.report}`, at most {args.k} tokens a step.", "",
+             "| workload | server | answers | tokens | tokens/step (run) | oracle, own text | "
              "oracle, own text + memory | memory's gain to the oracle |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['server']} | {r['answers']} | {r['tokens']} | "
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['workload']} | {r['server']} | {r['answers']} | {r['tokens']} | "
               f"{r['tokens_per_step_actual']:.3f} | {r['tokens_per_step_oracle_own']:.3f} | "
               f"{r['tokens_per_step_oracle_own_and_memory']:.3f} | "
               f"{r['oracle_memory_gain']:.3f}x |" for r in rows]
