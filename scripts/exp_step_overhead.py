@@ -1,15 +1,18 @@
 """Engine time per step outside the forward, at batch 1 (issue 18 item 3).
 
     .venv/bin/python scripts/exp_step_overhead.py none llma
+    RECALLSPEC_STEP_TEMPERATURE=0.7 .venv/bin/python scripts/exp_step_overhead.py none llma
 
 For each drafter: one prompt, 256 new tokens (EOS ignored), 5 runs after a warm-up; the
 run with the median decode time reports, per decoding step, the wall time, the time
 inside the forward (``Engine.stats.forward_s``), the drafting time, and the rest
 (verification, commit, KV bookkeeping, acceptance statistics, Python dispatch).
+With ``RECALLSPEC_STEP_TEMPERATURE`` > 0 the tokens are sampled (seed 0 each run).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from recallspec import Engine, SamplingParams
@@ -21,7 +24,9 @@ PROMPT = ("Summarize the following text in three sentences.\n\n" + " ".join(
 def main(drafters: list[str]) -> None:
     for drafter in drafters or ["none", "llma"]:
         eng = Engine.load(drafter=drafter)
-        params = SamplingParams(max_new_tokens=256, ignore_eos=True)
+        temperature = float(os.environ.get("RECALLSPEC_STEP_TEMPERATURE", "0"))
+        params = SamplingParams(max_new_tokens=256, ignore_eos=True, temperature=temperature,
+                                seed=0 if temperature else None)
         eng.generate(PROMPT, params)  # warm-up
         runs = []
         for _ in range(5):
