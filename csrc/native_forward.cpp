@@ -25,6 +25,10 @@ using ns_clock = std::chrono::steady_clock;
 constexpr int64_t kParallelRows = 32;
 // Attention below this many (key x head_dim) products runs in the calling thread.
 constexpr int64_t kParallelAttn = 1 << 15;
+// Keys x head size per row block from which attention streams its keys and values from
+// memory rather than cache (512 keys of a 64-wide head: 128 KB of keys and as much of
+// values per kv head and layer; see the attention split below).
+constexpr int64_t kStreamKeyFloats = 1 << 15;
 
 // Run fn(p, a, b) on contiguous parts [a, b) of [0, total), part p in thread p.
 template <class F>
@@ -213,15 +217,20 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     // Attention: items (block of rows, group of hb query heads of one kv head), split by
     // their key counts; an item runs in one thread. hb: the largest divisor of the kv
     // group (<= 4) that still spreads the items evenly over the threads (a SmolLM2
-    // decode row: 9 single heads, not 3 groups of 3, for two threads); the heads of an
-    // item share key and value loads, which matters once a head's keys outgrow L2
-    // (Gemma's 256-wide heads). Nothing of this changes a head's arithmetic.
+    // decode row at a short context: 9 single heads, not 3 groups of 3, for two
+    // threads); the heads of an item share key and value loads. Once a row block's keys
+    // per head reach kStreamKeyFloats, the keys and values stream from memory, and
+    // splitting a kv head's query heads over threads makes each thread stream that kv
+    // head: then hb is the largest divisor with at least one item per thread, balanced
+    // or not (SmolLM2 decode at 1,024 cached, two threads: attention 2.6 -> 1.8 ms,
+    // scripts/exp_verify_profile.py). Nothing of this changes a head's arithmetic.
     const Plan::Kind& kind = plan_.kind(l.window);
     const int64_t nb = int64_t(kind.blocks.size()), np = int64_t(parts_);
     int64_t hb = std::min<int64_t>(group, 4);
+    const bool stream = kind.total_keys / nb * D >= kStreamKeyFloats;
     for (; hb > 1; --hb) {
       const int64_t items = nb * Hkv * (group / hb);
-      if (group % hb == 0 && items >= np && (items % np == 0 || items >= 2 * np)) break;
+      if (group % hb == 0 && items >= np && (stream || items % np == 0 || items >= 2 * np)) break;
     }
     const int64_t groups = H / hb;  // items per row block
     auto attend = [&](int64_t i0, int64_t i1) {

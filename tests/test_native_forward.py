@@ -255,6 +255,40 @@ def test_row_alone_equals_row_in_batches(smol: CausalLM, prompt_ids: list[int]) 
     assert torch.equal(cache_a.k[:, 0, :, : n + 4], cache_b.k[:, 0, :, : n + 4])
 
 
+def test_long_context_row_same_bits_across_threads_and_batches(
+        smol: CausalLM, prompt_ids: list[int]) -> None:
+    """Past 512 cached keys (kStreamKeyFloats) a decode row's attention keeps the 3 query
+    heads of a kv head in one item on two threads too (its keys stream from memory: one
+    reader per kv head), where a short row splits them over the threads: a long row's
+    logits must still be the same alone on one or two threads and beside a prefill.
+    (Grouped vs split heads giving the same bits: test_threads_and_kernel_paths, where one
+    thread groups and two split.)"""
+    ids = (prompt_ids * (700 // len(prompt_ids) + 1))[:700]
+    n = 640
+
+    def fresh() -> KVCache:
+        cache = smol.new_cache(3, 704)
+        for a in range(0, n, 256):  # prefill in chunks
+            smol(build_batch([SequenceInput(0, a, ids[a : min(a + 256, n)])]), cache)
+        return cache
+
+    row = [SequenceInput(0, n, ids[n : n + 1])]
+    alone = [_forward_with_cache(smol, fresh(), row, threads=t) for t in (1, 2)]
+    beside = [SequenceInput(0, n, ids[n : n + 1]), SequenceInput(1, 0, ids[:40])]
+    mixed = [_forward_with_cache(smol, fresh(), beside, threads=t)[:1] for t in (1, 2)]
+    assert all(torch.equal(alone[0], x) for x in (alone[1], *mixed))
+
+
+def _forward_with_cache(model: CausalLM, cache: KVCache, step: list[SequenceInput],
+                        **kw: object) -> torch.Tensor:
+    assert model.native is not None
+    meta = build_batch(step)
+    n_layers, max_pos = model._check_batch(meta, cache, None)
+    rope = [model._rope_table(b, max_pos) for b in model.rope_bases]
+    out: torch.Tensor = model.native.forward(meta, cache, n_layers, rope, **kw)  # type: ignore[arg-type]
+    return out
+
+
 def test_chunked_prefill_is_exact(smol: CausalLM, prompt_ids: list[int]) -> None:
     ids = prompt_ids
     whole = smol(build_batch([SequenceInput(0, 0, ids)]), c1 := smol.new_cache(1, 64))
