@@ -227,6 +227,8 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     const Plan::Kind& kind = plan_.kind(l.window);
     const int64_t nb = int64_t(kind.blocks.size()), np = int64_t(parts_);
     int64_t hb = std::min<int64_t>(group, 4);
+    // (nb >= 1: build_batch refuses a batch without rows, and every row opens or joins a
+    // block.)
     const bool stream = kind.total_keys / nb * D >= kStreamKeyFloats;
     for (; hb > 1; --hb) {
       const int64_t items = nb * Hkv * (group / hb);

@@ -98,7 +98,7 @@ class BoundProbe(SamDrafter):
                                     name="latest")
         self.params = SamplingParams(temperature=temperature)
         self.own_flags: dict[int, dict[tuple[int, ...], bool]] = {}
-        self.rows: list[tuple[list[float], list[float], int]] = []  # per step
+        self.rows: list[tuple[list[float], list[float]]] = []  # per step: own, all
 
     def start(self, rid: int, prompt: Sequence[int]) -> None:
         super().start(rid, prompt)
@@ -143,8 +143,7 @@ class BoundProbe(SamDrafter):
             prob = [0.0] * len(toks)
             for i, (t, q) in enumerate(zip(toks, pars, strict=True)):
                 prob[i] = (1.0 if q < 0 else prob[q]) * float(p[q + 1, t])
-            self.rows.append(([x for x, o in zip(prob, own, strict=True) if o], prob,
-                              len(accepted)))
+            self.rows.append(([x for x, o in zip(prob, own, strict=True) if o], prob))
         super().observe(rid, accepted, tree, logits)
         self.latest.observe(rid, accepted, tree, None)
 
@@ -192,9 +191,9 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
                            "budgets": [{
                                "nodes": b,
                                "tokens_per_step_own": float(np.mean(
-                                   [1 + expected(o, b) for o, _, _ in probe.rows])),
+                                   [1 + expected(o, b) for o, _ in probe.rows])),
                                "tokens_per_step_own_and_memory": float(np.mean(
-                                   [1 + expected(a, b) for _, a, _ in probe.rows])),
+                                   [1 + expected(a, b) for _, a in probe.rows])),
                            } for b in BUDGETS]}
     return out, eng.cost_curve()
 

@@ -228,8 +228,8 @@ def test_gemma_parity() -> None:
 
 # ---- batch invariance (the default, quantized path): exact equality --------------------
 
-def _fresh(model: CausalLM, prefix: Sequence[SequenceInput]) -> KVCache:
-    cache = model.new_cache(4, 256)
+def _fresh(model: CausalLM, prefix: Sequence[SequenceInput], max_len: int = 256) -> KVCache:
+    cache = model.new_cache(4, max_len)
     model(build_batch(prefix), cache)
     return cache
 
@@ -265,28 +265,14 @@ def test_long_context_row_same_bits_across_threads_and_batches(
     thread groups and two split.)"""
     ids = (prompt_ids * (700 // len(prompt_ids) + 1))[:700]
     n = 640
-
-    def fresh() -> KVCache:
-        cache = smol.new_cache(3, 704)
-        for a in range(0, n, 256):  # prefill in chunks
-            smol(build_batch([SequenceInput(0, a, ids[a : min(a + 256, n)])]), cache)
-        return cache
-
+    prefix = [SequenceInput(0, 0, ids[:n])]
     row = [SequenceInput(0, n, ids[n : n + 1])]
-    alone = [_forward_with_cache(smol, fresh(), row, threads=t) for t in (1, 2)]
-    beside = [SequenceInput(0, n, ids[n : n + 1]), SequenceInput(1, 0, ids[:40])]
-    mixed = [_forward_with_cache(smol, fresh(), beside, threads=t)[:1] for t in (1, 2)]
+    beside = [*row, SequenceInput(1, 0, ids[:40])]
+    alone = [_forward_with(smol, [row], cache=_fresh(smol, prefix, 704), threads=t)[0]
+             for t in (1, 2)]
+    mixed = [_forward_with(smol, [beside], cache=_fresh(smol, prefix, 704), threads=t)[0][:1]
+             for t in (1, 2)]
     assert all(torch.equal(alone[0], x) for x in (alone[1], *mixed))
-
-
-def _forward_with_cache(model: CausalLM, cache: KVCache, step: list[SequenceInput],
-                        **kw: object) -> torch.Tensor:
-    assert model.native is not None
-    meta = build_batch(step)
-    n_layers, max_pos = model._check_batch(meta, cache, None)
-    rope = [model._rope_table(b, max_pos) for b in model.rope_bases]
-    out: torch.Tensor = model.native.forward(meta, cache, n_layers, rope, **kw)  # type: ignore[arg-type]
-    return out
 
 
 def test_chunked_prefill_is_exact(smol: CausalLM, prompt_ids: list[int]) -> None:
@@ -300,10 +286,12 @@ def test_chunked_prefill_is_exact(smol: CausalLM, prompt_ids: list[int]) -> None
 
 
 def _forward_with(model: CausalLM, steps: Steps, max_len: int = 256,
-                  **kw: object) -> list[torch.Tensor]:
-    """The native forward over `steps` with explicit threads / isa."""
+                  cache: KVCache | None = None, **kw: object) -> list[torch.Tensor]:
+    """The native forward over `steps` with explicit threads / isa (on `cache`, else on a
+    fresh one of `max_len` positions)."""
     assert model.native is not None
-    cache, out = model.new_cache(3, max_len), []
+    cache = model.new_cache(3, max_len) if cache is None else cache
+    out: list[torch.Tensor] = []
     for s in steps:
         meta = build_batch(s)
         n_layers, max_pos = model._check_batch(meta, cache, None)
