@@ -29,6 +29,7 @@ namespace nb = nanobind;
 
 void register_qkernels(nb::module_& m);  // qbind.cpp
 void register_native(nb::module_& m);    // native_bind.cpp
+void register_sampling(nb::module_& m);  // sample_bind.cpp
 
 namespace {
 
@@ -325,4 +326,5 @@ NB_MODULE(_kernels, m) {
         "bf16 data passed as int16 views; AVX512_BF16 only");
   register_qkernels(m);
   register_native(m);
+  register_sampling(m);
 }

@@ -25,6 +25,9 @@
 //   gelu_tanh(g) * u = ((0.5 * g) * (1 + tanh(c * (g + 0.044715 * (g * g * g))))) * u,
 //     c = sqrt(2/pi) as fp32; tanh(a) = sign(a) * (1 - e) / (1 + e), e = exp(-2|a|).
 //   softcap: x = tanh(x / cap) * cap.
+//   sampling weights: w[i] = exp(x[i] / t - m), m = (max of x) / t (= the max of the
+//     x[i] / t: division by t > 0 keeps the order), in the same exp; sums of weights in
+//     float64 (Ops::chunk_sum).
 #pragma once
 
 #include <cstdint>
@@ -85,6 +88,13 @@ struct Ops {
   // The largest number in x[0, n) (n >= 1; -inf if there is none) and whether x holds a
   // NaN: a cheaper first pass that tells when argmax can be skipped.
   float (*max)(const float* x, int64_t n, bool* has_nan);
+  // Sampling weights of n logits at temperature t > 0 (canonical arithmetic above),
+  // m = max(x) / t computed by the caller; -inf logits get weight 0. chunks[c] =
+  // chunk_sum of w[64 c, min(n, 64 c + 64)).
+  void (*sample_weights)(const float* x, int64_t n, float t, float m, float* w, double* chunks);
+  // The float64 sum of w[0, len) (len <= 64): lane l of 8 adds w[8 j + l] in increasing j
+  // from +0, then the tree (l, l+4), (l, l+2), (0, 1).
+  double (*chunk_sum)(const float* w, int64_t len);
 };
 
 const Ops& ops_scalar();

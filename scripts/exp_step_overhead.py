@@ -2,12 +2,16 @@
 
     .venv/bin/python scripts/exp_step_overhead.py none llma
     RECALLSPEC_STEP_TEMPERATURE=0.7 .venv/bin/python scripts/exp_step_overhead.py none llma
+    RECALLSPEC_STEP_BATCH=8 RECALLSPEC_STEP_TEMPERATURE=0.7 \
+        .venv/bin/python scripts/exp_step_overhead.py none
 
 For each drafter: one prompt, 256 new tokens (EOS ignored), 5 runs after a warm-up; the
 run with the median decode time reports, per decoding step, the wall time, the time
 inside the forward (``Engine.stats.forward_s``), the drafting time, and the rest
 (verification, commit, KV bookkeeping, acceptance statistics, Python dispatch).
-With ``RECALLSPEC_STEP_TEMPERATURE`` > 0 the tokens are sampled (seed 0 each run).
+With ``RECALLSPEC_STEP_TEMPERATURE`` > 0 the tokens are sampled (seed 0 each run); with
+``RECALLSPEC_STEP_BATCH`` = B, B requests (seeds 0..B-1 when sampling) decode together and
+only their decode tokens/s is reported.
 """
 
 from __future__ import annotations
@@ -23,17 +27,22 @@ PROMPT = ("Summarize the following text in three sentences.\n\n" + " ".join(
 
 def main(drafters: list[str]) -> None:
     for drafter in drafters or ["none", "llma"]:
-        eng = Engine.load(drafter=drafter)
         temperature = float(os.environ.get("RECALLSPEC_STEP_TEMPERATURE", "0"))
-        params = SamplingParams(max_new_tokens=256, ignore_eos=True, temperature=temperature,
-                                seed=0 if temperature else None)
-        eng.generate(PROMPT, params)  # warm-up
+        batch = int(os.environ.get("RECALLSPEC_STEP_BATCH", "1"))
+        eng = Engine.load(drafter=drafter, max_batch_size=batch)
+        params = [SamplingParams(max_new_tokens=256, ignore_eos=True, temperature=temperature,
+                                 seed=i if temperature else None) for i in range(batch)]
+        eng.generate([PROMPT] * batch, params)  # warm-up
         runs = []
         for _ in range(5):
-            eng.generate(PROMPT, params)
+            eng.generate([PROMPT] * batch, params)
             s = eng.stats
             runs.append((s.decode_only_s, s.steps, s.decode_only_tokens, s.forward_s, s.draft_s))
         wall, steps, tokens, fwd, draft = sorted(runs)[len(runs) // 2]
+        if batch > 1:  # (forward_s also holds the steps that prefill a later request,
+            # which decode_only_s leaves out: no split here)
+            print(f"{drafter} x{batch}: {tokens} decode tokens, {tokens / wall:.1f} tok/s")
+            continue
         print(f"{drafter}: {steps} steps, {tokens} decode tokens, {tokens / wall:.1f} tok/s; "
               f"per step {wall / steps * 1e3:.3f} ms: forward {fwd / steps * 1e3:.3f} ms, "
               f"drafting {draft / steps * 1e3:.3f} ms, "

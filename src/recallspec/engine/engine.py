@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from itertools import chain, count
 from typing import Any, overload
 
+import numpy as np
 import torch
 
 from recallspec.drafters.base import Drafter, DrafterContext
@@ -213,7 +214,7 @@ class Engine:
         gen = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else torch.seed()
-            gen = torch.Generator().manual_seed(seed)
+            gen = np.random.default_rng(seed)
         rid = next(self._rids)
         now = time.perf_counter()
         self.scheduler.add(Request(rid, ids, params, d, bm, gen, request_id,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from recallspec.drafters.base import Drafter
 from recallspec.errors import RecallspecError
@@ -75,7 +75,7 @@ class Request:
     params: SamplingParams
     drafter: Drafter
     mode: BatchMode
-    generator: torch.Generator | None  # sampling only
+    generator: np.random.Generator | None  # sampling only (spec.sampling.Rng)
     request_id: str | None = None  # the caller's id
     arrival: float = 0.0  # perf_counter time it may be admitted (offline arrivals)
     status: RequestStatus = RequestStatus.WAITING

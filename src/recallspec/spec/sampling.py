@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from recallspec import _kernels
+from recallspec.runtime import isa as _isa
 
 
 @dataclass(frozen=True)
@@ -34,14 +39,29 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+# A request's random source: numpy's (the engine's: a draw costs ~1 us, where torch.rand
+# costs ~60 us right after a forward, from cold dispatch), a torch generator, or None for
+# torch's global one (what a transformers user seeds with torch.manual_seed).
+Rng = np.random.Generator | torch.Generator | None
+
+
+def uniform(rng: Rng) -> float:
+    """One float64 uniform in [0, 1) from ``rng``."""
+    if isinstance(rng, np.random.Generator):
+        return float(rng.random())
+    return float(torch.rand((), dtype=torch.float64, generator=rng))
+
+
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Target distribution(s) for sampling: temperature, then top-k, then top-p.
 
-    logits: [..., V] -> probabilities [..., V] (float32). Both plain sampling and
-    speculative verification draw from exactly this distribution, which is what
-    makes speculative sampling lossless.
+    logits: [..., V] -> probabilities [..., V] (float32; float64 for float64 logits,
+    which ``Weights`` passes where x / t overflows float32). The torch reference:
+    ``Weights`` (what plain sampling and speculative verification draw from) uses it for
+    top-k / top-p and computes the plain temperature softmax natively; tests compare
+    the two.
     """
-    x = logits.float() / params.temperature
+    x = (logits if logits.dtype == torch.float64 else logits.float()) / params.temperature
     if params.top_k and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -56,19 +76,9 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(x, dim=-1)
 
 
-def draw(p: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One index from the 1-D distribution ``p`` (non-negative, not necessarily
-    normalised): ``inverse_cdf`` at one uniform draw.
-
-    ``torch.multinomial`` draws one exponential per vocabulary entry for a single
-    sample (~1.1 ms over SmolLM2's 49,152 entries on our CPUs, 14% of a sampled
-    speculative step); this draws one uniform (~0.09 ms).
-    """
-    return inverse_cdf(p, float(torch.rand((), dtype=torch.float64, generator=generator)))
-
-
 def inverse_cdf(p: torch.Tensor, u: float) -> int:
-    """The index whose cumulative mass interval holds ``u`` (in [0, 1)) times the total.
+    """The index whose cumulative mass interval holds ``u`` (in [0, 1)) times the total
+    (``Weights.draw`` where the torch reference computed the distribution).
 
     The cumulative sum is in float64, so the rounding it adds to each entry's probability
     (~1e-16 relative) is far below anything a sampling test could see. Zero-mass entries
@@ -80,3 +90,81 @@ def inverse_cdf(p: torch.Tensor, u: float) -> int:
     if i >= len(p):  # u * total rounded up to the total: the last entry with mass
         i = int(torch.nonzero(p)[-1])
     return i
+
+
+class Weights:
+    """The target distribution of one row of logits as unnormalised weights, and the
+    residuals of multi-draft rejection: ``prob`` of a token, ``remove`` a rejected token
+    (its mass set to 0, the rest implicitly renormalised), ``draw`` one token.
+
+    Plain sampling (temperature only, a float32 CPU row) runs in the C++ kernels
+    (``csrc/sample_bind.cpp``): w = exp(x / t - max(x) / t) in the native forward's exp,
+    float64 sums by chunks of 64, so a removal re-adds one chunk and a draw walks the
+    chunks then one chunk. That is three calls instead of ~8 torch operations over the
+    vocabulary, which run cold after a forward has streamed the weights (~0.4 ms a
+    sampled step on SmolLM2, more than a batched step's per-row share). Weights below
+    e^-86 of the largest are exactly 0 (their probability is < 1e-37, and no test can see
+    it). Top-k / top-p and other devices or dtypes use ``probabilities`` (the torch
+    reference; in float64 where x / t overflows float32, as at a temperature of 1e-38:
+    greedy in the limit). Either way plain sampling and speculative verification take
+    their tokens from this one class, which is what keeps speculative sampling lossless.
+    """
+
+    def __init__(self, logits: torch.Tensor | np.ndarray, params: SamplingParams) -> None:
+        """``logits``: one row [V], a tensor or a numpy array (verification passes numpy
+        views of the forward's rows: indexing them costs no torch dispatch)."""
+        if params.greedy:
+            raise ValueError("Weights is for sampling (temperature > 0)")
+        self._w: np.ndarray | None = None
+        self._chunks: np.ndarray | None = None
+        self._p: torch.Tensor | None = None
+        if isinstance(logits, torch.Tensor) and logits.device.type == "cpu" and (
+                logits.dtype == torch.float32):
+            logits = logits.detach().numpy()
+        n = logits.shape[-1]
+        if (isinstance(logits, np.ndarray) and logits.ndim == 1
+                and logits.dtype == np.float32 and logits.flags.c_contiguous
+                and not (0 < params.top_k < n) and params.top_p >= 1.0):
+            w = np.empty(n, dtype=np.float32)
+            chunks = np.empty((n + 63) // 64, dtype=np.float64)
+            try:
+                self.total = float(_kernels.sample_weights(
+                    logits, params.temperature, w, chunks, _isa.code()))
+            except OverflowError:  # the largest logit / t overflows float32: the
+                logits = logits.astype(np.float64)  # reference in float64 (greedy in the limit)
+            except ValueError as e:
+                raise ValueError(f"cannot sample: {e}") from None
+            else:
+                self._w, self._chunks = w, chunks
+                return
+        if isinstance(logits, np.ndarray):
+            logits = torch.from_numpy(logits)
+        self._p = probabilities(logits, params)
+        self.total = float(self._p.sum(dtype=torch.float64))
+        if not math.isfinite(self.total) and self._p.dtype != torch.float64:
+            self._p = probabilities(logits.double(), params)  # x / t overflowed float32
+            self.total = float(self._p.sum())
+        if not self.total > 0.0:
+            raise ValueError("cannot sample: the logits give no distribution (NaN?)")
+
+    def prob(self, token: int) -> float:
+        """The token's probability under the current (residual) distribution."""
+        w = self._w[token] if self._w is not None else self._p[token]  # type: ignore[index]
+        return float(w) / self.total
+
+    def remove(self, token: int) -> None:
+        """Give the token probability 0 (a rejected draft): the residual distribution."""
+        if self._w is not None:
+            self.total = float(_kernels.sample_remove(self._w, self._chunks, token, _isa.code()))
+        else:
+            assert self._p is not None
+            self._p[token] = 0.0
+            self.total = float(self._p.sum(dtype=torch.float64))
+
+    def draw(self, generator: Rng) -> int:
+        """One token from the current distribution: one float64 uniform, inverse CDF."""
+        u = uniform(generator)
+        if self._w is not None:
+            return int(_kernels.sample_draw(self._w, self._chunks, u))
+        assert self._p is not None
+        return inverse_cdf(self._p, u)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from recallspec.spec.sampling import SamplingParams, draw, probabilities
+from recallspec.spec.sampling import Rng, SamplingParams, Weights, uniform
 from recallspec.spec.tree import DraftTree
 
 
@@ -81,11 +81,11 @@ def verify_sampling(
     tree: DraftTree,
     logits: torch.Tensor,
     params: SamplingParams,
-    generator: torch.Generator | None = None,
+    generator: Rng = None,
 ) -> Verdict:
     """Lossless sampling verification of a deterministic draft tree.
 
-    At the current node with target distribution p (``probabilities``), the children
+    At the current node with target distribution p (``Weights``), the children
     are tried in order: child x is accepted with probability p(x) under the current
     residual; if rejected, p(x) is set to 0 and p renormalised before the next child
     (multi-draft rejection with point-mass drafts). If a child is accepted, the walk
@@ -98,34 +98,34 @@ def verify_sampling(
         return verify_greedy(tree, logits)
     children = tree.children()
     toks = tree.tokens.tolist()
+    rows = _numpy_view(logits)
     path: list[int] = []
     node = -1
     while True:
-        p = probabilities(logits[node + 1], params).clone()
+        target = Weights(rows[node + 1], params)
         accepted = None
         for c in children[node + 1]:
             x = toks[c]
-            px = float(p[x])
+            px = target.prob(x)
             if px <= 0.0:
                 continue
-            u = float(torch.rand((), generator=generator))
+            u = uniform(generator)
             if u < px:
                 accepted = c
                 break
-            p[x] = 0.0
-            p /= p.sum()
+            target.remove(x)
         if accepted is None:
-            bonus = draw(p, generator)
+            bonus = target.draw(generator)
             return Verdict(tuple(path), (*(toks[i] for i in path), bonus))
         path.append(accepted)
         node = accepted
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+def sample(logits: torch.Tensor, params: SamplingParams, generator: Rng) -> int:
     """One token from a single row of logits (argmax when greedy)."""
     if params.greedy:
         return int(_numpy_view(logits).argmax())
-    return draw(probabilities(logits, params), generator)
+    return Weights(logits, params).draw(generator)
 
 
 def _numpy_view(logits: torch.Tensor) -> Any:
