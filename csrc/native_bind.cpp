@@ -136,7 +136,7 @@ void forward_py(NativeModel& m, uintptr_t ids, uintptr_t positions, uintptr_t pa
                 std::vector<uintptr_t> valid, uintptr_t k, uintptr_t v,
                 std::vector<int64_t> cache_shape, std::vector<uintptr_t> cos,
                 std::vector<uintptr_t> sin, int64_t rope_rows, int64_t num_layers, uintptr_t out,
-                unsigned threads, int isa, uintptr_t argmax) {
+                unsigned threads, int isa, uintptr_t argmax, bool half_cache) {
   need(T > 0 && R >= 0 && ids && positions && parents && (R == 0 || (logits_rows && out)),
        "forward needs T > 0 rows and non-null arrays");
   need(cache_shape.size() == 5 && k && v, "the cache is [L, S, Hkv, N, D] K and V");
@@ -145,8 +145,8 @@ void forward_py(NativeModel& m, uintptr_t ids, uintptr_t positions, uintptr_t pa
               ptr<int64_t>(logits_rows), T, R, std::move(query_start), std::move(slots),
               std::move(cache_lens), {}};
   for (uintptr_t p : valid) a.valid.push_back(ptr<bool>(p));
-  CacheArgs c{reinterpret_cast<float*>(k), reinterpret_cast<float*>(v), cache_shape[0],
-              cache_shape[1], cache_shape[2], cache_shape[3], cache_shape[4]};
+  CacheArgs c{reinterpret_cast<void*>(k), reinterpret_cast<void*>(v), cache_shape[0],
+              cache_shape[1], cache_shape[2], cache_shape[3], cache_shape[4], half_cache};
   RopeArgs r;
   for (size_t i = 0; i < cos.size(); ++i) {
     r.cos.push_back(ptr<float>(cos[i]));
@@ -183,6 +183,22 @@ void argmax_rows(FRows x, IOut out, int64_t chunk, int isa) {
     }
     out.data()[i] = acc.at;
   }
+}
+
+using FIn1 = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using HOut1 = nb::ndarray<uint16_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using FOut1 = nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// The forward's binary16 conversions of a 16-bit KV cache on their own, for the tests:
+// bits = Ops::to_half(x), back = Ops::from_half(bits).
+void half_convert(FIn1 x, HOut1 bits, FOut1 back, int isa) {
+  rs::require_isa(isa);
+  const Ops& op = isa >= rs::kAvx512 ? ops_avx512() : isa == rs::kAvx2 ? ops_avx2() : ops_scalar();
+  const int64_t n = int64_t(x.shape(0));
+  need(n % 16 == 0 && int64_t(bits.shape(0)) == n && int64_t(back.shape(0)) == n,
+       "half_convert needs x, bits, back of one length, a multiple of 16");
+  op.to_half(x.data(), bits.data(), n);
+  op.from_half(bits.data(), back.data(), n);
 }
 
 const char* const kCounterNames[kCounters] = {"quantize", "gemm", "attention", "other", "total"};
@@ -229,7 +245,9 @@ void register_native(nb::module_& m) {
            nb::arg("slots"), nb::arg("cache_lens"), nb::arg("valid"), nb::arg("k"), nb::arg("v"),
            nb::arg("cache_shape"), nb::arg("cos"), nb::arg("sin"), nb::arg("rope_rows"),
            nb::arg("num_layers"), nb::arg("out"), nb::arg("threads"), nb::arg("isa"),
-           nb::arg("argmax") = 0);
+           nb::arg("argmax") = 0, nb::arg("half_cache") = false);
   m.def("argmax_rows", &nf::argmax_rows, nb::arg("x").noconvert(), nb::arg("out").noconvert(),
         nb::arg("chunk"), nb::arg("isa"));
+  m.def("half_convert", &nf::half_convert, nb::arg("x").noconvert(), nb::arg("bits").noconvert(),
+        nb::arg("back").noconvert(), nb::arg("isa"));
 }

@@ -209,8 +209,13 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
       }
       for (int64_t g = 0; g < Hkv; ++g) {
         const int64_t at = c.offset(li, plan_.slot(t), g, plan_.cache_pos(t));
-        std::memcpy(c.k + at, row + nq + g * D, size_t(D) * sizeof(float));
-        std::memcpy(c.v + at, row + nq + nkv + g * D, size_t(D) * sizeof(float));
+        if (c.half) {
+          op.to_half(row + nq + g * D, static_cast<uint16_t*>(c.k) + at, D);
+          op.to_half(row + nq + nkv + g * D, static_cast<uint16_t*>(c.v) + at, D);
+        } else {
+          std::memcpy(static_cast<float*>(c.k) + at, row + nq + g * D, size_t(D) * sizeof(float));
+          std::memcpy(static_cast<float*>(c.v) + at, row + nq + nkv + g * D, size_t(D) * sizeof(float));
+        }
       }
     });
     tick(kOther, t0);
@@ -235,21 +240,51 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
       if (group % hb == 0 && items >= np && (stream || items % np == 0 || items >= 2 * np)) break;
     }
     const int64_t groups = H / hb;  // items per row block
+    // A 16-bit cache: a decode row's attention converts each key and value as it loads
+    // them (it streams half the bytes). Blocks of kHalfWidenRows rows or more
+    // (verification, prefill) are compute-bound and would convert each vector once per
+    // row and head: their sequence's keys and values (positions lo .. the last one its
+    // blocks see, per kv head) are widened once for the layer into kvf_, which they then
+    // read like a float32 cache, their keys shifted by lo. Either way the same arithmetic
+    // on the same (exactly converted) values.
+    std::vector<Widened> wide;
+    if (c.half) widen_kv(kind, c, li, wide);
     auto attend = [&](int64_t i0, int64_t i1) {
       static thread_local std::vector<float> scratch;
+      static thread_local std::vector<int32_t> shifted;
       for (int64_t i = i0; i < i1; ++i) {
         const Plan::RowBlock& b = kind.blocks[size_t(i / groups)];
         const int64_t h0 = (i % groups) * hb;
         Keys keys[kMaxAttnRows];
-        int64_t most = 0;
+        int64_t most = 0, listed = 0;
         for (int64_t r = 0; r < b.rows; ++r) {
           keys[r] = kind.keys(b.t + r);
           most = std::max(most, keys[r].size());
+          listed += keys[r].cnt;
         }
         scratch.resize(size_t(b.rows * hb * (most + 16 + D)));
-        const int64_t base = c.offset(li, plan_.slot(b.t), h0 / group, 0);
+        const int64_t slot = plan_.slot(b.t), g = h0 / group;
+        const void *kp, *vp;
+        const bool widened = c.half && b.rows >= kHalfWidenRows;
+        if (widened) {
+          const Widened& e = *std::find_if(wide.begin(), wide.end(), [&](const Widened& x) { return x.slot == slot; });
+          kp = kvf_.data() + e.at + size_t(g * e.n * D);
+          vp = kvf_.data() + e.at + size_t((Hkv + g) * e.n * D);
+          shifted.resize(size_t(listed));
+          const int32_t lo = int32_t(e.lo);
+          for (int64_t r = 0, o = 0; r < b.rows; ++r) {
+            for (int32_t j = 0; j < keys[r].cnt; ++j) shifted[size_t(o + j)] = keys[r].list[j] - lo;
+            keys[r] = Keys{keys[r].lo - lo, keys[r].hi - lo, shifted.data() + o, keys[r].cnt};
+            o += keys[r].cnt;
+          }
+        } else {
+          const size_t elem = c.half ? sizeof(uint16_t) : sizeof(float);
+          const size_t base = size_t(c.offset(li, slot, g, 0)) * elem;
+          kp = static_cast<const char*>(c.k) + base;
+          vp = static_cast<const char*>(c.v) + base;
+        }
         const AttnBlock ab{qkv + b.t * nqkv + h0 * D, nqkv, att + b.t * nq + h0 * D, nq, keys,
-                           b.rows, hb, c.k + base, c.v + base, D, cfg_.attn_scale};
+                           b.rows, hb, kp, vp, D, cfg_.attn_scale, c.half && !widened};
         op.attend(ab, scratch.data());
       }
     };

@@ -55,9 +55,10 @@ struct AttnBlock {
   int64_t out_stride;
   const Keys* keys;  // [rows]
   int64_t rows, heads;
-  const float *k, *v;  // position 0 of the kv head's [N, d] cache rows
+  const void *k, *v;  // position 0 of the kv head's [N, d] cache rows
   int64_t d;
   float scale;
+  bool half;  // k and v hold IEEE binary16 bits (else float32)
 };
 
 struct Ops {
@@ -95,6 +96,11 @@ struct Ops {
   // The float64 sum of w[0, len) (len <= 64): lane l of 8 adds w[8 j + l] in increasing j
   // from +0, then the tree (l, l+4), (l, l+2), (0, 1).
   double (*chunk_sum)(const float* w, int64_t len);
+  // IEEE binary16 conversions of n values (n % 16 == 0): to_half rounds to nearest even
+  // (overflow to +-inf, a NaN stays a quiet NaN), from_half is exact; both are what the
+  // F16C instructions do, so every path gives the same bits (and torch's .half()).
+  void (*to_half)(const float* x, uint16_t* y, int64_t n);
+  void (*from_half)(const uint16_t* x, float* y, int64_t n);
 };
 
 const Ops& ops_scalar();

@@ -26,9 +26,12 @@ struct BatchArgs {
   std::vector<const bool*> valid;                       // [B] or empty; nullptr: no padding
 };
 
-struct CacheArgs {  // K and V: float32 [layers, slots, kv_heads, max_len, head_dim]
-  float *k, *v;
+// K and V: [layers, slots, kv_heads, max_len, head_dim] of float32, or of IEEE binary16
+// bits when half (written rounded to nearest even, read back exactly: Ops::to_half).
+struct CacheArgs {
+  void *k, *v;
   int64_t layers, slots, kv_heads, max_len, head_dim;
+  bool half = false;
   int64_t offset(int64_t layer, int64_t slot, int64_t head, int64_t pos) const {
     return (((layer * slots + slot) * kv_heads + head) * max_len + pos) * head_dim;
   }

@@ -1,11 +1,14 @@
-"""Issue 18's profile of one verification forward: k = 1 vs k = 16 new rows (a chain,
+"""Issue 18's profile of one verification forward: k = 1 vs k = 16 (``--ks``) new rows (a chain,
 every row's logits) after C cached tokens, split by the native forward's own counters
 (``NativeModel.set_profiling``: activation quantization, weight products, attention,
 other native work) for 1 and 2 threads. Best of R forwards per cell (the machine's
 noise is one-sided: a slower run was disturbed).
 
     .venv/bin/python scripts/exp_verify_profile.py [--model ALIAS] [--cached 200 512]
-        [--repeats 15] [--out bench_out/verify_profile]
+        [--repeats 15] [--ks 16] [--kv-dtypes float32 float16] [--out bench_out/verify_profile]
+
+``--kv-dtypes``: the KV-cache formats to profile, in one run (default: the model's own).
+Rows past 16 (``--ks 512``) are timed as a prefill chunk (the last row's logits only).
 
 Writes OUT.json and OUT.md. Run it alone on the machine.
 """
@@ -34,7 +37,8 @@ def profile_cell(model: Any, cache: Any, slot: int, ctx: list[int], cached: int,
     """Milliseconds of the best of ``repeats`` forwards of k rows at ``cached``, and its
     split."""
     native = model.native
-    meta = build_batch([SequenceInput(slot, cached, ctx[cached : cached + k], logits="all")])
+    logits = "all" if k <= 16 else "last"  # (more rows: a prefill chunk)
+    meta = build_batch([SequenceInput(slot, cached, ctx[cached : cached + k], logits=logits)])
     best: dict[str, float] | None = None
     for _ in range(repeats + 1):  # the first is a warm-up
         native.profile(reset=True)
@@ -55,6 +59,9 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--cached", type=int, nargs="+", default=[200, 512])
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--ks", type=int, nargs="+", default=[16],
+                    help="row counts to profile besides k = 1")
+    ap.add_argument("--kv-dtypes", nargs="+", choices=("float32", "float16"), default=None)
     ap.add_argument("--out", default="bench_out/verify_profile")
     args = ap.parse_args()
     engine = Engine.load(args.model)
@@ -62,26 +69,31 @@ def main() -> None:
     if model.native is None:
         raise SystemExit("the model has no native forward (quantized weights only)")
     top = max(args.cached)
-    cache = model.new_cache(1, top + 17)
-    slot = cache.allocate()
-    ctx = random_prefix(model, cache, slot, top, 16)
+    kv_dtypes = args.kv_dtypes or [str(model.kv_dtype).removeprefix("torch.")]
     model.native.set_profiling(True)
     rows: list[dict[str, Any]] = []
     with torch.inference_mode():
-        for cached in args.cached:
-            for threads in (1, 2):
-                one = profile_cell(model, cache, slot, ctx, cached, 1, threads, args.repeats)
-                many = profile_cell(model, cache, slot, ctx, cached, 16, threads, args.repeats)
-                for k, cell in ((1, one), (16, many)):
-                    rows.append({"cached": cached, "threads": threads, "k": k, **cell,
-                                 "ratio_to_k1": cell["wall"] / one["wall"]})
+        for kv in kv_dtypes:
+            cache = model.new_cache(1, top + max(16, *args.ks) + 1, dtype=getattr(torch, kv))
+            slot = cache.allocate()
+            ctx = random_prefix(model, cache, slot, top, max(16, *args.ks))
+            for cached in args.cached:
+                for threads in (1, 2):
+                    one = profile_cell(model, cache, slot, ctx, cached, 1, threads, args.repeats)
+                    cells = [(1, one)] + [
+                        (k, profile_cell(model, cache, slot, ctx, cached, k, threads,
+                                         args.repeats)) for k in args.ks if k != 1]
+                    for k, cell in cells:
+                        rows.append({"kv": kv, "cached": cached, "threads": threads, "k": k,
+                                     **cell, "ratio_to_k1": cell["wall"] / one["wall"]})
     model.native.set_profiling(False)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    lines = ["| cached | threads | k | wall ms | GEMM | attention | act. quantize | other native "
-             "| k / k=1 |", "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['cached']} | {r['threads']} | {r['k']} | {r['wall']:.2f} | {r['gemm']:.2f} "
+    lines = ["| KV | cached | threads | k | wall ms | GEMM | attention | act. quantize "
+             "| other native | k / k=1 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['kv']} | {r['cached']} | {r['threads']} | {r['k']} | {r['wall']:.2f} "
+              f"| {r['gemm']:.2f} "
               f"| {r['attention']:.2f} | {r['quantize']:.2f} | {r['other']:.2f} "
               f"| {r['ratio_to_k1']:.2f}x |" for r in rows]
     md = "\n".join(lines) + "\n"

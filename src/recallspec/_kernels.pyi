@@ -44,11 +44,16 @@ class NativeModel:
         query_start: Any, slots: Any, cache_lens: Any, valid: list[int], k: int, v: int,
         cache_shape: list[int], cos: list[int], sin: list[int], rope_rows: int,
         num_layers: int, out: int, threads: int, isa: int, argmax: int = 0,
+        half_cache: bool = False,
     ) -> None: ...
 
 # The forward's row argmax (first maximum, NaN first) on its own, each row of x
 # (float32 [R, n]) in chunks of `chunk` columns merged last first, into out (int64 [R]).
 def argmax_rows(x: Any, out: Any, chunk: int, isa: int) -> None: ...
+
+# The native forward's binary16 conversions (a 16-bit KV cache) on their own: bits
+# (uint16 [n]) = x (float32 [n], n % 16 == 0) rounded to nearest even, back = bits widened.
+def half_convert(x: Any, bits: Any, back: Any, isa: int) -> None: ...
 
 # One sampling distribution as unnormalised weights (csrc/sample_bind.cpp): logits
 # (float32 [n]) at temperature t into w (float32 [n]) and chunk sums (float64

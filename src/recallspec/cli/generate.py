@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from recallspec.cli import KV_HELP
 from recallspec.errors import DataError
 from recallspec.policy import POLICY
 
@@ -34,6 +35,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"],
                    help="weights: auto = a GGUF's own blocks (quantized kernel), float32 = "
                         "the dequantized reference")
+    p.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "float16"],
+                   help=KV_HELP)
     p.add_argument("--max-draft-nodes", type=int, default=16)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -67,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise DataError(str(e)) from None
-    engine = Engine.load(args.model, dtype=args.dtype, max_draft_nodes=args.max_draft_nodes)
+    engine = Engine.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                         max_draft_nodes=args.max_draft_nodes)
     ids = engine.encode_prompt(prompt, chat=args.chat)
     # Warm up so that one-time costs (allocator, first matmul) do not land in the timing.
     engine.generate(ids[:8], SamplingParams(max_new_tokens=2), drafter="none")

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from recallspec.cli import KV_HELP
 from recallspec.errors import DataError, RecallspecError
 from recallspec.policy import SERVE_POLICY
 
@@ -52,6 +53,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "16; the cost-aware mode drafts fewer where rows do not pay; workloads "
                    "that re-send long texts gain from more, e.g. 32)")
     p.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"])
+    p.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "float16"],
+                   help=KV_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("RECALLSPEC_API_KEY"),
@@ -92,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     drafter = ":".join([policy_name, *(f"{k}={v}" for k, v in policy_opts.items())])
     try:
         config: dict[str, object] = {"max_batch_size": args.max_batch_size, "dtype": args.dtype,
+                                     "kv_dtype": args.kv_dtype,
                                      "drafter": drafter, "mode": args.mode or policy_mode,
                                      "memory_tokens": args.memory_tokens,
                                      "memory_prompts": args.memory_prompts,

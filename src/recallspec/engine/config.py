@@ -8,12 +8,16 @@ from dataclasses import dataclass
 # "auto" (quantized for a GGUF, float32 for an HF directory), "quantized", "float32"
 # (the token-identical reference) and "bfloat16".
 DTYPES = ("auto", "quantized", "float32", "bfloat16")
+# KV-cache formats: "auto" (KV_AUTO for the native forward of quantized weights, the
+# model's dtype otherwise), "float32", "float16".
+KV_DTYPES = ("auto", "float32", "float16")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # path, alias, or None for the default model
     dtype: str = "auto"  # one of DTYPES, passed to the loader as is
+    kv_dtype: str = "auto"  # one of KV_DTYPES, passed to the loader as is
     max_batch_size: int = 1  # sequences decoded together (KV-cache slots)
     max_len: int | None = None  # KV positions per sequence; default min(context, 4096)
     prefill_chunk: int = 512  # prompt tokens per step (ride in the decoding forward)
@@ -48,6 +52,9 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
+                             f"got {self.kv_dtype!r}")
         if self.max_batch_size < 1 or self.prefill_chunk < 1 or self.max_draft_nodes < 0:
             raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_draft_nodes >= 0")
         if self.max_len is not None and self.max_len < 2:

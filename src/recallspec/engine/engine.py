@@ -80,7 +80,7 @@ class Engine:
             KVCache.check_fits(
                 num_layers=c.num_layers, num_slots=self.config.max_batch_size,
                 max_len=self.max_len, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                dtype=getattr(model, "dtype", torch.float32))
+                dtype=getattr(model, "kv_dtype", getattr(model, "dtype", torch.float32)))
         self.cache: KVCache = model.new_cache(self.config.max_batch_size, self.max_len)
         self.threads = self.config.threads or torch.get_num_threads()
         self.stats = StepStats()
@@ -101,7 +101,7 @@ class Engine:
         from recallspec.models import load_model
 
         cfg = EngineConfig(model=model, **config)
-        m, tok = load_model(model, dtype=cfg.dtype)
+        m, tok = load_model(model, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype)
         return cls(m, tok, cfg)
 
     # ---- the cost curve (adaptive mode) ----------------------------------------------

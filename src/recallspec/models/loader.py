@@ -245,10 +245,13 @@ def load_tokenizer(model: str | os.PathLike[str] | None = None) -> Tokenizer:
 
 
 def load_model(
-    path: str | os.PathLike[str] | None = None, dtype: str | torch.dtype = "auto"
+    path: str | os.PathLike[str] | None = None, dtype: str | torch.dtype = "auto",
+    kv_dtype: str = "auto",
 ) -> tuple[CausalLM, Tokenizer]:
     """Load a model and its tokenizer; ``dtype`` is a weight format (``WEIGHT_FORMATS``)
-    or a torch dtype (float32, bfloat16)."""
+    or a torch dtype (float32, bfloat16); ``kv_dtype`` the KV cache's (``KV_FORMATS``)."""
+    if kv_dtype not in KV_FORMATS:
+        raise ValueError(f"kv_dtype must be one of {', '.join(KV_FORMATS)}, got {kv_dtype!r}")
     directory, gguf = _model_source(path)
     fmt = weight_format(dtype, gguf)
     config = read_config(directory)
@@ -261,8 +264,11 @@ def load_model(
             from recallspec.models.quantized import quantize_floats
 
             weights = quantize_floats(weights)
+    quantized = fmt == "quantized"
+    kv = KV_AUTO if kv_dtype == "auto" and quantized else kv_dtype
     model = CausalLM(
-        config, weights, dtype=_TORCH_DTYPES.get(fmt, torch.float32), quantized=fmt == "quantized"
+        config, weights, dtype=_TORCH_DTYPES.get(fmt, torch.float32), quantized=quantized,
+        kv_dtype=None if kv == "auto" else getattr(torch, kv),
     )
     model.eval()
     return model, tokenizer
@@ -273,6 +279,10 @@ def load_model(
 # (the reference: parity with transformers) and "bfloat16" hold dense weights; "auto" is
 # "quantized" for a GGUF and "float32" for an HF directory.
 WEIGHT_FORMATS = ("auto", "quantized", "float32", "bfloat16")
+# KV-cache formats: "auto" is KV_AUTO for quantized weights (the native forward reads
+# 16-bit keys and values at half the bytes) and the weights' dtype otherwise.
+KV_FORMATS = ("auto", "float32", "float16")
+KV_AUTO = "float32"
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 

@@ -98,13 +98,16 @@ class CausalLM(nn.Module):
     def __init__(
         self, config: ModelConfig, weights: Mapping[str, Weight],
         dtype: torch.dtype = torch.float32, *, quantized: bool = False,
-        native: bool | None = None,
+        native: bool | None = None, kv_dtype: torch.dtype | None = None,
     ) -> None:
         """``weights`` use our internal names (see ``loader.internal_weights``); with
         ``quantized`` the matrices are ``QuantizedWeight``s and ``dtype`` is float32.
         ``native``: run ``forward`` in the native C++ forward (``runtime.native``); None =
         yes for quantized models unless ``RECALLSPEC_NATIVE=0``, no for dense ones (True
-        on a float32 model: the dense native path, a test oracle, slow)."""
+        on a float32 model: the dense native path, a test oracle, slow). ``kv_dtype``: what
+        ``new_cache`` stores keys and values in (None: ``dtype``); float16 halves the bytes
+        attention reads (the native forward converts them back exactly, the reference
+        attends in ``dtype`` after the same rounding)."""
         super().__init__()
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ModelLoadError(f"unsupported dtype {dtype}")
@@ -112,6 +115,9 @@ class CausalLM(nn.Module):
             raise ModelLoadError("quantized weights compute with float32 activations")
         self.config = config
         self.dtype = dtype
+        if kv_dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
+            raise ModelLoadError(f"unsupported KV-cache dtype {kv_dtype}")
+        self.kv_dtype = kv_dtype or dtype
         self.quantized = quantized
         # "quantized" | "float32" | "bfloat16": the arithmetic, for cache keys and reports.
         self.weight_format = "quantized" if quantized else str(dtype).removeprefix("torch.")
@@ -198,7 +204,7 @@ class CausalLM(nn.Module):
         c = self.config
         return KVCache(
             num_layers=c.num_layers, num_slots=num_slots, max_len=max_len,
-            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=dtype or self.dtype,
+            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=dtype or self.kv_dtype,
         )
 
     def _rope_table(self, base: float, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -325,6 +331,8 @@ class CausalLM(nn.Module):
         n = q.shape[0]
         k = cache.k[layer, slot, :, :kv_len]  # [Hkv, kv_len, D]
         v = cache.v[layer, slot, :, :kv_len]
+        if k.dtype != q.dtype:  # a 16-bit cache: attend in the model's dtype
+            k, v = k.to(q.dtype), v.to(q.dtype)
         # Note: a hand-written bmm/softmax path for single-token decode was tried and dropped:
         # with real text, peaked softmax rows underflow to denormals and the probs @ V matmul
         # slowed ~50x on this CPU; the SDPA kernel does not suffer from it.

@@ -323,15 +323,17 @@ def _busy() -> bool:
 
 
 def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
-    """What a curve was measured for: the model (its tokenizer, shape and weight format),
-    the forward that runs it (native or Python, the kernel path, the kernels' build), the
-    thread count, the CPU (with its family and model numbers) and torch. (The forward
-    and the kernels count: the native forward takes half the Python one's time on the
-    same weights, and a faster 1-row product changes what a draft row costs.)"""
+    """What a curve was measured for: the model (its tokenizer, shape, weight format and
+    KV-cache dtype), the forward that runs it (native or Python, the kernel path, the
+    kernels' build), the thread count, the CPU (with its family and model numbers) and
+    torch. (The forward and the kernels count: the native forward takes half the Python
+    one's time on the same weights, and a faster 1-row product changes what a draft row
+    costs.)"""
     from recallspec.runtime.isa import ISA, cpu_identity, kernels_build
 
     c = model.config
     fmt = getattr(model, "weight_format", None) or str(getattr(model, "dtype", ""))
+    fmt += f"/kv:{getattr(model, 'kv_dtype', '')}"  # (a 16-bit cache: other attention cost)
     forward = "native" if getattr(model, "native", None) is not None else "python"
     parts = [
         tokenizer_fingerprint, str(c.num_layers), str(c.hidden_size), str(c.vocab_size), fmt,

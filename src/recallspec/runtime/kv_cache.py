@@ -166,10 +166,11 @@ class KVCache:
     ) -> None:
         """Write rows at arbitrary (slot, position) pairs of one layer.
 
-        slots, positions: [T] int64; k, v: [T, Hkv, D].
+        slots, positions: [T] int64; k, v: [T, Hkv, D] (rounded to nearest even into a
+        16-bit cache, as the native forward does).
         """
-        self.k[layer, slots, :, positions] = k
-        self.v[layer, slots, :, positions] = v
+        self.k[layer, slots, :, positions] = k.to(self.k.dtype)
+        self.v[layer, slots, :, positions] = v.to(self.v.dtype)
 
     def reserve(self, slot: int, n_new: int) -> None:
         """Check that ``n_new`` rows fit after the slot's committed length."""

@@ -101,8 +101,9 @@ class NativeModel:
         position (the model's own tables). ``threads`` defaults to ``kernel_threads()``,
         ``isa`` to ``runtime.isa.ISA``."""
         k, v = cache.k, cache.v
-        if k.dtype != torch.float32 or not (k.is_contiguous() and v.is_contiguous()):
-            raise TypeError("the native forward needs a contiguous float32 KV cache")
+        if k.dtype not in (torch.float32, torch.float16) or v.dtype != k.dtype or not (
+                k.is_contiguous() and v.is_contiguous()):
+            raise TypeError("the native forward needs a contiguous float32 or float16 KV cache")
         # Addresses into meta.ints (the layout of runtime.batch.BatchMetadata).
         t, r = meta.num_tokens, meta.num_logits
         base, n = meta.ints.buffer_info()  # (alive and never resized during the call)
@@ -132,6 +133,7 @@ class NativeModel:
             [cs.data_ptr() for cs, _ in tables], [sn.data_ptr() for _, sn in tables],
             min(cs.shape[0] for cs, _ in tables), num_layers, out.data_ptr(),
             kernel_threads() if threads is None else threads, _isa.code(isa), argmax,
+            k.dtype == torch.float16,
         )
         return out
 
