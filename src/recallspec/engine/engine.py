@@ -214,7 +214,7 @@ class Engine:
         gen = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else torch.seed()
-            gen = np.random.default_rng(seed)
+            gen = np.random.default_rng(seed % 2**64)  # (numpy takes no negative seed)
         rid = next(self._rids)
         now = time.perf_counter()
         self.scheduler.add(Request(rid, ids, params, d, bm, gen, request_id,
