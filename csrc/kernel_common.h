@@ -96,6 +96,30 @@ inline Pool& pool() {
   return p;
 }
 
+// Run fn(p, a, b) on contiguous parts [a, b) of [0, total), part p in thread p: at most
+// `parts` parts (and the pool's), each ceil(total / parts) long but the last, none empty;
+// a single part runs in the calling thread.
+template <class F>
+void split_parts(int64_t total, unsigned parts, F&& fn) {
+  const int64_t np = std::max<int64_t>(1, std::min<int64_t>({int64_t(parts), int64_t(pool().parts()), total}));
+  if (np == 1) {
+    if (total > 0) fn(0u, int64_t(0), total);
+    return;
+  }
+  const int64_t per = (total + np - 1) / np;
+  pool().run(unsigned(np), [&](unsigned p) {
+    const int64_t a = std::min<int64_t>(total, int64_t(p) * per);
+    const int64_t b = std::min<int64_t>(total, a + per);
+    if (a < b) fn(p, a, b);
+  });
+}
+
+// split_parts for fn(a, b).
+template <class F>
+void split(int64_t total, unsigned parts, F&& fn) {
+  split_parts(total, parts, [&](unsigned, int64_t a, int64_t b) { fn(a, b); });
+}
+
 // Kernel instruction-set paths. The caller names one explicitly (nothing in C++ reads
 // the environment); check_isa refuses a path the CPU cannot execute.
 enum Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };

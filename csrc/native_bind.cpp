@@ -166,7 +166,7 @@ using IOut = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 // report in no fixed order).
 void argmax_rows(FRows x, IOut out, int64_t chunk, int isa) {
   rs::require_isa(isa);
-  const Ops& op = isa >= rs::kAvx512 ? ops_avx512() : isa == rs::kAvx2 ? ops_avx2() : ops_scalar();
+  const Ops& op = ops_for(isa);
   const int64_t R = int64_t(x.shape(0)), n = int64_t(x.shape(1));
   need(int64_t(out.shape(0)) == R && n > 0 && chunk > 0, "argmax_rows needs x [R, n > 0], out [R]");
   for (int64_t i = 0; i < R; ++i) {
@@ -193,7 +193,7 @@ using FOut1 = nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 // bits = Ops::to_half(x), back = Ops::from_half(bits).
 void half_convert(FIn1 x, HOut1 bits, FOut1 back, int isa) {
   rs::require_isa(isa);
-  const Ops& op = isa >= rs::kAvx512 ? ops_avx512() : isa == rs::kAvx2 ? ops_avx2() : ops_scalar();
+  const Ops& op = ops_for(isa);
   const int64_t n = int64_t(x.shape(0));
   need(n % 16 == 0 && int64_t(bits.shape(0)) == n && int64_t(back.shape(0)) == n,
        "half_convert needs x, bits, back of one length, a multiple of 16");

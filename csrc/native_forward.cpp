@@ -30,33 +30,18 @@ constexpr int64_t kParallelAttn = 1 << 15;
 // values per kv head and layer; see the attention split below).
 constexpr int64_t kStreamKeyFloats = 1 << 15;
 
-// Run fn(p, a, b) on contiguous parts [a, b) of [0, total), part p in thread p.
-template <class F>
-void split_parts(int64_t total, unsigned parts, F&& fn) {
-  const int64_t np = std::max<int64_t>(1, std::min<int64_t>(parts, total));
-  if (np == 1) {
-    if (total > 0) fn(0u, int64_t(0), total);
-    return;
-  }
-  const int64_t per = (total + np - 1) / np;
-  rs::pool().run(unsigned(np), [&](unsigned p) {
-    const int64_t a = std::min<int64_t>(total, int64_t(p) * per);
-    const int64_t b = std::min<int64_t>(total, a + per);
-    if (a < b) fn(p, a, b);
-  });
-}
-
-// Run fn(a, b) on contiguous parts [a, b) of [0, total), one part per thread.
-template <class F>
-void split(int64_t total, unsigned parts, F&& fn) {
-  split_parts(total, parts, [&](unsigned, int64_t a, int64_t b) { fn(a, b); });
-}
+using rs::split;
+using rs::split_parts;
 
 // Output groups of 16 columns a thread computes before it runs a product's epilogue
 // over them (NativeModel::matmul): 1024 columns, 4 KB a row, still in its L1 or L2.
 constexpr int64_t kEpilogueGroups = 64;
 
 }  // namespace
+
+const Ops& ops_for(int isa) {
+  return isa >= rs::kAvx512 ? ops_avx512() : isa == rs::kAvx2 ? ops_avx2() : ops_scalar();
+}
 
 void NativeModel::tick(Counter c, ns_clock::time_point& t0) {
   if (!profiling_) return;
@@ -155,7 +140,7 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
   plan_.build(a, c, r, windows, ropes, cfg_.vocab);  // validates every index used below
   parts_ = std::max(1u, std::min(threads, rs::pool().parts()));
   isa_ = isa;
-  ops_ = isa >= rs::kAvx512 ? &ops_avx512() : isa == rs::kAvx2 ? &ops_avx2() : &ops_scalar();
+  ops_ = &ops_for(isa);
   const Ops& op = *ops_;
   const int64_t T = a.T, R = a.R;
   for (auto* v : {&h_, &x_, &o_}) v->resize(size_t(T * hid));

@@ -60,15 +60,7 @@ void NativeModel::widen_kv(const Plan::Kind& kind, const CacheArgs& c, int64_t l
       op.from_half(src, kvf_.data() + e.at + size_t((which * Hkv + g) * e.n * D), e.n * D);
     }
   };
-  const int64_t np = std::min<int64_t>(int64_t(parts_), tasks);
-  if (np <= 1 || used < kParallelWiden) {
-    run(0, tasks);
-    return;
-  }
-  const int64_t per = (tasks + np - 1) / np;
-  rs::pool().run(unsigned(np), [&](unsigned p) {
-    run(std::min(tasks, int64_t(p) * per), std::min(tasks, int64_t(p + 1) * per));
-  });
+  rs::split(tasks, used < kParallelWiden ? 1u : parts_, run);
 }
 
 }  // namespace nf

@@ -106,5 +106,9 @@ struct Ops {
 const Ops& ops_scalar();
 const Ops& ops_avx2();
 const Ops& ops_avx512();
+// The table of a kernel_common.h path code (rs::Isa; VNNI runs the avx512 table),
+// defined in native_forward.cpp (a baseline file: not inline here, where each path's
+// file would compile its own copy).
+const Ops& ops_for(int isa);
 
 }  // namespace nf

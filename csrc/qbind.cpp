@@ -52,18 +52,7 @@ void quantize_rows(int isa, const float* x, int64_t K, int sb, int64_t m0, int64
   if (buf.qw) qk::widen_pairs(buf, K, m0, m1);
 }
 
-// Parts of [0, total) for up to `threads` threads: part i gets [i*per, (i+1)*per).
-template <class F>
-void split(int64_t total, unsigned threads, F fn) {
-  rs::Pool& p = rs::pool();
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>({int64_t(threads), int64_t(p.parts()), total}));
-  const int64_t per = (total + parts - 1) / parts;
-  p.run(unsigned(parts), [&](unsigned part) {
-    const int64_t a = std::min<int64_t>(total, int64_t(part) * per);
-    const int64_t b = std::min<int64_t>(total, a + per);
-    if (a < b) fn(a, b);
-  });
-}
+using rs::split;
 
 // out[m * ldo + n_off + n] = sum_k x[m * K + k] w[n, k] for m < M, n < seg.n.
 // x and out are raw addresses (torch data_ptr): the Python wrapper (runtime/qlinear.py)

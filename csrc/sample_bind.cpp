@@ -38,10 +38,6 @@ double total_of(const double* chunks, int64_t nc) {
   return s;
 }
 
-const nf::Ops& ops(int isa) {
-  return isa >= rs::kAvx512 ? nf::ops_avx512() : isa == rs::kAvx2 ? nf::ops_avx2() : nf::ops_scalar();
-}
-
 void check_shapes(int64_t n, int64_t nw, int64_t nc) {
   need(n > 0 && nw == n && nc == (n + kChunk - 1) / kChunk,
        "need logits [n > 0], weights [n] and chunks [ceil(n / 64)]");
@@ -55,7 +51,7 @@ double fill(FIn x, double t, FOut w, DOut chunks, int isa) {
   const int64_t n = int64_t(x.shape(0)), nc = int64_t(chunks.shape(0));
   check_shapes(n, int64_t(w.shape(0)), nc);
   need(t > 0.0 && std::isfinite(float(t)), "temperature must be a positive finite number");
-  const nf::Ops& op = ops(isa);
+  const nf::Ops& op = nf::ops_for(isa);
   bool nan = false;
   const float tf = float(t);
   const float m = op.max(x.data(), n, &nan) / tf;
@@ -73,7 +69,7 @@ double zero_entry(FOut w, DOut chunks, int64_t i, int isa) {
   need(i >= 0 && i < n, "token id out of range");
   w.data()[i] = 0.0f;
   const int64_t c = i / kChunk;
-  chunks.data()[c] = ops(isa).chunk_sum(w.data() + c * kChunk, std::min(kChunk, n - c * kChunk));
+  chunks.data()[c] = nf::ops_for(isa).chunk_sum(w.data() + c * kChunk, std::min(kChunk, n - c * kChunk));
   return total_of(chunks.data(), nc);
 }
 

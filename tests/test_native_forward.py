@@ -228,8 +228,9 @@ def test_gemma_parity() -> None:
 
 # ---- batch invariance (the default, quantized path): exact equality --------------------
 
-def _fresh(model: CausalLM, prefix: Sequence[SequenceInput], max_len: int = 256) -> KVCache:
-    cache = model.new_cache(4, max_len)
+def _fresh(model: CausalLM, prefix: Sequence[SequenceInput], max_len: int = 256,
+           dtype: torch.dtype | None = None) -> KVCache:
+    cache = model.new_cache(4, max_len, dtype=dtype)
     model(build_batch(prefix), cache)
     return cache
 

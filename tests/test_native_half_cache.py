@@ -7,14 +7,13 @@ token-identical to plain decoding on such a cache."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 import torch
 from test_native_forward import (
     _check,
     _forward_with,
+    _fresh,
     _other_settings,
     _steps_smol,
     prompt_ids,
@@ -27,6 +26,7 @@ from recallspec.engine import Engine
 from recallspec.models import CausalLM
 from recallspec.runtime import isa
 from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.runtime.kv_cache import KVCache
 from recallspec.spec.sampling import SamplingParams
 
 __all__ = ["prompt_ids", "smol", "smol_dense"]  # (fixtures shared with test_native_forward)
@@ -89,11 +89,10 @@ def test_half_cache_rows_same_bits_every_way(smol: CausalLM, prompt_ids: list[in
     property), a tree's rows equal the same rows beside other sequences, and every step
     equals itself on two threads and on the other vector paths."""
     ids, n = prompt_ids, len(prompt_ids)
+    prefix = [SequenceInput(0, 0, ids), SequenceInput(1, 0, ids[:11])]
 
-    def fresh(max_len: int = 256) -> Any:
-        cache = smol.new_cache(4, max_len, dtype=F16)
-        smol(build_batch([SequenceInput(0, 0, ids), SequenceInput(1, 0, ids[:11])]), cache)
-        return cache
+    def fresh() -> KVCache:
+        return _fresh(smol, prefix, dtype=F16)
 
     ca, cb = fresh(), fresh()
     steps = [smol(build_batch([SequenceInput(0, n + i, [ids[i]])]), ca) for i in range(4)]
@@ -119,10 +118,8 @@ def test_long_context_decode_equals_chain_on_a_half_cache(
     ids = (prompt_ids * (700 // len(prompt_ids) + 1))[:700]
     n = 600
 
-    def fresh() -> Any:
-        cache = smol.new_cache(1, 704, dtype=F16)
-        smol(build_batch([SequenceInput(0, 0, ids[:n])]), cache)
-        return cache
+    def fresh() -> KVCache:
+        return _fresh(smol, [SequenceInput(0, 0, ids[:n])], 704, F16)
 
     chain = smol(build_batch([SequenceInput(0, n, ids[n : n + 4])]), fresh())
     for threads in (1, 2):

@@ -131,7 +131,7 @@ class Weights:
                 self.total = float(_kernels.sample_weights(
                     logits, params.temperature, w, chunks, _isa.code()))
             except OverflowError:  # the largest logit / t overflows float32: the
-                logits = logits.astype(np.float64)  # reference in float64 (greedy in the limit)
+                pass  # reference below, which then recomputes in float64
             except ValueError as e:
                 raise ValueError(f"cannot sample: {e}") from None
             else:
