@@ -133,8 +133,12 @@ void run(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t 
   for (int64_t m0 = 0; m0 < x.m; m0 += kMTile) {
     const int64_t m1 = m0 + kMTile < x.m ? m0 + kMTile : x.m;
     int64_t u = 2 * g0;
-    if (m1 - m0 == 1) {  // one row: four half-groups give four independent chains
-      for (; u + 4 <= u1; u += 4) block<U4, SB, HZ, HM, 4, 1>(w, x, out, ldo, u, m0);
+    // One row: the two halves of one group at a time, i.e. one sequential weight stream
+    // per thread (two groups at once interleaved two streams: RECALLSPEC_KERNELS=avx2
+    // scripts/exp_verify_profile.py on Zen 4, the 1-row products 8.3-8.5 -> 5.2 ms on one
+    // thread, 4.4-4.8 -> 2.9 on two; as on AVX-512, qgemm_avx512.inc).
+    if (m1 - m0 == 1) {
+      for (; u + 2 <= u1; u += 2) block<U4, SB, HZ, HM, 2, 1>(w, x, out, ldo, u, m0);
       for (; u < u1; ++u) block<U4, SB, HZ, HM, 1, 1>(w, x, out, ldo, u, m0);
       continue;
     }
