@@ -145,8 +145,8 @@ def test_batch_thread_and_isa_invariance(weights: dict, qtype: T) -> None:
     for v in VARIANTS:
         full = qlinear(x, w, threads=2, isa=v)
         assert np.array_equal(bits(full), bits(ref)), f"{v} differs from {VARIANTS[0]}"
-        # Every row count a kernel has its own code for (1 row, 2-16 rows in one pass,
-        # 17-32 in two, tiles of 64) and counts that end in a partial tile.
+        # Every row count a kernel has its own code for (1 row; 2-32 rows in even passes
+        # of at most 9 on VNNI; tiles of 64) and counts that end in a partial tile.
         for bs in (*range(2, 18), 24, 31, 33, 64):
             got = torch.cat([qlinear(x[i:i + bs], w, threads=1, isa=v) for i in range(0, 256, bs)])
             assert np.array_equal(bits(got), bits(ref)), f"{v}, batches of {bs}"
