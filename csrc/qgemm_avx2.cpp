@@ -2,7 +2,9 @@
 // arithmetic: qkernels.h). A ymm holds 8 int32/fp32 lanes, so a group of 16 output
 // rows is processed as two half-groups ("units" u = 2g + h, rows 16g + 8h ..+8), each
 // reading the h-th 32-byte half of every 64-byte weight vector. Lane = output row, as
-// on AVX-512, so every output sees the same float operations.
+// on AVX-512, so every output sees the same float operations. Integer products: u4
+// weights by vpmaddubsw on the int8 activations (sums in int16, see dot_u4), u8 weights
+// by vpmaddwd on the int16 pairs of widen_pairs.
 // Compiled with -mavx2 -mfma -mf16c; everything but the two entry points has internal
 // linkage.
 #include <immintrin.h>
@@ -23,21 +25,23 @@ inline int32_t load32(const void* p) {
   return v;
 }
 
-// A 32-byte weight half-vector (4 consecutive u of each of 8 rows) as int16 pairs
-// (u0, u2) and (u1, u3), ready for vpmaddwd (vpmaddubsw would saturate for u8 weights).
+// A 32-byte u8 weight half-vector (4 consecutive u of each of 8 rows) as int16 pairs
+// (u0, u2) and (u1, u3), ready for vpmaddwd (vpmaddubsw would saturate: 2 * 255 * 127).
 struct WV {
   __m256i even, odd;
 };
 inline WV prep_u8(__m256i w) {
   return {_mm256_and_si256(w, _mm256_set1_epi16(0x00FF)), _mm256_srli_epi16(w, 8)};
 }
-// The two chunks of a u4 half-vector: low nibbles (chunk v), high nibbles (chunk v+4).
-inline void prep_u4(__m256i w, WV& lo, WV& hi) {
-  const __m256i m = _mm256_set1_epi16(0x000F);
-  lo.even = _mm256_and_si256(w, m);
-  lo.odd = _mm256_and_si256(_mm256_srli_epi16(w, 8), m);
-  hi.even = _mm256_and_si256(_mm256_srli_epi16(w, 4), m);
-  hi.odd = _mm256_srli_epi16(w, 12);
+
+// u4 weights take vpmaddubsw instead: u (0..15) times q (-127..127) in byte pairs, so a
+// pair sum is at most 2 * 15 * 127 = 3810 (no saturation) and the 8 pair sums of one
+// 16-bit lane over a 32-value sub-block at most 30480 < 2^15: the sub-block adds up
+// exactly in int16, then one vpmaddwd by ones widens it. The same isum as every path.
+// s += per 16-bit lane, the pair sums of the nibbles w (4 u per 32-bit lane, as bytes)
+// with the 4 activations at q.
+inline __m256i dot_u4(__m256i s, __m256i w, const int8_t* q) {
+  return _mm256_add_epi16(s, _mm256_maddubs_epi16(w, _mm256_set1_epi32(load32(q))));
 }
 // acc += per lane, the dot of the lane's 4 u with activations (q0, q2 | q1, q3) at qw
 // (exact: |u q| <= 255 * 127, pair sums fit int32).
@@ -81,15 +85,24 @@ void block(const QW& w, const QX& x, float* out, int64_t ldo, int64_t u, int64_t
       const int64_t g = (u + i) >> 1, h = (u + i) & 1;
       const uint8_t* p = w.qs + (g * nsb + b) * kBytes + 32 * h;
       if constexpr (U4) {
-#pragma GCC unroll 16
+        // The sub-block's 8 chunks unpacked once into registers, then each row's 8
+        // products summed in one int16 chain (chunks as the outer loop, the compiler
+        // built a tree over rows and chunks and spilled its partial sums to the stack).
+        const __m256i nib = _mm256_set1_epi8(0x0F);
+        __m256i wc[8];
+#pragma GCC unroll 4
         for (int v = 0; v < 4; ++v) {
-          WV lo, hi;
-          prep_u4(_mm256_loadu_si256((const __m256i*)(p + 64 * v)), lo, hi);
+          const __m256i wv = _mm256_loadu_si256((const __m256i*)(p + 64 * v));
+          wc[v] = _mm256_and_si256(wv, nib);                             // chunk v
+          wc[v + 4] = _mm256_and_si256(_mm256_srli_epi16(wv, 4), nib);  // chunk v+4
+        }
 #pragma GCC unroll 16
-          for (int j = 0; j < MR; ++j) {
-            const int16_t* qw = x.qw + (m + j) * K + b * SB + 4 * v;
-            is[i][j] = dot(dot(is[i][j], lo, qw), hi, qw + 16);
-          }
+        for (int j = 0; j < MR; ++j) {
+          const int8_t* q = x.q + (m + j) * K + b * SB;
+          __m256i s16 = _mm256_maddubs_epi16(wc[0], _mm256_set1_epi32(load32(q)));
+#pragma GCC unroll 8
+          for (int c = 1; c < 8; ++c) s16 = dot_u4(s16, wc[c], q + 4 * c);
+          is[i][j] = _mm256_add_epi32(is[i][j], _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
         }
       } else {
 #pragma GCC unroll 16
@@ -190,15 +203,23 @@ void quantize_avx2(const float* x, int64_t ldx, int64_t k, int sb, int64_t m0, i
       const float amax = _mm_cvtss_f32(_mm_max_ss(a4, _mm_shuffle_ps(a4, a4, 1)));
       const float d = amax / 127.0f;
       const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-      int32_t vals[32];
+      __m256i v32[4];
       for (int i = 0; i < 4; ++i) {
         const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        _mm256_storeu_si256((__m256i*)(vals + 8 * i), _mm256_cvtps_epi32(r));  // integral: exact
+        v32[i] = _mm256_cvtps_epi32(r);  // integral, |q| <= 127: exact
       }
-      int32_t half[2] = {0, 0};
-      for (int i = 0; i < 32; ++i) {
-        q[32 * b + i] = int8_t(vals[i]);
-        half[i / 16] += vals[i];
+      // int32 -> int8 without saturation (|q| <= 127); the packs interleave 4-value
+      // groups of the 128-bit lanes, the permutation puts them back in order.
+      const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(v32[0], v32[1]),
+                                            _mm256_packs_epi32(v32[2], v32[3]));
+      _mm256_storeu_si256((__m256i*)(q + 32 * b),
+                          _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+      int32_t half[2];  // the sums of values 0-15 and 16-31 (integers: any order)
+      for (int hf = 0; hf < 2; ++hf) {
+        const __m256i s8 = _mm256_add_epi32(v32[2 * hf], v32[2 * hf + 1]);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        half[hf] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
       }
       store_block(buf, m, k, sb, b, d, half);
     }

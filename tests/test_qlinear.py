@@ -155,6 +155,44 @@ def test_batch_thread_and_isa_invariance(weights: dict, qtype: T) -> None:
             assert np.array_equal(bits(qlinear(x[i:i + 1], w, isa=v)), bits(ref[i:i + 1]))
 
 
+# Where each type's fp16 fields sit in its block (the rest: quantized values and scales).
+FP16_BYTES = {T.Q4_0: slice(0, 2), T.Q4_1: slice(0, 4), T.Q5_0: slice(0, 2),
+              T.Q5_1: slice(0, 4), T.Q8_0: slice(0, 2), T.Q4_K: slice(0, 4),
+              T.Q5_K: slice(0, 4), T.Q6_K: slice(208, 210)}
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("fill", [0xFF, 0x80, 0x7F, 0x00])
+def test_extreme_operands(qtype: T, fill: int) -> None:
+    """Every value byte set to one pattern (nibbles all 15, bytes 128, 127 or 0) times
+    activations all at +-127 after quantization: the largest integer sums each path's
+    narrow accumulators meet (the AVX2 u4 product adds a sub-block's 8 pair sums in
+    int16: 8 * 2 * 15 * 127 = 30480, as close to 2^15 as it gets). Any overflow or
+    saturation would differ from the scalar path, which sums in int32."""
+    bs, ts = gguf.GGML_QUANT_SIZES[qtype]
+    raw = random_raw(qtype, 16, K, seed=7).reshape(16, K // bs, ts).copy()
+    keep = raw[..., FP16_BYTES[qtype]].copy()
+    raw[...] = fill
+    raw[..., FP16_BYTES[qtype]] = keep
+    w = QuantizedWeight.from_gguf(raw.reshape(16, -1), qtype, 16, K)
+    x = torch.ones(4, K)
+    x[1] = -1.0
+    x[2, ::2] = -1.0  # alternating signs: pair sums of opposite terms
+    x[3, : K // 2] = -1.0
+    ref = qlinear(x, w, threads=1, isa="scalar")
+    for v in VARIANTS:
+        for rows in (1, 4):  # the 1-row kernels and the multi-row ones
+            got = torch.cat([qlinear(x[i:i + rows], w, threads=1, isa=v)
+                             for i in range(0, 4, rows)])
+            assert np.array_equal(bits(got), bits(ref)), f"{v}, {rows} rows"
+    # The value itself where it is easy to state: nibbles 15 of Q4_0 (u - z = 7), all
+    # q = 127 with d = 1/127: each output is sum_b s_b * (7 * 127 * 32) / 127. rtol:
+    # K/32 = 16 fp32 roundings of terms of one sign, far below 1e-5.
+    if qtype == T.Q4_0 and fill == 0xFF:
+        s = torch.from_numpy(keep.view(np.float16).astype(np.float32))[..., 0]
+        assert torch.allclose(ref[0], (s * (7 * 32)).sum(dim=1), rtol=1e-5)
+
+
 def quantized_x(x: torch.Tensor) -> torch.Tensor:
     """The activations the kernel multiplies: q * d per block of 32, in float64."""
     m, k = x.shape
