@@ -99,9 +99,9 @@ void block(const QW& w, const QX& x, float* out, int64_t ldo, int64_t u, int64_t
 #pragma GCC unroll 16
         for (int j = 0; j < MR; ++j) {
           const int8_t* q = x.q + (m + j) * K + b * SB;
-          __m256i s16 = _mm256_maddubs_epi16(wc[0], _mm256_set1_epi32(load32(q)));
+          __m256i s16 = _mm256_setzero_si256();
 #pragma GCC unroll 8
-          for (int c = 1; c < 8; ++c) s16 = dot_u4(s16, wc[c], q + 4 * c);
+          for (int c = 0; c < 8; ++c) s16 = dot_u4(s16, wc[c], q + 4 * c);
           is[i][j] = _mm256_add_epi32(is[i][j], _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
         }
       } else {

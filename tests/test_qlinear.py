@@ -29,6 +29,12 @@ def bits(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().numpy().view(np.uint32)
 
 
+# Where each type's fp16 fields sit in its block (the rest: quantized values and scales).
+FP16_BYTES = {T.Q4_0: slice(0, 2), T.Q4_1: slice(0, 4), T.Q5_0: slice(0, 2),
+              T.Q5_1: slice(0, 4), T.Q8_0: slice(0, 2), T.Q4_K: slice(0, 4),
+              T.Q5_K: slice(0, 4), T.Q6_K: slice(208, 210)}
+
+
 def random_raw(qtype: T, n: int, k: int, seed: int = 0) -> np.ndarray:
     """GGUF block bytes: ggml's own quantizer where gguf-py has it, else random bytes
     with finite fp16 fields (every other byte pattern of a K-quant block is valid)."""
@@ -39,10 +45,8 @@ def random_raw(qtype: T, n: int, k: int, seed: int = 0) -> np.ndarray:
     raw = rng.integers(0, 256, (n, k // bs, ts), dtype=np.uint8)
     halves = (rng.standard_normal((n, k // bs, 2)) * 0.01).astype(np.float16)
     fields = halves.view(np.uint8).reshape(n, k // bs, 4)
-    if qtype == T.Q6_K:
-        raw[..., 208:210] = fields[..., :2]
-    else:
-        raw[..., 0:4] = fields
+    at = FP16_BYTES[qtype]
+    raw[..., at] = fields[..., : at.stop - at.start]
     return raw.reshape(n, -1)
 
 
@@ -153,12 +157,6 @@ def test_batch_thread_and_isa_invariance(weights: dict, qtype: T) -> None:
         rows = [0, 1, 3, 100, 128, 255] if v == "scalar" else range(256)
         for i in rows:
             assert np.array_equal(bits(qlinear(x[i:i + 1], w, isa=v)), bits(ref[i:i + 1]))
-
-
-# Where each type's fp16 fields sit in its block (the rest: quantized values and scales).
-FP16_BYTES = {T.Q4_0: slice(0, 2), T.Q4_1: slice(0, 4), T.Q5_0: slice(0, 2),
-              T.Q5_1: slice(0, 4), T.Q8_0: slice(0, 2), T.Q4_K: slice(0, 4),
-              T.Q5_K: slice(0, 4), T.Q6_K: slice(208, 210)}
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
