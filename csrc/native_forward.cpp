@@ -73,33 +73,60 @@ void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out,
     });
   }
   const bool widened = isa_ == rs::kAvx2 || isa_ == rs::kAvx512;  // the vpmaddwd paths
+  auto quantize = [&](const qk::QXBuf& buf, int sb, int64_t a, int64_t b) {
+    if (isa_ >= rs::kAvx512) qk::quantize_avx512(x, m.k, m.k, sb, a, b, buf);
+    else if (isa_ == rs::kAvx2) qk::quantize_avx2(x, m.k, m.k, sb, a, b, buf);
+    else qk::quantize_scalar(x, m.k, m.k, sb, a, b, buf);
+    if (buf.qw) qk::widen_pairs(buf, m.k, a, b);
+  };
+  auto timed = [&](auto&& fn) {  // fn(), its time counted as quantization (calling thread)
+    ns_clock::time_point q0;
+    if (profiling_) q0 = ns_clock::now();
+    fn();
+    if (profiling_) {
+      const int64_t dt = (ns_clock::now() - q0).count();
+      counters_[kQuant] += dt;
+      quant_in_gemm_ += dt;
+    }
+  };
+  // The activations are quantized once per sub-block length for every segment. Below
+  // kParallelRows rows (decode, verification) each thread quantizes all of them into
+  // its own buffer when it first needs them: a shared buffer, written by one thread (or
+  // by both, half each), must take back cache lines that the other core read in the
+  // previous product. A k = 16 forward (scripts/exp_verify_profile.py, 200 cached) spent
+  // 0.25 ms quantizing on one thread, 0.70 ms with two (0.47 ms split over both), and
+  // 0.27 ms with a buffer per thread. Same values either way (the quantizer is row-local).
+  const bool own = M < kParallelRows;
+  if (own) {
+    own_.resize(size_t(2 * parts_));
+    for (QBuf& qb : own_) qb.fresh = true;
+  }
   bool done32 = false, done16 = false;
   for (size_t i = 0; i < m.segs.size(); ++i) {
     const qk::QW& w = *m.segs[i];
-    QBuf& qb = w.sb == 32 ? q32_ : q16_;
-    bool& done = w.sb == 32 ? done32 : done16;
-    const qk::QXBuf buf = qb.prepare(M, m.k, w.sb, widened);
-    if (!done) {  // one quantization per sub-block length serves every segment
-      auto quant = [&](int64_t a, int64_t b) {
-        if (isa_ >= rs::kAvx512) qk::quantize_avx512(x, m.k, m.k, w.sb, a, b, buf);
-        else if (isa_ == rs::kAvx2) qk::quantize_avx2(x, m.k, m.k, w.sb, a, b, buf);
-        else qk::quantize_scalar(x, m.k, m.k, w.sb, a, b, buf);
-        if (buf.qw) qk::widen_pairs(buf, m.k, a, b);
-      };
-      ns_clock::time_point q0;
-      if (profiling_) q0 = ns_clock::now();
-      if (M >= kParallelRows) split(M, parts_, quant);
-      else quant(0, M);
+    qk::QX shared{};
+    if (!own) {
+      QBuf& qb = w.sb == 32 ? q32_ : q16_;
+      bool& done = w.sb == 32 ? done32 : done16;
+      const qk::QXBuf buf = qb.prepare(M, m.k, w.sb, widened);
+      if (!done) timed([&] { split(M, parts_, [&](int64_t a, int64_t b) { quantize(buf, w.sb, a, b); }); });
       done = true;
-      if (profiling_) {
-        const int64_t dt = (ns_clock::now() - q0).count();
-        counters_[kQuant] += dt;
-        quant_in_gemm_ += dt;
-      }
+      shared = qk::QX{buf.q, buf.qw, buf.d, buf.xs, buf.dxs, M, m.k, w.sb};
     }
-    const qk::QX qx{buf.q, buf.qw, buf.d, buf.xs, buf.dxs, M, m.k, w.sb};
+    auto operand = [&](unsigned p) {  // (runs in part p's thread)
+      if (!own) return shared;
+      QBuf& qb = own_[size_t(2 * p + (w.sb == 32 ? 0 : 1))];
+      const qk::QXBuf buf = qb.prepare(M, m.k, w.sb, widened);
+      if (qb.fresh) {
+        if (p == 0) timed([&] { quantize(buf, w.sb, 0, M); });
+        else quantize(buf, w.sb, 0, M);
+        qb.fresh = false;
+      }
+      return qk::QX{buf.q, buf.qw, buf.d, buf.xs, buf.dxs, M, m.k, w.sb};
+    };
     float* o = out + m.offs[i];
     split_parts(w.groups, parts_, [&](unsigned p, int64_t a, int64_t b) {
+      const qk::QX qx = operand(p);
       chunks(p, a, b, m.offs[i], m.offs[i] + w.n, [&](int64_t g0, int64_t g1) {
         switch (isa_) {
           case rs::kAvx512Vnni: qk::gemm_avx512vnni(w, qx, o, m.n, g0, g1); break;

@@ -52,6 +52,7 @@ struct Layer {
 
 // Quantized activations for one sub-block length (qkernels.h), reused across calls.
 struct QBuf {
+  bool fresh = true;  // (per-thread buffers: not yet quantized for the current product)
   std::vector<int8_t> q;
   std::vector<int16_t> qw;
   std::vector<float> d, dxs;
@@ -161,6 +162,7 @@ class NativeModel {
   int isa_ = 0;
   const Ops* ops_ = nullptr;
   QBuf q32_, q16_;
+  std::vector<QBuf> own_;  // [parts][sub-block 32, 16]: each thread's own (NativeModel::matmul)
   std::vector<float> h_, x_, qkv_, att_, o_, gu_, act_, fin_;
   std::vector<float> kvf_;  // a 16-bit cache's keys and values widened for one layer
   std::vector<ArgmaxAcc> best_;  // [parts][R, padded]: each thread's running argmax of each row

@@ -1,5 +1,4 @@
-// AVX-512 (F/BW/VL) quantized product without VNNI, and the AVX-512 activation
-// quantizer. Compiled with -mavx512f -mavx512bw -mavx512vl -mfma -mf16c only: never
+// AVX-512 (F/BW/VL) quantized product without VNNI. Compiled with -mavx512f -mavx512bw -mavx512vl -mfma -mf16c only: never
 // with -mavx512vnni, so the compiler cannot form vpdpbusd/vpdpwssd here for CPUs that
 // lack them.
 #define QK_VNNI 0

@@ -120,23 +120,29 @@ def test_dequantize_matches_gguf(weights: dict, qtype: T) -> None:
         w.rows(torch.tensor([N]))
 
 
-def test_activation_quantizer_is_exact_and_isa_free() -> None:
-    x = activations(9, 96)
+# Blocks of 32 per row: the AVX-512 quantizer takes 16 blocks at a time while 6 or more
+# are left and single blocks after: 3 (single blocks only), 18 (16 + 2 single), 22 (16 +
+# a group of 6), 23 (an odd group of 7), 48 (three full groups).
+@pytest.mark.parametrize("blocks", [3, 18, 22, 23, 48])
+def test_activation_quantizer_is_exact_and_isa_free(blocks: int) -> None:
+    k = 32 * blocks
+    x = activations(9, k)
+    x[1, 32:64] = 0.0  # a zero block inside a row (d = 0, no division)
     xn = x.numpy()
-    blocks = xn.reshape(9, 3, 32)
-    d = (np.abs(blocks).max(axis=2) / np.float32(127)).astype(np.float32)
+    blocks3 = xn.reshape(9, blocks, 32)
+    d = (np.abs(blocks3).max(axis=2) / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    q_ref = np.rint(blocks * inv[..., None]).astype(np.int8).reshape(9, 96)  # half to even
+    q_ref = np.rint(blocks3 * inv[..., None]).astype(np.int8).reshape(9, k)  # half to even
     for sb in (32, 16):
         for v in VARIANTS:
-            q = torch.empty(9, 96, dtype=torch.int8)
-            dd, dxs = torch.empty(9, 3), torch.empty(9, 96 // sb)
-            xs = torch.empty(9, 96 // sb, dtype=torch.int32)
+            q = torch.empty(9, k, dtype=torch.int8)
+            dd, dxs = torch.empty(9, blocks), torch.empty(9, k // sb)
+            xs = torch.empty(9, k // sb, dtype=torch.int32)
             _kernels.qquantize(x, q, dd, xs, dxs, sb, isa.code(v))
-            assert np.array_equal(q.numpy(), q_ref) and np.array_equal(dd.numpy(), d)
-            sums = q_ref.reshape(9, 96 // sb, sb).astype(np.int32).sum(axis=2)
-            assert np.array_equal(xs.numpy(), sums)
+            assert np.array_equal(q.numpy(), q_ref) and np.array_equal(dd.numpy(), d), (v, sb)
+            sums = q_ref.reshape(9, k // sb, sb).astype(np.int32).sum(axis=2)
+            assert np.array_equal(xs.numpy(), sums), (v, sb)
             dsub = np.repeat(d, 32 // sb, axis=1)
             assert np.array_equal(dxs.numpy(), (dsub * sums.astype(np.float32)).astype(np.float32))
 
