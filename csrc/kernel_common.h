@@ -121,8 +121,24 @@ void split(int64_t total, unsigned parts, F&& fn) {
 }
 
 // Kernel instruction-set paths. The caller names one explicitly (nothing in C++ reads
-// the environment); check_isa refuses a path the CPU cannot execute.
-enum Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
+// the environment); check_isa refuses a path the CPU cannot execute. The VNNI variants
+// differ from their base path in the quantized product only (vpdpbusd for the integer
+// sums); kAvx2VnniEvex is the AVX-VNNI product encoded as AVX-512 VL instructions, so
+// that CPUs with AVX-512 VNNI but not AVX-VNNI (Zen 4) run and test the same code.
+enum Isa : int {
+  kScalar = 0,
+  kAvx2 = 1,
+  kAvx512 = 2,
+  kAvx512Vnni = 3,
+  kAvx2Vnni = 4,
+  kAvx2VnniEvex = 5,
+};
+
+inline bool isa_avx512(int isa) { return isa == kAvx512 || isa == kAvx512Vnni; }
+inline bool isa_avx2(int isa) { return isa == kAvx2 || isa == kAvx2Vnni || isa == kAvx2VnniEvex; }
+// The products without VNNI take u8 weights through vpmaddwd on int16 activation pairs
+// (widen_pairs).
+inline bool isa_widened(int isa) { return isa == kAvx2 || isa == kAvx512; }
 
 inline bool cpu_has_isa(int isa) {
   switch (isa) {
@@ -135,13 +151,17 @@ inline bool cpu_has_isa(int isa) {
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");
     case kAvx512Vnni: return cpu_has_isa(kAvx512) && __builtin_cpu_supports("avx512vnni");
+    case kAvx2Vnni: return cpu_has_isa(kAvx2) && __builtin_cpu_supports("avxvnni");
+    case kAvx2VnniEvex: return cpu_has_isa(kAvx2) && cpu_has_isa(kAvx512Vnni);
     default: return false;
   }
 }
 
 inline void require_isa(int isa) {
-  if (isa < kScalar || isa > kAvx512Vnni)
-    throw std::invalid_argument("kernels: isa must be 0 (scalar), 1 (avx2), 2 (avx512) or 3 (avx512+vnni)");
+  if (isa < kScalar || isa > kAvx2VnniEvex)
+    throw std::invalid_argument(
+        "kernels: isa must be 0 (scalar), 1 (avx2), 2 (avx512), 3 (avx512+vnni), 4 (avx2+vnni) "
+        "or 5 (avx2+vnni, EVEX)");
   if (!cpu_has_isa(isa))
     throw std::invalid_argument("kernels: this CPU cannot run the requested instruction-set path");
 }

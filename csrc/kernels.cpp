@@ -289,8 +289,8 @@ void bind_f32(Mat<const float> x, Mat<const float> w, Mat<float> out, unsigned t
   float* op = out.data();
   nb::gil_scoped_release release;
   split_rows(N, threads, [&](int64_t n0, int64_t n1) {
-    if (isa >= rs::kAvx512) range_f32_avx512(xp, wp, op, M, K, N, n0, n1);
-    else if (isa == rs::kAvx2) range_f32_avx2(xp, wp, op, M, K, N, n0, n1);
+    if (rs::isa_avx512(isa)) range_f32_avx512(xp, wp, op, M, K, N, n0, n1);
+    else if (rs::isa_avx2(isa)) range_f32_avx2(xp, wp, op, M, K, N, n0, n1);
     else range_f32_scalar(xp, wp, op, M, K, N, n0, n1);
   });
 }
@@ -317,7 +317,8 @@ NB_MODULE(_kernels, m) {
     return rs::cpu_has_isa(rs::kAvx512) && bool(__builtin_cpu_supports("avx512bf16"));
   });
   m.def("cpu_has_isa", &rs::cpu_has_isa, nb::arg("isa"),
-        "Whether this CPU can run path isa (0 scalar, 1 avx2, 2 avx512, 3 avx512+vnni)");
+        "Whether this CPU can run path isa (0 scalar, 1 avx2, 2 avx512, 3 avx512+vnni, "
+        "4 avx2+vnni, 5 avx2+vnni as EVEX)");
   m.def("max_threads", [] { return pool().parts(); });
   m.def("linear_f32", &bind_f32, nb::arg("x").noconvert(), nb::arg("w").noconvert(),
         nb::arg("out").noconvert(), nb::arg("threads"), nb::arg("isa"));

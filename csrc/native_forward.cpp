@@ -40,7 +40,7 @@ constexpr int64_t kEpilogueGroups = 64;
 }  // namespace
 
 const Ops& ops_for(int isa) {
-  return isa >= rs::kAvx512 ? ops_avx512() : isa == rs::kAvx2 ? ops_avx2() : ops_scalar();
+  return rs::isa_avx512(isa) ? ops_avx512() : rs::isa_avx2(isa) ? ops_avx2() : ops_scalar();
 }
 
 void NativeModel::tick(Counter c, ns_clock::time_point& t0) {
@@ -72,10 +72,10 @@ void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out,
       });
     });
   }
-  const bool widened = isa_ == rs::kAvx2 || isa_ == rs::kAvx512;  // the vpmaddwd paths
+  const bool widened = rs::isa_widened(isa_);
   auto quantize = [&](const qk::QXBuf& buf, int sb, int64_t a, int64_t b) {
-    if (isa_ >= rs::kAvx512) qk::quantize_avx512(x, m.k, m.k, sb, a, b, buf);
-    else if (isa_ == rs::kAvx2) qk::quantize_avx2(x, m.k, m.k, sb, a, b, buf);
+    if (rs::isa_avx512(isa_)) qk::quantize_avx512(x, m.k, m.k, sb, a, b, buf);
+    else if (rs::isa_avx2(isa_)) qk::quantize_avx2(x, m.k, m.k, sb, a, b, buf);
     else qk::quantize_scalar(x, m.k, m.k, sb, a, b, buf);
     if (buf.qw) qk::widen_pairs(buf, m.k, a, b);
   };
@@ -132,6 +132,8 @@ void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out,
           case rs::kAvx512Vnni: qk::gemm_avx512vnni(w, qx, o, m.n, g0, g1); break;
           case rs::kAvx512: qk::gemm_avx512(w, qx, o, m.n, g0, g1); break;
           case rs::kAvx2: qk::gemm_avx2(w, qx, o, m.n, g0, g1); break;
+          case rs::kAvx2Vnni: qk::gemm_avxvnni(w, qx, o, m.n, g0, g1); break;
+          case rs::kAvx2VnniEvex: qk::gemm_avx2vnni_evex(w, qx, o, m.n, g0, g1); break;
           default: qk::gemm_scalar(w, qx, o, m.n, g0, g1); break;
         }
       });

@@ -46,8 +46,8 @@ qk::QXBuf prepare(Work& ws, int64_t M, int64_t K, int sb, bool widened) {
 
 void quantize_rows(int isa, const float* x, int64_t K, int sb, int64_t m0, int64_t m1,
                    const qk::QXBuf& buf) {
-  if (isa >= rs::kAvx512) qk::quantize_avx512(x, K, K, sb, m0, m1, buf);
-  else if (isa == rs::kAvx2) qk::quantize_avx2(x, K, K, sb, m0, m1, buf);
+  if (rs::isa_avx512(isa)) qk::quantize_avx512(x, K, K, sb, m0, m1, buf);
+  else if (rs::isa_avx2(isa)) qk::quantize_avx2(x, K, K, sb, m0, m1, buf);
   else qk::quantize_scalar(x, K, K, sb, m0, m1, buf);
   if (buf.qw) qk::widen_pairs(buf, K, m0, m1);
 }
@@ -70,7 +70,7 @@ void qgemm(const QSeg& seg, uintptr_t x_addr, int64_t M, uintptr_t out_addr, int
   float* op = reinterpret_cast<float*>(out_addr) + n_off;
   nb::gil_scoped_release release;
   static thread_local Work ws;
-  const bool widened = isa == rs::kAvx2 || isa == rs::kAvx512;  // the vpmaddwd paths
+  const bool widened = rs::isa_widened(isa);
   const qk::QXBuf buf = prepare(ws, M, K, sb, widened);
   if (M >= kParallelQuantRows)
     split(M, threads, [&](int64_t m0, int64_t m1) { quantize_rows(isa, xp, K, sb, m0, m1, buf); });
@@ -82,6 +82,8 @@ void qgemm(const QSeg& seg, uintptr_t x_addr, int64_t M, uintptr_t out_addr, int
       case rs::kAvx512Vnni: qk::gemm_avx512vnni(w, qx, op, ldo, g0, g1); break;
       case rs::kAvx512: qk::gemm_avx512(w, qx, op, ldo, g0, g1); break;
       case rs::kAvx2: qk::gemm_avx2(w, qx, op, ldo, g0, g1); break;
+      case rs::kAvx2Vnni: qk::gemm_avxvnni(w, qx, op, ldo, g0, g1); break;
+      case rs::kAvx2VnniEvex: qk::gemm_avx2vnni_evex(w, qx, op, ldo, g0, g1); break;
       default: qk::gemm_scalar(w, qx, op, ldo, g0, g1); break;
     }
   });

@@ -94,6 +94,8 @@ void gemm_scalar(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, 
 void gemm_avx2(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
 void gemm_avx512(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
 void gemm_avx512vnni(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
+void gemm_avxvnni(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
+void gemm_avx2vnni_evex(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
 
 // Dequantized rows ids[i] -> out[i][0..K): s * (float)(u - z) + m, rounded after the
 // product and after the sum (no fma), as gguf.quants.dequantize computes them.

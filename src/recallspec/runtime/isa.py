@@ -1,10 +1,12 @@
 """Which instruction-set path the C++ kernels run.
 
-``RECALLSPEC_KERNELS`` = ``auto`` (default) | ``avx512`` | ``avx2`` | ``scalar`` is read
-once, at import. ``auto`` takes the best path this CPU has: ``avx512`` (AVX-512 F/BW/VL,
-with VNNI for the quantized kernels where present), ``avx2`` (AVX2 + FMA + F16C), else
-``scalar``. Naming a path the CPU lacks is an error at import (a forced run must not
-silently test something else).
+``RECALLSPEC_KERNELS`` = ``auto`` (default) | ``avx512`` | ``avx2`` | ``scalar`` (or, for
+measurements, one of the variants below) is read once, at import. ``auto`` takes the
+best path this CPU has: ``avx512`` (AVX-512 F/BW/VL, with VNNI for the quantized kernels
+where present), ``avx2`` (AVX2 + FMA + F16C, with AVX-VNNI for the quantized kernels
+where present: laptops since Intel's 12th generation and AMD's Zen 5), else ``scalar``.
+Naming a path the CPU lacks is an error at import (a forced run must not silently test
+something else).
 
 Every path gives the same bits for the same row (the kernels fix the order of every
 floating-point operation), so the choice changes speed only; tests run all available
@@ -21,10 +23,14 @@ from recallspec import _kernels
 ENV_VAR = "RECALLSPEC_KERNELS"
 CHOICES = ("auto", "avx512", "avx2", "scalar")
 
-# Kernel variants and their C++ codes (kernel_common.h). "avx512-novnni" is the AVX-512
-# path without vpdpbusd, which "avx512" runs on CPUs without VNNI; tests select it
-# explicitly to cover that path on a VNNI machine.
-_CODES = {"scalar": 0, "avx2": 1, "avx512-novnni": 2, "avx512": 3}
+# Kernel variants and their C++ codes (kernel_common.h). A path runs its VNNI variant
+# where the CPU has one: "avx512" is AVX-512 VNNI there, "avx2" AVX-VNNI. Tests select
+# the others explicitly to cover them: "avx512-novnni" and "avx2-novnni" (the products
+# without vpdpbusd) on a VNNI machine, and "avx2-vnni-evex", the AVX-VNNI product compiled
+# as AVX-512 VL instructions, which CPUs with AVX-512 VNNI but without AVX-VNNI (Zen 4)
+# run.
+_CODES = {"scalar": 0, "avx2-novnni": 1, "avx512-novnni": 2, "avx512": 3, "avx2": 4,
+          "avx2-vnni-evex": 5}
 _NAMES = {"scalar": "portable C++, no SIMD", "avx2": "AVX2, FMA, F16C", "avx512": "AVX512F/BW/VL"}
 
 
@@ -37,34 +43,44 @@ def _has(variant: str) -> bool:
 
 
 HAS_VNNI: bool = _has("avx512")  # AVX-512 VNNI (implies the AVX-512 path)
+HAS_AVX_VNNI: bool = _has("avx2")  # AVX-VNNI (the VEX encoding, on AVX2 machines)
 
 
 def available_isas() -> list[str]:
     """The paths this CPU can run, best first (``scalar`` is always last)."""
     return [name for name in ("avx512", "avx2", "scalar") if _has(
-        "avx512-novnni" if name == "avx512" else name)]
+        name if name == "scalar" else f"{name}-novnni")]
 
 
 def variants() -> list[str]:
     """Every kernel variant this CPU can run, for tests: the paths of
-    ``available_isas`` plus ``avx512-novnni`` where the CPU has VNNI."""
-    out = available_isas()
-    if HAS_VNNI:
-        out.insert(1, "avx512-novnni")
+    ``available_isas``, each followed by its variant without VNNI where the CPU has VNNI,
+    and ``avx2-vnni-evex`` where the CPU runs it."""
+    out: list[str] = []
+    for name in available_isas():
+        out.append(name)
+        if (name == "avx512" and HAS_VNNI) or (name == "avx2" and HAS_AVX_VNNI):
+            out.append(f"{name}-novnni")
+        if name == "avx2" and _has("avx2-vnni-evex"):
+            out.append("avx2-vnni-evex")
     return out
 
 
 def _choose(requested: str) -> str:
+    """A path of ``CHOICES`` (``auto``: the best available), or, for measurements, one
+    of the kernel variants (e.g. ``avx2-novnni`` on an AVX-VNNI laptop)."""
     req = requested.strip().lower() or "auto"
-    if req not in CHOICES:
-        raise KernelIsaError(f"{ENV_VAR}={requested!r}: expected one of {', '.join(CHOICES)}")
+    if req not in CHOICES and req not in _CODES:
+        raise KernelIsaError(f"{ENV_VAR}={requested!r}: expected one of {', '.join(CHOICES)} "
+                             f"(or a variant: {', '.join(sorted(set(_CODES) - set(CHOICES)))})")
     avail = available_isas()
     if req == "auto":
         return avail[0]
-    if req not in avail:
+    runnable = variants()
+    if req not in runnable:
         raise KernelIsaError(
             f"{ENV_VAR}={req}: this CPU ({cpu_model()}) cannot run it; available: "
-            f"{', '.join(avail)}"
+            f"{', '.join(runnable)}"
         )
     return req
 
@@ -124,16 +140,21 @@ def describe(isa: str | None = None) -> str:
     chosen path and the instruction sets its kernels use, e.g. ``AMD EPYC (25/17/1);
     kernels avx512 (AVX512F/BW/VL, VNNI)``."""
     name = ISA if isa is None else isa
-    sets = _NAMES.get(name.removesuffix("-novnni"), name)
+    sets = _NAMES.get(name.removesuffix("-novnni").removesuffix("-vnni-evex"), name)
     if name == "avx512" and HAS_VNNI:
         sets += ", VNNI"
+    elif name == "avx2" and HAS_AVX_VNNI:
+        sets += ", AVX-VNNI"
+    elif name == "avx2-vnni-evex":
+        sets += ", VNNI as AVX-512 VL"
     if name.startswith("avx512") and bool(_kernels.has_avx512_bf16()):
         sets += ", BF16"
     return f"{cpu_identity()}; kernels {name} ({sets})"
 
 
 ISA: str = _choose(os.environ.get(ENV_VAR, "auto"))
-# Variant -> C++ code for what this CPU runs ("avx512" resolved to VNNI where present).
+# Variant -> C++ code for what this CPU runs (a path resolved to VNNI where present).
 _RUNNABLE: dict[str, int] = {
-    v: _CODES["avx512-novnni" if v == "avx512" and not HAS_VNNI else v] for v in variants()
+    v: _CODES[f"{v}-novnni" if (v == "avx512" and not HAS_VNNI)
+              or (v == "avx2" and not HAS_AVX_VNNI) else v] for v in variants()
 }
