@@ -141,8 +141,11 @@ std::vector<int64_t> Plan::Kind::cuts(int64_t groups, unsigned parts) const {
   for (int64_t b = 0; b < nb && p < parts; ++b) {
     const int64_t per = blocks[size_t(b)].cost;  // one item's cost
     while (p < parts && cum + per * groups >= total * int64_t(p) / int64_t(parts)) {
+      // The cut at the item boundary nearest the target (rounding up gave a whole item
+      // to the earlier part: Gemma's k = 16 verification, two blocks of one item each,
+      // ran both in one thread).
       const int64_t need_cost = total * int64_t(p) / int64_t(parts) - cum;  // in [0, per * groups]
-      out[p++] = b * groups + std::min<int64_t>(groups, (need_cost + per - 1) / per);
+      out[p++] = b * groups + std::min<int64_t>(groups, (2 * need_cost + per) / (2 * per));
     }
     cum += per * groups;
   }
