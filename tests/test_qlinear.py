@@ -74,7 +74,7 @@ def test_isa_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     for v in VARIANTS:
         assert isa.code(v) in range(6)
         assert isa._choose(v) == v  # a variant may be forced, for measurements
-    with pytest.raises(isa.KernelIsaError, match="expected one of .* variant"):
+    with pytest.raises(isa.KernelIsaError, match=r"expected one of .* variant"):
         isa._choose("neon")
     monkeypatch.setattr(isa, "available_isas", lambda: ["scalar"])
     with pytest.raises(isa.KernelIsaError, match="cannot run it"):
