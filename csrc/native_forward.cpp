@@ -19,9 +19,14 @@ namespace {
 
 using ns_clock = std::chrono::steady_clock;
 
-// Rows below which the row-wise steps (norms, RoPE, activations, quantization) run in
-// the calling thread: a fork-join costs microseconds, and each one is a point where a
-// descheduled worker stalls the step on a busy machine.
+// Rows below which the row-wise steps (norms, RoPE, activations, residuals) run in the
+// calling thread: each fork-join is a point where a descheduled worker stalls the step on
+// a busy machine, and one costs ~0.15 us on an idle one. From 8 rows the split pays: a
+// k = 16 forward's row-wise steps 0.67-0.70 -> 0.45-0.47 ms on two threads, k = 8 0.36-0.39
+// -> 0.27-0.29 (scripts/exp_verify_profile.py, 200 cached; from 4 rows: within 0.05 ms).
+constexpr int64_t kParallelRowSteps = 8;
+// Rows from which the activations are quantized once into a shared buffer, split over
+// the threads (below: each thread quantizes all rows into its own, NativeModel::matmul).
 constexpr int64_t kParallelRows = 32;
 // Attention below this many (key x head_dim) products runs in the calling thread.
 constexpr int64_t kParallelAttn = 1 << 15;
@@ -184,7 +189,7 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     auto range = [&](int64_t t0_, int64_t t1_) {
       for (int64_t t = t0_; t < t1_; ++t) fn(t);
     };
-    if (T >= kParallelRows) split(T, parts_, range);
+    if (T >= kParallelRowSteps) split(T, parts_, range);
     else range(0, T);
   };
 
