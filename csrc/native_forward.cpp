@@ -79,10 +79,7 @@ void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out,
   }
   const bool widened = rs::isa_widened(isa_);
   auto quantize = [&](const qk::QXBuf& buf, int sb, int64_t a, int64_t b) {
-    if (rs::isa_avx512(isa_)) qk::quantize_avx512(x, m.k, m.k, sb, a, b, buf);
-    else if (rs::isa_avx2(isa_)) qk::quantize_avx2(x, m.k, m.k, sb, a, b, buf);
-    else qk::quantize_scalar(x, m.k, m.k, sb, a, b, buf);
-    if (buf.qw) qk::widen_pairs(buf, m.k, a, b);
+    qk::quantize_isa(isa_, x, m.k, m.k, sb, a, b, buf);
   };
   auto timed = [&](auto&& fn) {  // fn(), its time counted as quantization (calling thread)
     ns_clock::time_point q0;
@@ -132,16 +129,8 @@ void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out,
     float* o = out + m.offs[i];
     split_parts(w.groups, parts_, [&](unsigned p, int64_t a, int64_t b) {
       const qk::QX qx = operand(p);
-      chunks(p, a, b, m.offs[i], m.offs[i] + w.n, [&](int64_t g0, int64_t g1) {
-        switch (isa_) {
-          case rs::kAvx512Vnni: qk::gemm_avx512vnni(w, qx, o, m.n, g0, g1); break;
-          case rs::kAvx512: qk::gemm_avx512(w, qx, o, m.n, g0, g1); break;
-          case rs::kAvx2: qk::gemm_avx2(w, qx, o, m.n, g0, g1); break;
-          case rs::kAvx2Vnni: qk::gemm_avxvnni(w, qx, o, m.n, g0, g1); break;
-          case rs::kAvx2VnniEvex: qk::gemm_avx2vnni_evex(w, qx, o, m.n, g0, g1); break;
-          default: qk::gemm_scalar(w, qx, o, m.n, g0, g1); break;
-        }
-      });
+      chunks(p, a, b, m.offs[i], m.offs[i] + w.n,
+             [&](int64_t g0, int64_t g1) { qk::gemm_isa(isa_, w, qx, o, m.n, g0, g1); });
     });
   }
   if (bias)

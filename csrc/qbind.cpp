@@ -1,6 +1,6 @@
 // Python bindings of the quantized kernels (registered into recallspec._kernels):
-// argument checks, the activation quantization, the split over threads, the ISA
-// dispatch. Weight arrays arrive as flat byte views of the tensors that
+// argument checks, the activation quantization, the split over threads (the ISA
+// dispatch: qdispatch.cpp). Weight arrays arrive as flat byte views of the tensors that
 // runtime/qlinear.py keeps (layout: qkernels.h).
 #include <cstdint>
 #include <stdexcept>
@@ -44,14 +44,6 @@ qk::QXBuf prepare(Work& ws, int64_t M, int64_t K, int sb, bool widened) {
   return {ws.q.data(), widened ? ws.qw.data() : nullptr, ws.d.data(), ws.xs.data(), ws.dxs.data()};
 }
 
-void quantize_rows(int isa, const float* x, int64_t K, int sb, int64_t m0, int64_t m1,
-                   const qk::QXBuf& buf) {
-  if (rs::isa_avx512(isa)) qk::quantize_avx512(x, K, K, sb, m0, m1, buf);
-  else if (rs::isa_avx2(isa)) qk::quantize_avx2(x, K, K, sb, m0, m1, buf);
-  else qk::quantize_scalar(x, K, K, sb, m0, m1, buf);
-  if (buf.qw) qk::widen_pairs(buf, K, m0, m1);
-}
-
 using rs::split;
 
 // out[m * ldo + n_off + n] = sum_k x[m * K + k] w[n, k] for m < M, n < seg.n.
@@ -73,20 +65,11 @@ void qgemm(const QSeg& seg, uintptr_t x_addr, int64_t M, uintptr_t out_addr, int
   const bool widened = rs::isa_widened(isa);
   const qk::QXBuf buf = prepare(ws, M, K, sb, widened);
   if (M >= kParallelQuantRows)
-    split(M, threads, [&](int64_t m0, int64_t m1) { quantize_rows(isa, xp, K, sb, m0, m1, buf); });
+    split(M, threads, [&](int64_t m0, int64_t m1) { qk::quantize_isa(isa, xp, K, K, sb, m0, m1, buf); });
   else
-    quantize_rows(isa, xp, K, sb, 0, M, buf);
+    qk::quantize_isa(isa, xp, K, K, sb, 0, M, buf);
   const qk::QX qx{buf.q, buf.qw, buf.d, buf.xs, buf.dxs, M, K, sb};
-  split(w.groups, threads, [&](int64_t g0, int64_t g1) {
-    switch (isa) {
-      case rs::kAvx512Vnni: qk::gemm_avx512vnni(w, qx, op, ldo, g0, g1); break;
-      case rs::kAvx512: qk::gemm_avx512(w, qx, op, ldo, g0, g1); break;
-      case rs::kAvx2: qk::gemm_avx2(w, qx, op, ldo, g0, g1); break;
-      case rs::kAvx2Vnni: qk::gemm_avxvnni(w, qx, op, ldo, g0, g1); break;
-      case rs::kAvx2VnniEvex: qk::gemm_avx2vnni_evex(w, qx, op, ldo, g0, g1); break;
-      default: qk::gemm_scalar(w, qx, op, ldo, g0, g1); break;
-    }
-  });
+  split(w.groups, threads, [&](int64_t g0, int64_t g1) { qk::gemm_isa(isa, w, qx, op, ldo, g0, g1); });
 }
 
 void qrows(const QSeg& seg, Vec<const int64_t> ids, Mat<float> out, unsigned threads) {
@@ -114,7 +97,7 @@ void qquantize(Mat<const float> x, Mat<int8_t> q, Mat<float> d, Mat<int32_t> xs,
     throw std::invalid_argument("qquantize: output shapes");
   rs::require_isa(isa);
   const qk::QXBuf buf{q.data(), nullptr, d.data(), xs.data(), dxs.data()};
-  quantize_rows(isa, x.data(), K, sb, 0, M, buf);
+  qk::quantize_isa(isa, x.data(), K, K, sb, 0, M, buf);
 }
 
 }  // namespace

@@ -97,6 +97,12 @@ void gemm_avx512vnni(const QW& w, const QX& x, float* out, int64_t ldo, int64_t 
 void gemm_avxvnni(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
 void gemm_avx2vnni_evex(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
 
+// The two above for instruction-set path isa (kernel_common.h's rs::Isa codes, checked
+// by the caller): quantize_isa includes widen_pairs where buf.qw is set (qdispatch.cpp).
+void quantize_isa(int isa, const float* x, int64_t ldx, int64_t k, int sb, int64_t m0, int64_t m1,
+                  const QXBuf& buf);
+void gemm_isa(int isa, const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
+
 // Dequantized rows ids[i] -> out[i][0..K): s * (float)(u - z) + m, rounded after the
 // product and after the sum (no fma), as gguf.quants.dequantize computes them.
 void dequant_rows(const QW& w, const int64_t* ids, int64_t n_ids, float* out);
