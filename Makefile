@@ -55,9 +55,12 @@ cpu_has = $(if $(shell grep -m1 -ow $(1) /proc/cpuinfo 2>/dev/null),ON,OFF)
 PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=$(call cpu_has,avx512f) \
 	-DGGML_AVX512_VNNI=$(call cpu_has,avx512_vnni) -DGGML_AVX512_BF16=$(call cpu_has,avx512_bf16) \
 	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
-peers: $(VENV)/.installed-dev
+$(VENV)/.peers: $(VENV)/.installed-dev
 	CMAKE_ARGS="$(PEER_CMAKE_ARGS)" $(PIP) --no-binary llama-cpp-python \
 		--no-cache-dir llama-cpp-python==$(LLAMA_CPP_VERSION)
+	touch $@
+
+peers: $(VENV)/.peers
 
 # llama.cpp's OpenAI server (`python -m llama_cpp.server`) for `recallspec bench serve`:
 # the dependencies of llama-cpp-python's `server` extra, pinned (the extra leaves them
@@ -107,10 +110,17 @@ $(VLLM_MODEL)/config.json: $(VENV)/.installed
 test-vllm: vllm $(VLLM_MODEL)/config.json
 	$(VLLM_VENV)/bin/pytest -q -s tests/test_integration_vllm.py
 
-# Headline comparison (about an hour on this CPU; --resume continues an interrupted run).
-bench: $(VENV)/.installed-dev
+# Headline comparison, every peer in the same run (issue 18): decode and end-to-end
+# speed against llama.cpp (SmolLM2, then Gemma-3-270M), and Spec-Bench (20 per category,
+# 128 new tokens) with our AR, lookup and recall methods, the default policy, llama.cpp's
+# greedy and prompt lookup, and transformers' greedy and prompt lookup. About 75 min on
+# 2 cores; --resume continues an interrupted Spec-Bench run.
+BENCH_OURS := ar,pld,llma,sam+recycling:mode=adaptive,portfolio:mode=adaptive
+BENCH_PEERS := llamacpp-greedy,llamacpp-pld,hf-greedy,hf-pld
+bench: $(VENV)/.peers
 	$(VENV)/bin/recallspec bench runtime --out bench_out/runtime
-	$(VENV)/bin/recallspec bench --suite spec_bench --methods ar,pld,llma,hf-greedy,hf-pld \
+	$(VENV)/bin/recallspec bench runtime --model gemma3-270m --no-hf --out bench_out/runtime_gemma
+	$(VENV)/bin/recallspec bench --suite spec_bench --methods $(BENCH_OURS),$(BENCH_PEERS) \
 		--per-category 20 --max-new-tokens 128 --out bench_out/spec_bench --resume
 
 lint: $(VENV)/.installed-dev

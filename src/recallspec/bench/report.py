@@ -229,10 +229,10 @@ def write_plots(rep: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=30,
                       ha="right")
         ax.set_ylabel("speedup vs own greedy")
-        ax.legend()
-        fig.tight_layout()
+        # Beside the axes, not over them: with 6+ methods a legend inside hides bars.
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
         p = out_dir / "speedup.png"
-        fig.savefig(p, dpi=100)
+        fig.savefig(p, dpi=100, bbox_inches="tight")
         plt.close(fig)
         written.append(p)
     hists = {m: info["accept_length_histogram"] for m, info in rep["methods"].items()
