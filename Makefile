@@ -55,7 +55,8 @@ cpu_has = $(if $(shell grep -m1 -ow $(1) /proc/cpuinfo 2>/dev/null),ON,OFF)
 PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=$(call cpu_has,avx512f) \
 	-DGGML_AVX512_VNNI=$(call cpu_has,avx512_vnni) -DGGML_AVX512_BF16=$(call cpu_has,avx512_bf16) \
 	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
-$(VENV)/.peers: $(VENV)/.installed-dev
+# (Order-only: the venv must exist, but rebuilding our package must not rebuild the peer.)
+$(VENV)/.peers: | $(VENV)/.installed-dev
 	CMAKE_ARGS="$(PEER_CMAKE_ARGS)" $(PIP) --no-binary llama-cpp-python \
 		--no-cache-dir llama-cpp-python==$(LLAMA_CPP_VERSION)
 	touch $@
@@ -113,11 +114,11 @@ test-vllm: vllm $(VLLM_MODEL)/config.json
 # Headline comparison, every peer in the same run (issue 18): decode and end-to-end
 # speed against llama.cpp (SmolLM2, then Gemma-3-270M), and Spec-Bench (20 per category,
 # 128 new tokens) with our AR, lookup and recall methods, the default policy, llama.cpp's
-# greedy and prompt lookup, and transformers' greedy and prompt lookup. About 75 min on
+# greedy and prompt lookup, and transformers' greedy and prompt lookup. About an hour on
 # 2 cores; --resume continues an interrupted Spec-Bench run.
 BENCH_OURS := ar,pld,llma,sam+recycling:mode=adaptive,portfolio:mode=adaptive
 BENCH_PEERS := llamacpp-greedy,llamacpp-pld,hf-greedy,hf-pld
-bench: $(VENV)/.peers
+bench: $(VENV)/.installed-dev $(VENV)/.peers
 	$(VENV)/bin/recallspec bench runtime --out bench_out/runtime
 	$(VENV)/bin/recallspec bench runtime --model gemma3-270m --no-hf --out bench_out/runtime_gemma
 	$(VENV)/bin/recallspec bench --suite spec_bench --methods $(BENCH_OURS),$(BENCH_PEERS) \
