@@ -47,30 +47,80 @@ test-portable: $(VENV)/.installed-dev
 	RECALLSPEC_KERNELS=avx2 $(VENV)/bin/pytest -q $(LOSSLESS_TESTS)
 	RECALLSPEC_TEST_DTYPE=float32 $(VENV)/bin/pytest -q tests/test_lossless_real.py tests/test_batching_real.py
 
-# Peer for benchmarks: llama-cpp-python built from source for this CPU, pinned. Not
-# GGML_NATIVE: its AMX kernels segfault under KVM on Sapphire Rapids; AVX-512 features
-# are enabled only where /proc/cpuinfo lists them (AVX2 otherwise). ~4 min on 2 cores.
+# Peer for benchmarks: native llama.cpp (llama-server, llama-bench, llama-quantize), as
+# users run it, built for this CPU from the llama.cpp source that llama-cpp-python
+# 0.3.36's sdist vendors (commit 0c1e570), into .venv/peers/llama.cpp (binaries and
+# peer.json, the build's record, in its bin/). Built once (12 min measured on 2 cores
+# while other jobs ran): the real target is bin/peer.json, written last, so a failed
+# build is redone, and rebuilding our package never rebuilds the peer (the venv is
+# order-only). Flags:
+# - GGML_NATIVE=ON: -march=native, every instruction set this CPU has (AVX-512, VNNI, ...);
+# - no AMX: on an Intel CPU listing amx flags -march=native would compile ggml's AMX
+#   kernels (ggml-cpu/amx, behind the compiler's __AMX_INT8__), which segfault under KVM
+#   on Sapphire Rapids. GGML_AMX_* only act without GGML_NATIVE; with it the compiler's
+#   own -mno-amx-* remove them (gcc and clang let explicit -mno-* win over -march=native);
+# - LLAMA_BUILD_COMMIT / LLAMA_BUILD_NUMBER given: the build never asks git (the sdist
+#   happens to carry the submodule's git metadata, which does say 0c1e570; without it
+#   git would describe OUR repository). ggml's own commit string, from git alone, reads
+#   0c1e570-dirty: the extracted files' timestamps differ from that index's;
+# - no network at build or run time: LLAMA_OPENSSL=OFF (HTTPS model downloads),
+#   LLAMA_USE_PREBUILT_UI=OFF (the web UI would be downloaded; the peer runs --no-webui),
+#   LLAMA_CURL=OFF (deprecated and ignored by this llama.cpp; stated for older ones);
+# - static libraries: the three binaries stand alone; no -Wall (a quieter CI log).
 LLAMA_CPP_VERSION := 0.3.36
-cpu_has = $(if $(shell grep -m1 -ow $(1) /proc/cpuinfo 2>/dev/null),ON,OFF)
-PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=$(call cpu_has,avx512f) \
-	-DGGML_AVX512_VNNI=$(call cpu_has,avx512_vnni) -DGGML_AVX512_BF16=$(call cpu_has,avx512_bf16) \
-	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
-# (Order-only: the venv must exist, but rebuilding our package must not rebuild the peer.)
-$(VENV)/.peers: | $(VENV)/.installed-dev
-	CMAKE_ARGS="$(PEER_CMAKE_ARGS)" $(PIP) --no-binary llama-cpp-python \
-		--no-cache-dir llama-cpp-python==$(LLAMA_CPP_VERSION)
+LLAMA_CPP_COMMIT := 0c1e570
+PEER_DIR := $(VENV)/peers/llama.cpp
+PEER_SRC := $(PEER_DIR)/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+PEER_BIN := $(PEER_DIR)/bin
+PEER_BINARIES := llama-bench llama-server llama-quantize
+# cmake and ninja: those on PATH (CI's machines have both), else these wheels in the venv.
+PEER_TOOLS := cmake==4.4.4 ninja==1.13.2
+PEER_PATH := PATH="$(abspath $(VENV))/bin:$$PATH"
+PEER_NO_AMX := $(if $(filter x86_64 i686 i386,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+PEER_CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+	"-DCMAKE_C_FLAGS=$(PEER_NO_AMX)" "-DCMAKE_CXX_FLAGS=$(PEER_NO_AMX)" \
+	-DLLAMA_BUILD_COMMIT=$(LLAMA_CPP_COMMIT) -DLLAMA_BUILD_NUMBER=0 \
+	-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
+	-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_ALL_WARNINGS=OFF
+
+$(PEER_BIN)/peer.json: | $(VENV)/.base
+	$(PEER_PATH) command -v cmake >/dev/null && $(PEER_PATH) command -v ninja >/dev/null \
+		|| $(PIP) $(PEER_TOOLS)
+	rm -rf $(PEER_DIR)
+	$(PY) -m pip download --quiet --disable-pip-version-check --no-deps \
+		--no-binary llama-cpp-python --no-build-isolation \
+		llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(PEER_DIR)/sdist
+	tar -xzf $(PEER_DIR)/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(PEER_DIR)
+	$(PEER_PATH) cmake -S $(PEER_SRC) -B $(PEER_DIR)/build $(PEER_CMAKE_ARGS)
+	$(PEER_PATH) ninja -C $(PEER_DIR)/build $(PEER_BINARIES)
+	mkdir -p $(PEER_BIN)
+	cp $(addprefix $(PEER_DIR)/build/bin/,$(PEER_BINARIES)) $(PEER_BIN)/
+	$(PEER_PATH) $(PY) scripts/llamacpp_peer_info.py --out $@ --build $(PEER_DIR)/build \
+		--llama-cpp-python $(LLAMA_CPP_VERSION) --commit $(LLAMA_CPP_COMMIT) \
+		-- $(PEER_CMAKE_ARGS)
+
+$(VENV)/.peers: $(PEER_BIN)/peer.json
 	touch $@
 
 peers: $(VENV)/.peers
 
-# llama.cpp's OpenAI server (`python -m llama_cpp.server`) for `recallspec bench serve`:
-# the dependencies of llama-cpp-python's `server` extra, pinned (the extra leaves them
-# open; its starlette-context must stay < 0.4). fastapi and uvicorn are ours already.
-SERVE_PEER_PKGS := sse-starlette==3.7.0 starlette-context==0.3.6 pydantic-settings==2.16.3 \
-	python-dotenv==1.2.4 PyYAML==6.0.3
-.PHONY: serve-peers
-serve-peers: peers
-	$(PIP) $(SERVE_PEER_PKGS)
+# llama-cpp-python (the Python binding, its own build of the same llama.cpp), only for
+# scripts/exp_quant_quality.py's perplexity (it needs every position's logits, which the
+# native server does not give). Not a benchmark peer: its methods are llamacpp-py-*.
+# Not GGML_NATIVE (AMX, above); AVX-512 features only where /proc/cpuinfo lists them.
+cpu_has = $(if $(shell grep -m1 -ow $(1) /proc/cpuinfo 2>/dev/null),ON,OFF)
+PEER_PY_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=$(call cpu_has,avx512f) \
+	-DGGML_AVX512_VNNI=$(call cpu_has,avx512_vnni) -DGGML_AVX512_BF16=$(call cpu_has,avx512_bf16) \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+.PHONY: peers-py
+$(VENV)/.peers-py: | $(VENV)/.installed-dev
+	CMAKE_ARGS="$(PEER_PY_CMAKE_ARGS)" $(PIP) --no-binary llama-cpp-python \
+		--no-cache-dir llama-cpp-python==$(LLAMA_CPP_VERSION)
+	touch $@
+
+peers-py: $(VENV)/.peers-py
 
 # vLLM (its community CPU build) in a venv of its own: it pins transformers<5.20, ours
 # is newer. Its torchvision/torchaudio/torchcodec wheels do not load with this torch
@@ -111,18 +161,27 @@ $(VLLM_MODEL)/config.json: $(VENV)/.installed
 test-vllm: vllm $(VLLM_MODEL)/config.json
 	$(VLLM_VENV)/bin/pytest -q -s tests/test_integration_vllm.py
 
-# Headline comparison, every peer in the same run (issue 18): decode and end-to-end
-# speed against llama.cpp (SmolLM2, then Gemma-3-270M), and Spec-Bench (20 per category,
-# 128 new tokens) with our AR, lookup and recall methods, the default policy, llama.cpp's
-# greedy and prompt lookup, and transformers' greedy and prompt lookup. About an hour on
-# 2 cores; --resume continues an interrupted Spec-Bench run.
+# Headline comparison against the peer a CPU user would otherwise run, native llama.cpp
+# (llama-bench, llama-server), every figure in one run:
+# 1. decode / prefill / verification against llama-bench and llama-server (SmolLM2, then
+#    Gemma-3-270M);
+# 2. Spec-Bench (20 per category, 128 new tokens): our AR, lookup and recall methods and the
+#    default policy against llama-server's greedy decoding and its five n-gram speculation
+#    types, with identical-answer counts on both sides;
+# 3. `bench scale`: seven published shapes (360M-8B, random weights) at Q4_K_M, two also at
+#    Q4_0 and Q8_0, ours vs llama.cpp, plus our methods' Spec-Bench speed predicted at each
+#    shape from step 2's answers. The shapes' GGUFs (about 40 GB with the F16 intermediates
+#    deleted) are written once into the cache (~45 min the first time).
+# About 3 hours on 2 cores the first time; each step resumes where an interrupted run stopped.
 BENCH_OURS := ar,pld,llma,sam+recycling:mode=adaptive,portfolio:mode=adaptive
-BENCH_PEERS := llamacpp-greedy,llamacpp-pld,hf-greedy,hf-pld
+BENCH_NGRAM := llamacpp-ngram-simple,llamacpp-ngram-mod,llamacpp-ngram-map-k,llamacpp-ngram-map-k4v
+BENCH_PEERS := llamacpp-greedy,$(BENCH_NGRAM),llamacpp-ngram-cache
 bench: $(VENV)/.installed-dev $(VENV)/.peers
-	$(VENV)/bin/recallspec bench runtime --out bench_out/runtime
+	$(VENV)/bin/recallspec bench runtime --no-hf --out bench_out/runtime
 	$(VENV)/bin/recallspec bench runtime --model gemma3-270m --no-hf --out bench_out/runtime_gemma
 	$(VENV)/bin/recallspec bench --suite spec_bench --methods $(BENCH_OURS),$(BENCH_PEERS) \
 		--per-category 20 --max-new-tokens 128 --out bench_out/spec_bench --resume
+	$(VENV)/bin/recallspec bench scale --answers bench_out/spec_bench --out bench_out/scale
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests scripts

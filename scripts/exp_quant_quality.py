@@ -4,12 +4,13 @@
 * Perplexity on held-out text: CNN/DailyMail articles from the shared data (the first
   ``--articles`` articles, each scored alone as ``Article: ...`` up to ``--max-tokens``
   tokens), for our fp32 reference (dequantized GGUF), our quantized path (the GGUF's own
-  blocks, 8-bit activations) and llama.cpp on the same GGUF (child process, when
-  llama-cpp-python is installed: ``make peers``).
+  blocks, 8-bit activations) and llama-cpp-python on the same GGUF (child process, when
+  it is installed: ``make peers-py``; perplexity needs every position's logits, which
+  native llama-server does not return).
 * Greedy agreement with the fp32 path on Spec-Bench prompts (``--per-category`` per
   category, first turns, chat template, ``--new-tokens``): tokens until the first
   divergence (median, and the fraction of answers identical) for our quantized path and
-  for llama.cpp greedy.
+  for native llama.cpp greedy (``llama-server``, when ``make peers`` built it).
 
   .venv/bin/python scripts/exp_quant_quality.py --out bench_out/quality
 
@@ -19,6 +20,7 @@ Writes quality.json and quality.md to --out.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import statistics
@@ -29,8 +31,8 @@ from typing import Any
 
 import torch
 
+from recallspec.bench import llamacpp
 from recallspec.bench.hf import gguf_path_for
-from recallspec.bench.methods import llamacpp_available
 from recallspec.bench.peers import ChildMethod, peer_command
 from recallspec.bench.prompting import conversation_ids
 from recallspec.bench.report import _machine
@@ -74,6 +76,10 @@ def first_divergence(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
+def llamacpp_py_available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -92,17 +98,18 @@ def main() -> int:
     tok = engines["float32"].tokenizer
     docs = [tok.encode_prompt(t)[: args.max_tokens] for t in articles(args.articles)]
     lc = None
-    if llamacpp_available():
+    threads = engines["float32"].threads
+    if llamacpp_py_available():
         gguf = gguf_path_for(args.model)
-        lc = ChildMethod("llamacpp-pld", peer_command("llamacpp-pld", gguf, engines[
-            "float32"].threads), tok, "llamacpp-greedy")
+        lc = ChildMethod("llamacpp-py-pld", peer_command("llamacpp-py-pld", gguf, threads),
+                         tok, "llamacpp-py-greedy")
     ppl: dict[str, float] = {}
-    for name in ("float32", "quantized", "llama.cpp"):
-        if name == "llama.cpp" and lc is None:
+    for name in ("float32", "quantized", "llama-cpp-python"):
+        if name == "llama-cpp-python" and lc is None:
             continue
         total, count = 0.0, 0
         for ids in docs:
-            if name == "llama.cpp":
+            if name == "llama-cpp-python":
                 assert lc is not None
                 r = lc.request({"op": "nll", "tokens": ids})
                 nll, n = float(r["nll"]), int(r["count"])
@@ -124,12 +131,14 @@ def main() -> int:
     agree: dict[str, Any] = {}
     others: dict[str, list[list[int]]] = {
         "quantized": [engines["quantized"].generate(p, params).token_ids for p in prompts]}
-    if llamacpp_available():
-        g = ChildMethod("llamacpp-greedy", peer_command(
-            "llamacpp-greedy", gguf_path_for(args.model), engines["float32"].threads), tok,
-            "llamacpp-greedy")
-        others["llama.cpp"] = [g.generate(p, params).token_ids for p in prompts]
-        g.close()
+    if llamacpp.available():
+        eos = set(tok.eos_token_ids)
+        cfg = llamacpp.ServerConfig(gguf_path_for(args.model), threads)
+        with llamacpp.LlamaServer(cfg) as server:
+            outs = [server.complete(p, args.new_tokens).token_ids for p in prompts]
+        # Cut at our first EOS, as our engine stops there (EOS excluded).
+        others["llama.cpp (llama-server)"] = [
+            o[: next((i for i, t in enumerate(o) if t in eos), len(o))] for o in outs]
     for name, outs in others.items():
         div = [first_divergence(a, b) for a, b in zip(ref, outs, strict=True)]
         same = sum(a == b for a, b in zip(ref, outs, strict=True))

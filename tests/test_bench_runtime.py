@@ -45,6 +45,36 @@ def test_stream_bandwidth_is_sane() -> None:
     assert 0.1 < bw["read_gb_s"] < 1000 and 0.1 < bw["copy_gb_s"] < 1000
 
 
+def test_llamacpp_runtime_against_a_stand_in(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's part of the runtime benchmark (llama-bench rows, the server's timings)
+    and its Markdown, on the stand-in binaries (tests/fake_llama_server.py)."""
+    from fake_llama_server import install
+
+    from recallspec.bench.llamacpp import BIN_ENV
+    from recallspec.bench.runtime_llamacpp import describe, llamacpp_runtime, markdown_rows
+
+    monkeypatch.setenv(BIN_ENV, str(install(tmp_path / "bin")))
+    said: list[str] = []
+    lc = llamacpp_runtime("m.gguf", list(range(1, 40)), new_tokens=4, repeats=1, ks=(1, 4),
+                          cached=16, threads=1, say=said.append)
+    assert lc is not None and not [m for m in said if "failed" in m], said
+    assert lc["bench"]["tg"]["n_gen"] == 4 and lc["bench"]["tg"]["avg_ts"] == 100.0
+    assert lc["bench"]["pp"]["n_prompt"] == 512
+    assert lc["cost_ms"] == {"1": 1.0, "4": 4.0}  # llama-bench -p 1,4 -d 16: avg_ns / 1e6
+    g = lc["greedy"]  # the server's timings: 2 ms prefill, 8 ms for 3 decode steps
+    assert g["e2e_s"] == pytest.approx(0.010) and g["decode_tok_s"] == pytest.approx(3 / 0.008)
+    assert lc["info"]["system_info"].startswith("system_info:")
+    rows = markdown_rows(lc)
+    assert rows[0].startswith("| llama.cpp llama-server greedy") and "tg4" in rows[1]
+    assert "pp512" in rows[2]
+    assert "system_info" in describe(lc)
+    monkeypatch.setenv(BIN_ENV, str(tmp_path / "nothing"))
+    assert llamacpp_runtime("m.gguf", [1], new_tokens=4, repeats=1, ks=(1,), cached=1,
+                            threads=1, say=said.append) is None
+    assert "make peers" in said[-1]
+
+
 def test_config_validation() -> None:
     with pytest.raises(DataError):
         RuntimeConfig(dtypes=("float16",))

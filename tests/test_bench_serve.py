@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from availability import data_dir_or_unavailable
 
 from recallspec.bench.serve_client import RequestRecord, poisson_arrivals
 from recallspec.bench.serve_report import percentile, summaries, summarize
@@ -105,12 +106,7 @@ def test_end_to_end_against_a_real_server(tmp_path: Path) -> None:
     """3 Spec-Bench requests at one rate, max_tokens 8, through the CLI against a
     `recallspec serve` child with a fixed-size drafter."""
     from recallspec.cli import main
-    from recallspec.data.paths import DataNotFoundError, data_dir
-
-    try:
-        data_dir()
-    except DataNotFoundError as e:
-        pytest.skip(f"benchmark data not available: {e}")
+    data_dir_or_unavailable()
     out = tmp_path / "serve"
     rc = main(["bench", "serve", "--targets", "ours-fixed", "--rates", "4",
                "--per-category", "1", "--categories", "qa,translation,math_reasoning",
@@ -142,3 +138,34 @@ def test_end_to_end_against_a_real_server(tmp_path: Path) -> None:
     assert "## 4 req/s" in md and "| ours-fixed |" in md and "TTFT p50" in md
     assert (out / "serve.png").stat().st_size > 0
     assert (out / "logs" / "ours-fixed-4.log").is_file()
+
+
+def test_llamacpp_targets_are_native_llama_server(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """llamacpp / llamacpp-<ngram type>: native llama-server, -np = --max-batch-size,
+    -c = context x slots; without the binaries a note naming `make peers`."""
+    from fake_llama_server import install
+
+    from recallspec.bench.llamacpp import BIN_ENV
+    from recallspec.bench.serve import ServeBenchConfig
+    from recallspec.bench.serve_targets import DEFAULT_TARGETS, TARGETS, command, unavailable
+
+    assert "llamacpp-ngram-mod" in TARGETS and set(DEFAULT_TARGETS) <= set(TARGETS)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    cfg = ServeBenchConfig(targets=("llamacpp", "llamacpp-ngram-map-k4v"), model=str(model),
+                           threads=3, max_batch_size=4, context=1024)
+    monkeypatch.setenv(BIN_ENV, str(tmp_path / "none"))
+    assert "make peers" in (unavailable(make_target("llamacpp", cfg), cfg) or "")
+    bin_dir = install(tmp_path / "bin")
+    monkeypatch.setenv(BIN_ENV, str(bin_dir))
+    plain, spec = (make_target(n, cfg) for n in cfg.targets)
+    assert unavailable(plain, cfg) is None and plain.request_fields(launched=True) == {}
+    argv, env = command(plain, cfg, 8123)
+    assert argv[0] == str(bin_dir / "llama-server") and env == {}
+    flags = dict(zip(argv[1::2], argv[2::2], strict=False))
+    assert (flags["-m"], flags["--port"], flags["-t"], flags["-tb"]) == (str(model), "8123",
+                                                                         "3", "3")
+    assert (flags["-np"], flags["-c"], flags["-fa"]) == ("4", str(4 * 1024), "on")
+    assert "--spec-type" not in argv
+    assert command(spec, cfg, 8123)[0][-2:] == ["--spec-type", "ngram-map-k4v"]

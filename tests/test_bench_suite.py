@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from availability import requires
 from helpers import BigramModel, needs_model, successor_model
 
 from recallspec.bench.answers import answers_path, read_answers, validate_record
@@ -87,7 +88,7 @@ def _have_data() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _have_data(), reason="shared benchmark data not present")
+@requires(_have_data(), "shared benchmark data not present")
 def test_real_suites_load() -> None:
     sb = load_suite("spec_bench", SuiteSelection(per_category=20))
     cats: dict[str, int] = {}
@@ -104,7 +105,7 @@ def test_real_suites_load() -> None:
         assert len(load_suite(name)) >= 16, name
 
 
-@pytest.mark.skipif(not _have_data(), reason="shared benchmark data not present")
+@requires(_have_data(), "shared benchmark data not present")
 def test_rag_extractive_suite_quotes_its_passages() -> None:
     qs = load_suite("rag-extractive", SuiteSelection(per_category=8))
     assert [q.category for q in qs] == ["rag_quote"] * 8 + ["rag_copy"] * 8

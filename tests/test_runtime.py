@@ -138,3 +138,25 @@ def test_masks_hide_padding_and_use_logical_positions() -> None:
     assert w[1].tolist() == [False, False, False, False, False, True, True]
     single = build_batch([SequenceInput(0, 5, [1], cache_valid=valid, start_pos=3)])
     assert build_attention_masks(single).full[0] is not None  # padding forces a mask
+
+
+def test_kv_cache_check_counts_reclaimable_memory() -> None:
+    """The KV cache check uses what the system can give (MemAvailable: free plus
+    reclaimable page cache), not free pages alone, which after large file I/O are a
+    sliver of it; and still refuses a cache that cannot fit."""
+    import os
+
+    from recallspec.errors import ResourceError
+    from recallspec.runtime.kv_cache import available_memory
+
+    avail = available_memory()
+    assert avail is not None
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert avail >= os.sysconf("SC_AVPHYS_PAGES") * page - (64 << 20)  # tolerance: the two
+    # are read a moment apart, while other processes allocate
+    assert avail <= os.sysconf("SC_PHYS_PAGES") * page
+    dims = {"num_layers": 30, "max_len": 4096, "num_kv_heads": 3, "head_dim": 64,
+            "dtype": torch.float32}
+    KVCache.check_fits(num_slots=1, **dims)  # 94 MB
+    with pytest.raises(ResourceError, match="max_batch_size <="):
+        KVCache.check_fits(num_slots=1 << 20, **dims)

@@ -5,9 +5,15 @@ Names:
   any registered drafter      our engine with that drafter (``pld``, ``llma``, ...)
   ``hf-greedy`` / ``hf-pld``  transformers ``generate`` on the same (fp32 reference)
                               weights and prompt ids (``prompt_lookup_num_tokens=10``)
-  ``llamacpp-greedy`` / ``llamacpp-pld``   llama-cpp-python on the GGUF file, when
-                              importable (its own quantised kernels: NOT the same
-                              arithmetic, so only its speedup vs its own greedy counts)
+  ``llamacpp-greedy``         native llama.cpp (``llama-server``, built by ``make peers``)
+                              on the GGUF file: same prompt ids and threads, flash
+                              attention on, prompt cache off, one slot (its own
+                              quantised kernels: NOT the same arithmetic, so only its
+                              speedup vs its own greedy counts)
+  ``llamacpp-<type>``         the same server with its n-gram speculation ``--spec-type
+                              <type>`` (``ngram-simple``, ``ngram-mod``, ``ngram-map-k``,
+                              ``ngram-map-k4v``, ``ngram-cache``); baseline
+                              ``llamacpp-greedy``, whose answers they should repeat
 
 Peers run in child processes (``bench/peers.py``): a crashing peer fails alone.
 
@@ -28,12 +34,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from recallspec.bench.llamacpp import SPEC_TYPES
+from recallspec.bench.llamacpp import available as llamacpp_available
 from recallspec.drafters.base import parse_spec as parse_method
 from recallspec.errors import DataError, UnknownNameError
 from recallspec.spec.sampling import SamplingParams
 
 HF_METHODS = ("hf-greedy", "hf-pld")
-LLAMACPP_METHODS = ("llamacpp-greedy", "llamacpp-pld")
+LLAMACPP_METHODS = ("llamacpp-greedy", *(f"llamacpp-{t}" for t in SPEC_TYPES))
 HF_PLD_TOKENS = 10
 
 
@@ -48,6 +56,9 @@ class TurnOutput:
     # Our engine's split of the turn (``engine_timing``; None for peers): what policy
     # replay's time model is fitted on (bench/replay_fit.py).
     timing: dict[str, float] | None = None
+    # A native llama.cpp peer's own account of the turn (``llamacpp.Completion.record``:
+    # the server's timings, its stop type, the client-side time); None otherwise.
+    peer: dict[str, Any] | None = None
 
 
 def engine_timing(stats: Any) -> dict[str, float]:
@@ -72,10 +83,6 @@ def baseline_of(name: str) -> str:
     if name.startswith("llamacpp-"):
         return "llamacpp-greedy"
     return "ar"
-
-
-def llamacpp_available() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
 
 
 def check_method_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -105,9 +112,7 @@ def check_method_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
     run, skipped = [], []
     for n in names:
         if n in LLAMACPP_METHODS and not llamacpp_available():
-            skipped.append(
-                f"skipping {n}: llama-cpp-python is not installed (pip install llama-cpp-python)"
-            )
+            skipped.append(f"skipping {n}: native llama.cpp is not built (make peers)")
             continue
         if n in HF_METHODS and importlib.util.find_spec("transformers") is None:
             raise DataError(f"method {n} needs transformers: pip install 'recallspec[hf]'")
@@ -232,7 +237,8 @@ def _accepts(starts: list[int], prompt_len: int, committed: int) -> list[int]:
 
 
 class MethodFactory:
-    """Builds methods for one engine; peers get a child process each."""
+    """Builds methods for one engine; peers get a child process each (a native
+    ``llama-server`` for ``llamacpp-*``, ``bench/peer_worker.py`` for ``hf-*``)."""
 
     def __init__(self, engine: Any, model_spec: str | None, dtype: str = "float32") -> None:
         self.engine = engine
@@ -240,16 +246,20 @@ class MethodFactory:
         self.dtype = dtype
 
     def create(self, name: str) -> Method:
-        if name in HF_METHODS or name in LLAMACPP_METHODS:
+        threads = int(getattr(self.engine, "threads", 0) or _torch_threads())
+        if name in LLAMACPP_METHODS:
+            from recallspec.bench.hf import gguf_path_for
+            from recallspec.bench.llamacpp import ServerConfig
+            from recallspec.bench.peers import ServerMethod
+
+            spec = name.removeprefix("llamacpp-")
+            cfg = ServerConfig(gguf_path_for(self.model_spec), threads,
+                               spec_type=None if spec == "greedy" else spec)
+            return ServerMethod(name, cfg, self.engine.tokenizer, baseline_of(name))
+        if name in HF_METHODS:
             from recallspec.bench.peers import ChildMethod, peer_command
 
-            model = self.model_spec
-            if name in LLAMACPP_METHODS:
-                from recallspec.bench.hf import gguf_path_for
-
-                model = gguf_path_for(self.model_spec)
-            threads = int(getattr(self.engine, "threads", 0) or _torch_threads())
-            cmd = peer_command(name, model, threads, self.dtype)
+            cmd = peer_command(name, self.model_spec, threads, self.dtype)
             return ChildMethod(name, cmd, self.engine.tokenizer, baseline_of(name))
         return EngineMethod(self.engine, name)
 

@@ -1,24 +1,26 @@
-"""The child process that runs one peer method (``llamacpp-*``, ``hf-*``) for a benchmark.
+"""The child process that runs one Python peer (``hf-*``, ``llamacpp-py-*``).
+
+Native llama.cpp, the benchmark peer (``llamacpp-*``), is a server of its own
+(``bench/llamacpp.py``); this worker runs transformers (``hf-greedy`` / ``hf-pld``) and
+llama-cpp-python, the Python binding (``llamacpp-py-greedy`` / ``llamacpp-py-pld``: only
+for scripts/exp_quant_quality.py's perplexity, after ``make peers-py``; its Python
+generation loop is not llama.cpp's own speed and is never reported as llama.cpp).
 
 Peers run out of our process: llama-cpp-python crashes when loaded beside torch and our
-kernels, and a native peer that segfaults (as llama.cpp's AMX kernels do under some
-hypervisors) must fail alone instead of taking the benchmark down. The parent
-(``bench/peers.py``) starts ``python .../peer_worker.py METHOD MODEL THREADS DTYPE`` (a script,
-so the llama.cpp child never imports our package or torch)
-and talks JSON lines over the pipes:
+kernels, and a native peer that segfaults must fail alone instead of taking the
+benchmark down. The parent (``bench/peers.py``) starts ``python .../peer_worker.py
+METHOD MODEL THREADS DTYPE`` (a script, so the llama-cpp-python child never imports our
+package or torch) and talks JSON lines over the pipes:
 
   parent -> child   {"prompt_ids": [...], "max_new_tokens": n, "temperature": t,
                      "top_p": p, "top_k": k, "seed": s, "ignore_eos": b, "eos": [...]}
   child -> parent   {"token_ids": [...], "accept_lengths": [...], "wall_time": s,
                      "finish_reason": "eos" | "length"}      (or {"error": "..."})
-  parent -> child   {"op": "eval_cost", "tokens": [...], "cached": n, "ks": [...],
-                     "repeats": r}                           (llama.cpp only)
-  child -> parent   {"cost_ms": {"1": ms, ...}}
-  parent -> child   {"op": "nll", "tokens": [...]}            (llama.cpp, logits_all)
+  parent -> child   {"op": "nll", "tokens": [...]}       (llamacpp-py-pld: logits_all)
   child -> parent   {"nll": summed NLL of tokens[1:], "count": n - 1}
 
 The first line the child writes is {"ready": true, "info": {...}} once the model is loaded.
-Only the llama.cpp path is kept free of torch: it imports nothing but llama_cpp.
+Only the llama-cpp-python path is kept free of torch: it imports nothing but llama_cpp.
 """
 
 from __future__ import annotations
@@ -28,17 +30,17 @@ import sys
 import time
 from typing import Any
 
-# Prompt-lookup draft length of llamacpp-pld; equal to bench.methods.HF_PLD_TOKENS (hf-pld),
-# written again because the llama.cpp child must not import our package (and so torch).
+# Prompt-lookup draft length of llamacpp-py-pld; equal to bench.methods.HF_PLD_TOKENS
+# (hf-pld), written again: the llama-cpp-python child must not import our package (torch).
 HF_PLD_TOKENS = 10
 
 
-class _LlamaCpp:
+class _LlamaCppPython:
     def __init__(self, name: str, gguf_path: str, threads: int, n_ctx: int = 4096) -> None:
         from llama_cpp import Llama
 
         draft = None
-        if name == "llamacpp-pld":
+        if name == "llamacpp-py-pld":
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
             draft = LlamaPromptLookupDecoding(num_pred_tokens=HF_PLD_TOKENS)
@@ -49,31 +51,12 @@ class _LlamaCpp:
             model_path=gguf_path, n_ctx=n_ctx, logits_all=draft is not None,
             draft_model=draft, n_threads=threads, n_threads_batch=threads, verbose=False,
         )
-        self.info = {"llama_cpp": _version("llama_cpp"), "logits_all": draft is not None,
+        self.info = {"llama_cpp_python": _version("llama_cpp"), "logits_all": draft is not None,
                      "threads": threads}
-
-    def eval_cost(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Milliseconds of one ``eval`` of k new tokens after ``cached`` tokens (median
-        of ``repeats``), for each k: llama.cpp's verification cost curve."""
-        import statistics
-
-        ctx = [int(t) for t in req["tokens"]]
-        cached = int(req["cached"])
-        out: dict[str, float] = {}
-        for k in req["ks"]:
-            times = []
-            for _ in range(int(req["repeats"]) + 1):  # the first is a warm-up
-                self.llm.reset()
-                self.llm.eval(ctx[:cached])
-                t0 = time.perf_counter()
-                self.llm.eval(ctx[cached : cached + int(k)])
-                times.append(time.perf_counter() - t0)
-            out[str(k)] = 1000 * statistics.median(times[1:])
-        return {"cost_ms": out}
 
     def nll(self, req: dict[str, Any]) -> dict[str, Any]:
         """Summed negative log-likelihood of tokens[1:] given their prefixes (needs a model
-        opened with logits_all=True: llamacpp-pld's child)."""
+        opened with logits_all=True: llamacpp-py-pld's child)."""
         import numpy as np
 
         toks = [int(t) for t in req["tokens"]]
@@ -160,12 +143,12 @@ def main(argv: list[str]) -> int:
         return 2
     name, model, threads = argv[0], (None if argv[1] == "-" else argv[1]), int(argv[2])
     dtype = argv[3]
-    runner: _LlamaCpp | _HF
-    if name.startswith("llamacpp-"):
+    runner: _LlamaCppPython | _HF
+    if name in ("llamacpp-py-greedy", "llamacpp-py-pld"):
         if model is None:
-            print("llamacpp methods need a GGUF path", file=sys.stderr)
+            print("llamacpp-py methods need a GGUF path", file=sys.stderr)
             return 2
-        runner = _LlamaCpp(name, model, threads)
+        runner = _LlamaCppPython(name, model, threads)
     elif name.startswith("hf-"):
         runner = _HF(name, model, threads, dtype)
     else:
@@ -178,9 +161,7 @@ def main(argv: list[str]) -> int:
         try:
             req = json.loads(line)
             op = req.get("op", "generate")
-            if op == "eval_cost" and isinstance(runner, _LlamaCpp):
-                out = runner.eval_cost(req)
-            elif op == "nll" and isinstance(runner, _LlamaCpp):
+            if op == "nll" and isinstance(runner, _LlamaCppPython):
                 out = runner.nll(req)
             elif op == "generate":
                 out = runner.generate(req)

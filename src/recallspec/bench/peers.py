@@ -1,10 +1,12 @@
 """Peer methods (``llamacpp-*``, ``hf-*``) in child processes.
 
-A ``ChildMethod`` owns one child (``bench/peer_worker.py``) and sends it one prompt at a
-time over a pipe. When the child dies (a native crash, killed for memory) or stops
+A ``ServerMethod`` (``llamacpp-*``) owns one native ``llama-server`` child
+(``bench/llamacpp.py``) and posts it one prompt's token ids at a time. A ``ChildMethod``
+(``hf-*``) owns one child (``bench/peer_worker.py``) and sends it one prompt at a time
+over a pipe. When the child dies (a native crash, killed for memory) or stops
 answering, ``generate`` raises ``PeerCrashed`` with one line saying which method, how it
-ended and the last lines it wrote to stderr; the runner then drops that method and the
-others go on (answers already written stay on disk).
+ended and the last lines it wrote to stderr or its log; the runner then drops that
+method and the others go on (answers already written stay on disk).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from recallspec.bench.llamacpp import LlamaCppCrashed, LlamaCppError, LlamaServer, ServerConfig
 from recallspec.bench.methods import TurnOutput
 from recallspec.errors import RecallspecError
 from recallspec.spec.sampling import SamplingParams
@@ -136,6 +139,54 @@ class ChildMethod:
             except (OSError, subprocess.TimeoutExpired):
                 self._proc.kill()
                 self._proc.wait()
+
+
+class ServerMethod:
+    """A benchmark method answered by one native ``llama-server`` (``llamacpp-greedy``,
+    ``llamacpp-<spec type>``): the same prompt token ids as ours, prompt cache off, one
+    slot. A turn's ``wall_time`` is the server's own (prompt_ms + predicted_ms); the
+    client-side time and the server's timings (draft counts included) go in ``peer``.
+    Generation stops at our EOS ids: the server stops at its vocabulary's
+    end-of-generation tokens (the token it stopped at is left out, as our EOS is) and an
+    answer is cut at the first of our EOS ids (an id the server does not stop at costs
+    it the tokens it generated past it; SmolLM2's EOS, <|im_end|>, is one of its own)."""
+
+    def __init__(self, name: str, config: ServerConfig, tokenizer: Any, baseline: str) -> None:
+        self.name = name
+        self.baseline = baseline
+        self.tokenizer = tokenizer
+        self._server = LlamaServer(config)
+        try:
+            self._server.start()
+        except LlamaCppCrashed as e:
+            raise PeerCrashed(f"{name}: {e}") from None
+        self.info = self._server.info
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> TurnOutput:
+        try:
+            c = self._server.complete(
+                prompt_ids, params.max_new_tokens, temperature=params.temperature,
+                top_k=params.top_k, top_p=params.top_p, seed=params.seed,
+                ignore_eos=params.ignore_eos)
+        except LlamaCppCrashed as e:
+            raise PeerCrashed(f"{self.name}: {e}") from None
+        except LlamaCppError as e:
+            raise PeerError(f"{self.name}: {e}") from None
+        # The server's ids end with the end-of-generation token it stopped at: excluded,
+        # as our engine excludes EOS, whether or not it is one of our EOS ids.
+        ids, finish = c.token_ids, "length"
+        if c.stop_type == "eos":
+            ids, finish = ids[:-1], "eos"
+        if not params.ignore_eos:
+            eos = set(self.tokenizer.eos_token_ids)
+            cut = next((i for i, t in enumerate(ids) if t in eos), None)
+            if cut is not None:
+                ids, finish = ids[:cut], "eos"
+        return TurnOutput(ids, self.tokenizer.decode(ids), [], c.server_s, len(prompt_ids),
+                          finish, peer=c.record())
+
+    def close(self) -> None:
+        self._server.stop()
 
 
 def peer_command(name: str, model: str | None, threads: int, dtype: str = "float32") -> list[str]:

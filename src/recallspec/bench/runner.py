@@ -161,6 +161,10 @@ def make_record(
                 "repeats_agree": a.agree,
                 **({"timing": [o.timing for o in outs]}
                    if all(o.timing is not None for o in outs) else {}),
+                # A native llama.cpp peer's timings per turn (first repeat; wall_time
+                # above is the server's own prefill + decode time).
+                **({"peer": [o.peer for o in outs]}
+                   if all(o.peer is not None for o in outs) else {}),
             }
         ],
         "tstamp": time.time(),

@@ -5,13 +5,14 @@ Three measurements, each the median of ``repeats`` timings after a warm-up:
 1. AR decoding tokens/s: our engine (drafter none, greedy, EOS ignored so every run
    emits exactly ``new_tokens``) for each weight format (quantized: the GGUF's own
    blocks; float32: the reference), vs transformers ``generate`` on the fp32 weights
-   and vs llama.cpp greedy on the same GGUF (child process, ``bench/runtime_llamacpp.py``),
-   same prompt ids and threads. Reported end-to-end (prefill included) and decode-only
-   (time(N) - time(1) for the N - 1 tokens after the first).
+   and vs native llama.cpp on the same GGUF (``llama-server`` greedy timed by the
+   server, and ``llama-bench`` tg / pp; ``bench/runtime_llamacpp.py``), same prompt ids
+   and threads. Reported end-to-end (prefill included) and decode-only (time(N) -
+   time(1) for the N - 1 tokens after the first).
 2. Verification cost curve: one forward of a chain of k new tokens (all rows with
    logits, as the engine's verification) on top of 512 cached tokens, as ms and as
    a ratio to k = 1; transformers' forward at k = 1 and 16 with a 512-token cache and
-   llama.cpp's k-token ``eval`` for reference.
+   llama.cpp's (``llama-bench -p k -d 512``) for reference.
 3. Achieved memory bandwidth: weight bytes one decode step reads (every parameter
    once; the embedding table only one row unless it is also the lm_head) / decode
    time per token, vs a streaming read bandwidth measured in the same run on a buffer
@@ -52,7 +53,7 @@ class RuntimeConfig:
     new_tokens: int = 128
     dtypes: tuple[str, ...] = ("quantized", "float32")
     hf: bool = True  # compare with transformers (on the fp32 weights)
-    llamacpp: bool = True  # compare with llama.cpp (when llama-cpp-python is installed)
+    llamacpp: bool = True  # compare with native llama.cpp (when `make peers` built it)
     ks: tuple[int, ...] = KS
     cached: int = CACHED
     stream_mib: int = 1024  # streaming-bandwidth buffer (>> L3)
@@ -257,25 +258,27 @@ def run_runtime_bench(
             r["hf_cost_ms"] = hc
             del hf
         res["dtypes"][dt] = r
-        tokenizer, threads = engine.tokenizer, engine.threads
+        threads = engine.threads
         del engine
     if cfg.llamacpp:
         from recallspec.bench.hf import gguf_path_for
         from recallspec.bench.runtime_llamacpp import llamacpp_runtime
 
-        g = torch.Generator().manual_seed(0)
-        ctx = torch.randint(0, int(mc.vocab_size), (cfg.cached + max(cfg.ks),), generator=g)
         lc = llamacpp_runtime(
-            gguf_path_for(cfg.model), tokenizer, ids, [int(t) for t in ctx],
-            new_tokens=cfg.new_tokens, repeats=cfg.repeats, ks=cfg.ks, cached=cfg.cached,
-            threads=threads, say=say,
+            gguf_path_for(cfg.model), ids, new_tokens=cfg.new_tokens, repeats=cfg.repeats,
+            ks=cfg.ks, cached=cfg.cached, threads=threads, say=say,
         )
         if lc is not None:
             res["llamacpp"] = lc
             base: dict[str, float] = lc.get("greedy") or {}
-            for r in res["dtypes"].values() if base else ():
-                r["speedup_vs_llamacpp_decode"] = r["ours"]["decode_tok_s"] / base["decode_tok_s"]
-                r["speedup_vs_llamacpp_e2e"] = r["ours"]["e2e_tok_s"] / base["e2e_tok_s"]
+            tg = lc.get("bench", {}).get("tg", {}).get("avg_ts")
+            for r in res["dtypes"].values():
+                if base:
+                    r["speedup_vs_llamacpp_decode"] = (r["ours"]["decode_tok_s"]
+                                                       / base["decode_tok_s"])
+                    r["speedup_vs_llamacpp_e2e"] = r["ours"]["e2e_tok_s"] / base["e2e_tok_s"]
+                if tg:
+                    r["speedup_vs_llamacpp_tg"] = r["ours"]["decode_tok_s"] / tg
     res["machine_after"] = _machine()
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -296,7 +299,7 @@ def render_runtime_markdown(res: dict[str, Any]) -> str:
         f"Streaming bandwidth ({s['buffer_mib']:.0f} MiB buffer): read {s['read_gb_s']:.1f} GB/s, "
         f"copy {s['copy_gb_s']:.1f} GB/s.",
         "",
-        "| engine | decode tok/s | e2e tok/s | decode vs llama.cpp | e2e vs llama.cpp "
+        "| engine | decode tok/s | e2e tok/s | decode vs llama-server | e2e vs llama-server "
         "| resident weight MB | weight MB/token | achieved GB/s | fraction of read BW |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -313,16 +316,16 @@ def render_runtime_markdown(res: dict[str, Any]) -> str:
         if hf:
             lines.append(f"| transformers {dt} | {hf['decode_tok_s']:.1f} "
                          f"| {hf['e2e_tok_s']:.1f} | | | | | | |")
-    lc = res.get("llamacpp", {}).get("greedy")
-    if lc:
-        lines.append(f"| llama.cpp greedy (same GGUF) | {lc['decode_tok_s']:.1f} "
-                     f"| {lc['e2e_tok_s']:.1f} | 1.00x | 1.00x | | | | |")
+    if "llamacpp" in res:
+        from recallspec.bench.runtime_llamacpp import describe, markdown_rows
+
+        lines += [*markdown_rows(res["llamacpp"]), "", describe(res["llamacpp"])]
     lines += ["", f"Verification cost: one forward of k new tokens on {res['config']['cached']} "
               "cached (ms; ratio to k=1)", ""]
     dts = list(res["dtypes"])
     lc_cost = res.get("llamacpp", {}).get("cost_ms", {})
     lines.append("| k | " + " | ".join(f"ours {d}" for d in dts)
-                 + " | " + " | ".join(f"HF {d}" for d in dts) + " | llama.cpp |")
+                 + " | " + " | ".join(f"HF {d}" for d in dts) + " | llama.cpp (llama-bench) |")
     lines.append("|---|" + "---|" * (2 * len(dts) + 1))
     for k in [str(k) for k in res["config"]["ks"]]:
         cells = []

@@ -1,10 +1,20 @@
-"""llama.cpp's side of ``recallspec bench runtime``, measured in a child process.
+"""llama.cpp's side of ``recallspec bench runtime``: native llama.cpp (``make peers``).
 
-The same GGUF file, prompt ids, thread count and token counts as our runs: greedy AR
-decoding opened as a user opens it for that (``logits_all=False``), end to end and
-decode-only (time(N) - time(1)), and its verification cost curve (one ``eval`` of k
-tokens after ``cached`` tokens, from a model opened with ``logits_all=True``: verifying a
-draft needs every position's logits).
+The same GGUF file, prompt ids, thread count and token counts as our runs, flash
+attention on (``bench/llamacpp.py``):
+
+* ``bench``: ``llama-bench`` rates as users quote them: tg (``-n NEW -p 0``, decoding
+  NEW tokens on an empty cache) and pp (``-p 512 -n 0``), ``repeats`` runs each.
+* ``cost_ms``: the verification cost curve, ``llama-bench -p k -n 0 -d CACHED`` for each
+  k: one batch of k tokens on top of CACHED cached ones (mean of ``repeats``). llama-bench
+  computes logits for a batch's last row only, so this is a lower bound of verifying k
+  drafted tokens (every row's logits).
+* ``greedy``: end to end through ``llama-server`` (``/completion`` with our prompt ids,
+  prompt cache off, EOS banned so every run emits exactly NEW tokens), timed by the
+  server itself: e2e = prompt_ms + predicted_ms, prefill = prompt_ms (up to the first
+  token) and decode = (predicted_n - 1) / predicted_ms, as ours is (N - 1) / (time(N) -
+  time(1)). Median of ``repeats`` after a warm-up; the client-side time is kept too.
+* ``info``: peer.json (commit, cmake flags, compilers) and the server's system_info.
 """
 
 from __future__ import annotations
@@ -13,53 +23,92 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from recallspec.bench.methods import llamacpp_available
-from recallspec.spec.sampling import SamplingParams
+from recallspec.bench.llamacpp import (
+    LlamaCppError,
+    LlamaServer,
+    ServerConfig,
+    available,
+    llama_bench,
+    peer_info,
+)
+
+PP_TOKENS = 512
 
 
 def llamacpp_runtime(
-    gguf: str, tokenizer: Any, ids: list[int], ctx_tokens: list[int], *, new_tokens: int,
-    repeats: int, ks: tuple[int, ...], cached: int, threads: int,
-    say: Callable[[str], None],
+    gguf: str, ids: list[int], *, new_tokens: int, repeats: int, ks: tuple[int, ...],
+    cached: int, threads: int, say: Callable[[str], None],
 ) -> dict[str, Any] | None:
-    """{"greedy": rates, "cost_ms": {k: ms}, "info": {...}} or None when llama-cpp-python
-    is not installed or its process crashed (said once)."""
-    from recallspec.bench.peers import ChildMethod, PeerError, peer_command
-
-    if not llamacpp_available():
-        say("llama.cpp: llama-cpp-python is not installed (make peers); skipped")
+    """{"info", "bench": {"tg", "pp"}, "cost_ms": {k: ms}, "greedy": rates}, or None when
+    the peer is not built (said once). A failing part is said and the rest returned."""
+    if not available():
+        say("llama.cpp: native llama.cpp is not built (make peers); skipped")
         return None
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"info": peer_info()}
     try:
-        say("llama.cpp greedy (child process, logits_all=False)")
-        greedy = ChildMethod("llamacpp-greedy",
-                             peer_command("llamacpp-greedy", gguf, threads), tokenizer,
-                             "llamacpp-greedy")
-        try:
-            out["info"] = greedy.info
-
-            def timed(n: int) -> float:
-                p = SamplingParams(max_new_tokens=n, ignore_eos=True)
-                ts = [greedy.generate(ids, p).wall_time for _ in range(repeats + 1)]
-                return statistics.median(ts[1:])  # the first is a warm-up
-
-            t_n, t_1 = timed(new_tokens), timed(1)
-        finally:
-            greedy.close()
-        dec = max(t_n - t_1, 1e-9)
-        out["greedy"] = {"e2e_s": t_n, "prefill_s": t_1, "e2e_tok_s": new_tokens / t_n,
-                         "decode_tok_s": (new_tokens - 1) / dec,
-                         "decode_ms_per_tok": 1000 * dec / (new_tokens - 1)}
-        say("llama.cpp verification cost curve (child process, logits_all=True)")
-        lookup = ChildMethod("llamacpp-pld", peer_command("llamacpp-pld", gguf, threads),
-                             tokenizer, "llamacpp-greedy")
-        try:
-            r = lookup.request({"op": "eval_cost", "tokens": ctx_tokens, "cached": cached,
-                                "ks": list(ks), "repeats": repeats})
-        finally:
-            lookup.close()
-        out["cost_ms"] = {str(k): float(v) for k, v in r["cost_ms"].items()}
-    except PeerError as e:
+        say(f"llama.cpp llama-bench: tg{new_tokens}, pp{PP_TOKENS}")
+        tg = _one(llama_bench(gguf, threads, n=new_tokens, repeats=repeats))
+        pp = _one(llama_bench(gguf, threads, p=PP_TOKENS, repeats=repeats))
+        out["bench"] = {"tg": tg, "pp": pp}
+        say(f"llama.cpp verification cost curve (llama-bench -p k -d {cached})")
+        rows = llama_bench(gguf, threads, p=ks, depth=cached, repeats=repeats)
+        out["cost_ms"] = {str(r["n_prompt"]): float(r["avg_ns"]) / 1e6 for r in rows}
+        say("llama.cpp greedy through llama-server")
+        cfg = ServerConfig(gguf, threads, ctx_per_slot=max(1024, len(ids) + new_tokens + 8))
+        with LlamaServer(cfg) as server:
+            out["info"] = server.info
+            out["greedy"] = _greedy(server, ids, new_tokens, repeats)
+    except LlamaCppError as e:
         say(f"llama.cpp failed: {e}")
-        return out or None
     return out
+
+
+def _one(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if len(rows) != 1:
+        raise LlamaCppError(f"llama-bench wrote {len(rows)} rows for one test")
+    return rows[0]
+
+
+def _greedy(server: LlamaServer, ids: list[int], n: int, repeats: int) -> dict[str, float]:
+    runs = [server.complete(ids, n, ignore_eos=True) for _ in range(repeats + 1)][1:]
+    for c in runs:
+        if c.timings.get("predicted_n") != n:
+            raise LlamaCppError(f"llama-server generated {c.timings.get('predicted_n')} "
+                                f"tokens, asked for {n}")
+    e2e = statistics.median(c.server_s for c in runs)
+    prefill = statistics.median(c.timings["prompt_ms"] / 1e3 for c in runs)
+    dec = statistics.median(c.timings["predicted_ms"] / 1e3 for c in runs)
+    return {"e2e_s": e2e, "prefill_s": prefill, "e2e_tok_s": n / e2e,
+            "decode_tok_s": (n - 1) / max(dec, 1e-9),
+            "decode_ms_per_tok": 1000 * dec / max(n - 1, 1),
+            "client_e2e_s": statistics.median(c.client_s for c in runs),
+            "prompt_n": statistics.median(c.timings.get("prompt_n", 0.0) for c in runs)}
+
+
+def markdown_rows(lc: dict[str, Any]) -> list[str]:
+    """The engines table's llama.cpp rows (9 columns, as ``render_runtime_markdown``)."""
+    rows = []
+    g = lc.get("greedy")
+    if g:
+        rows.append(f"| llama.cpp llama-server greedy (same GGUF) | {g['decode_tok_s']:.1f} "
+                    f"| {g['e2e_tok_s']:.1f} | 1.00x | 1.00x | | | | |")
+    b = lc.get("bench", {})
+    if "tg" in b:
+        tg = b["tg"]
+        rows.append(f"| llama.cpp llama-bench tg{tg['n_gen']} | {tg['avg_ts']:.1f} "
+                    f"± {tg['stddev_ts']:.1f} | | | | | | | |")
+    if "pp" in b:
+        pp = b["pp"]
+        rows.append(f"| llama.cpp llama-bench pp{pp['n_prompt']} (prefill tok/s) "
+                    f"| {pp['avg_ts']:.1f} ± {pp['stddev_ts']:.1f} | | | | | | | |")
+    return rows
+
+
+def describe(lc: dict[str, Any]) -> str:
+    """One line: which llama.cpp, built how, seeing which instruction sets."""
+    info = lc.get("info", {})
+    flags = " ".join(a for a in info.get("cmake_args", []) if a.startswith("-D"))
+    return (f"llama.cpp: commit {info.get('llama_cpp_commit', '?')} (vendored by "
+            f"llama-cpp-python {info.get('llama_cpp_python', '?')}), native build "
+            f"`{flags}`, {info.get('cxx_compiler', '?')}; "
+            f"{info.get('system_info', 'system_info not recorded')}")

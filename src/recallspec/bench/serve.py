@@ -33,6 +33,7 @@ from typing import Any
 from recallspec.bench.serve_client import Prompt, RequestRecord, poisson_arrivals, run_rate, warm_up
 from recallspec.bench.serve_report import render_markdown, summaries, write_plot
 from recallspec.bench.serve_targets import (
+    DEFAULT_TARGETS,
     TARGETS,
     Running,
     Target,
@@ -50,7 +51,7 @@ DEFAULT_RATES = (0.5, 1.0, 2.0, 4.0)
 
 @dataclass(frozen=True)
 class ServeBenchConfig:
-    targets: tuple[str, ...] = TARGETS
+    targets: tuple[str, ...] = DEFAULT_TARGETS
     rates: tuple[float, ...] = DEFAULT_RATES
     selection: SuiteSelection = field(default_factory=lambda: SuiteSelection(per_category=2))
     max_tokens: int = 128

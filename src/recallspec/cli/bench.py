@@ -8,6 +8,7 @@
     recallspec bench runtime [--model M] [--json] [--out DIR]
     recallspec bench serve --targets ours-off,llamacpp --rates 0.5,1,2 --out DIR [--url URL]
     recallspec bench repeat [--workloads self_consistency,code_edit,reask,spec_bench] --out DIR
+    recallspec bench scale [--shapes S,S] [--quants Q4_K_M] [--answers DIR] [--out DIR]
 
 More sub-commands plug in through ``_EXTRA_SUBCOMMAND_MODULES``: each module there
 exposes ``register_bench(subparsers)`` and sets ``handler`` on its parser, exactly
@@ -27,7 +28,7 @@ from recallspec.errors import DataError
 from recallspec.policy import POLICY
 
 # Modules adding `recallspec bench <name>` sub-commands (e.g. "recallspec.cli.bench_index").
-_EXTRA_SUBCOMMAND_MODULES: tuple[str, ...] = ()
+_EXTRA_SUBCOMMAND_MODULES: tuple[str, ...] = ("recallspec.cli.bench_scale",)
 
 # AR, the two simplest fixed drafters and the default policy (recallspec/policy.py).
 DEFAULT_METHODS = f"ar,pld,llma,{POLICY}"
@@ -42,7 +43,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                     "rag_extractive (or rag-extractive) or demo")
     p.add_argument("--methods", default=DEFAULT_METHODS,
                    help="comma-separated: ar, drafter names (pld, llma, ...), hf-greedy, hf-pld, "
-                        f"llamacpp-greedy, llamacpp-pld (default {DEFAULT_METHODS})")
+                        "llamacpp-greedy, llamacpp-ngram-simple / -ngram-mod / -ngram-map-k / "
+                        "-ngram-map-k4v / -ngram-cache (native llama.cpp: make peers) "
+                        f"(default {DEFAULT_METHODS})")
     p.add_argument("--model", default=None, help="GGUF file, HF directory or alias")
     p.add_argument("--limit", type=int, default=None, help="first N questions (after subsetting)")
     p.add_argument("--per-category", type=int, default=None,
@@ -110,7 +113,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rt.add_argument("--dtypes", default="quantized,float32",
                     help="our weight formats to time: quantized, float32, bfloat16")
     rt.add_argument("--no-llamacpp", action="store_true",
-                    help="skip llama.cpp (otherwise run when llama-cpp-python is installed)")
+                    help="skip native llama.cpp (otherwise run when `make peers` built it)")
     rt.add_argument("--no-hf", action="store_true", help="skip the transformers comparison")
     rt.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     rt.set_defaults(handler=run_runtime)
@@ -123,11 +126,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _register_serve(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from recallspec.bench.serve_targets import TARGETS
+    from recallspec.bench.serve_targets import DEFAULT_TARGETS, TARGETS
 
     sv = bsub.add_parser("serve", help="OpenAI servers under Poisson load: ours (speculation "
                          "off, fixed, cost-aware), llama.cpp's and vLLM's, one at a time")
-    sv.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated: "
+    sv.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help=f"comma-separated: "
                     f"{', '.join(TARGETS)} (unavailable peers are skipped with a note)")
     sv.add_argument("--rates", default="0.5,1,2,4", help="offered loads, requests/s")
     sv.add_argument("--per-category", type=int, default=2,

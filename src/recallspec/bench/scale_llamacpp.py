@@ -1,0 +1,115 @@
+"""Native llama.cpp's side of ``recallspec bench scale`` for one GGUF.
+
+* ``llama-bench`` tg (``new_tokens``) and pp (``prefill``), medians of ``repeats``
+  (llama-bench reports the mean; with its samples we take the median as ours);
+* ``llama-server`` (one slot, flash attention, same threads): seconds from start to
+  ``/health`` answering, its resident memory after the curve, and the verification cost
+  curve: with ``cached`` random tokens in its prompt cache, each request sends them
+  plus k fresh random tokens (``cache_prompt``), so the server evaluates exactly those
+  k in one batch; its own ``prompt_ms`` is the cost of k (``prompt_n`` is checked to
+  be k). Its prompt eval computes the last row's logits only: a verification that
+  needs every row's (as ours computes) would cost a little more there.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from recallspec.bench import llamacpp as lc
+
+if TYPE_CHECKING:
+    from recallspec.bench.scale import ScaleConfig
+
+# Token ids of the random prompts: inside every shape's vocabulary and the tokenizer's
+# ordinary range (the default tokenizer has 49,152 entries), past its special tokens.
+_IDS = (100, 40_000)
+
+
+def peer_description() -> dict[str, Any]:
+    """The peer's build record (commit, cmake flags, compiler) or why there is none."""
+    try:
+        return lc.peer_info()
+    except lc.PeerNotBuilt as e:
+        return {"error": str(e)}
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024 / 1e6
+    except OSError:
+        pass
+    return None
+
+
+def _median_ts(row: dict[str, Any], tokens: int) -> float:
+    """Tokens/s of a llama-bench row: the median over its samples (avg_ts otherwise)."""
+    ns = row.get("samples_ns") or []
+    return tokens / (statistics.median(ns) / 1e9) if ns else float(row["avg_ts"])
+
+
+def _bench(gguf: Path, cfg: ScaleConfig, threads: int) -> dict[str, Any]:
+    rows = lc.llama_bench(str(gguf), threads, p=cfg.prefill, n=cfg.new_tokens,
+                          repeats=cfg.repeats)
+    out: dict[str, Any] = {"llama_bench_rows": [
+        {k: r.get(k) for k in ("n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts",
+                               "samples_ns", "build_commit", "cpu_info", "n_threads")}
+        for r in rows]}
+    for r in rows:
+        if int(r["n_gen"]) == cfg.new_tokens and int(r["n_prompt"]) == 0:
+            out["tg_tok_s"] = _median_ts(r, cfg.new_tokens)
+        elif int(r["n_prompt"]) == cfg.prefill and int(r["n_gen"]) == 0:
+            out["pp_tok_s"] = _median_ts(r, cfg.prefill)
+    return out
+
+
+def _server_curve(gguf: Path, cfg: ScaleConfig, threads: int) -> dict[str, Any]:
+    rng = random.Random(0)
+
+    def rand(n: int) -> list[int]:
+        return [rng.randrange(*_IDS) for _ in range(n)]
+
+    prefix = rand(cfg.cached)
+    scfg = lc.ServerConfig(str(gguf), threads, ctx_per_slot=cfg.cached + max(cfg.ks) + 64)
+    t0 = time.perf_counter()
+    with lc.LlamaServer(scfg) as srv:
+        out: dict[str, Any] = {"start_s": time.perf_counter() - t0,
+                               "system_info": srv.system_info}
+        srv.complete(prefix, 1, cache_prompt=True)  # the cached tokens, once
+        cost: dict[str, float] = {}
+        for k in cfg.ks:
+            times = []
+            for _ in range(cfg.repeats + 1):  # the first is a warm-up
+                c = srv.complete(prefix + rand(k), 1, cache_prompt=True)
+                if int(c.timings.get("prompt_n", -1)) != k:
+                    raise lc.LlamaCppError(
+                        f"llama-server evaluated {c.timings.get('prompt_n')} prompt tokens, "
+                        f"expected {k} on top of its {cfg.cached} cached")
+                times.append(c.timings["prompt_ms"])
+            cost[str(k)] = statistics.median(times[1:])
+        out["cost_ms"] = cost
+        out["rss_mb"] = _rss_mb(srv.pid)
+    return out
+
+
+def llamacpp_side(gguf: Path, cfg: ScaleConfig, threads: int | None,
+                  say: Callable[[str], None]) -> dict[str, Any]:
+    """{"tg_tok_s", "pp_tok_s", "cost_ms", "rss_mb", "start_s", ...} or {"error": ...}
+    (a failed peer is reported and the run goes on)."""
+    import os
+
+    t = threads or os.cpu_count() or 1
+    try:
+        out = _bench(gguf, cfg, t)
+        out.update(_server_curve(gguf, cfg, t))
+        out["threads"] = t
+        return out
+    except (lc.LlamaCppError, lc.PeerNotBuilt) as e:
+        say(f"  llama.cpp failed: {e}")
+        return {"error": str(e)}

@@ -1,0 +1,165 @@
+"""Markdown and plot of ``recallspec bench scale`` (``bench/scale.py``'s scale.json)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _n(v: Any, spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+def _nan(vs: list[Any]) -> list[float]:
+    """Plot values: a missing one (None) is a gap."""
+    return [float("nan") if v is None else float(v) for v in vs]
+
+
+def _params_b(entry: dict[str, Any]) -> float | None:
+    from recallspec.bench.shapes import SHAPES
+
+    shape = SHAPES.get(entry["shape"])
+    return None if shape is None else shape.parameters() / 1e9
+
+
+def _peer_line(peer: dict[str, Any]) -> str:
+    if not peer or "error" in peer:
+        return f"Peer: native llama.cpp not measured ({peer.get('error', 'off')})."
+    flags = " ".join(a for a in peer.get("cmake_args", []) if a.startswith("-D"))
+    return (f"Peer: native llama.cpp, commit {peer.get('llama_cpp_commit')} (vendored by "
+            f"llama-cpp-python {peer.get('llama_cpp_python')}), built with `{flags}`; "
+            f"{peer.get('system_info', '')}.")
+
+
+def render_scale_markdown(res: dict[str, Any]) -> str:
+    m = res["machine"]
+    peer = res.get("peer") or {}
+    cfg = res["config"]
+    lines = [
+        f"Machine: {m['cpu']}, {m['cpus']} CPUs; {m.get('kernels', '')}; {res['date']}; "
+        f"1-min load {m.get('loadavg_1m')} at the start.",
+        _peer_line(peer),
+        f"Random-weight GGUFs at published shapes (speed is data-independent in both "
+        f"engines). Decode: {cfg['new_tokens']} tokens after a ~100-token prompt "
+        f"(ours: time(N) - time(1); llama.cpp: llama-bench tg{cfg['new_tokens']}); "
+        f"prefill: a {cfg['prefill']}-token prompt (llama-bench pp{cfg['prefill']}); "
+        f"verification: one forward of k new rows on {cfg['cached']} cached tokens "
+        f"(ours: every row's logits; llama.cpp: llama-server's prompt eval of k tokens on "
+        f"its cached {cfg['cached']}, last row's logits). Medians of {cfg['repeats']}.",
+        "",
+        "| shape | quant | params | file MB | decode ours / llama.cpp tok/s | ratio "
+        "| prefill ours / llama.cpp tok/s | ratio | k=8 / k=1 ours (llama.cpp) "
+        "| k=16 / k=1 ours (llama.cpp) | ours GB/s (of stream) | ours RSS / file "
+        "| llama.cpp RSS MB | load s ours / llama.cpp |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in res["entries"].values():
+        o, lc, d = e.get("ours", {}), e.get("llamacpp", {}), e.get("derived", {})
+        cr, lcr = d.get("cost_ratio", {}), d.get("llamacpp_cost_ratio", {})
+        ar = o.get("ar", {})
+        frac = d.get("bandwidth_fraction")
+        pct = None if frac is None else 100 * frac
+        lines.append(
+            f"| {e['shape']} | {e['quant']} | {_n(_params_b(e), '.2f', 'B')} "
+            f"| {e['file_bytes'] / 1e6:,.0f} "
+            f"| {_n(ar.get('decode_tok_s'))} / {_n(lc.get('tg_tok_s'))} "
+            f"| {_n(d.get('decode_vs_llamacpp'), '.2f', 'x')} "
+            f"| {_n(o.get('prefill_tok_s'))} / {_n(lc.get('pp_tok_s'))} "
+            f"| {_n(d.get('prefill_vs_llamacpp'), '.2f', 'x')} "
+            f"| {_n(cr.get('8'), '.2f', 'x')} ({_n(lcr.get('8'), '.2f', 'x')}) "
+            f"| {_n(cr.get('16'), '.2f', 'x')} ({_n(lcr.get('16'), '.2f', 'x')}) "
+            f"| {_n(o.get('achieved_gb_s'))} ({_n(pct, '.0f', '%')}) "
+            f"| {_n(d.get('rss_vs_file'), '.2f', 'x')} | {_n(lc.get('rss_mb'), ',.0f')} "
+            f"| {_n(o.get('load_s'))} / {_n(lc.get('start_s'))} |"
+        )
+        if "error" in o or "error" in lc:
+            lines.append(f"|  | errors: {o.get('error', '')} {lc.get('error', '')} |")
+    s = res.get("stream", {})
+    lines += ["", f"Streaming read bandwidth in the run: {_n(s.get('read_gb_s'))} GB/s at the "
+              f"start, {_n(res.get('stream_after', {}).get('read_gb_s'))} GB/s at the end "
+              f"({_n(s.get('buffer_mib'), '.0f')} MiB buffer). RSS: the whole process "
+              "(ours includes Python and torch: see baseline_rss_mb in scale.json)."]
+    lines += _curve_table(res)
+    lines += _prediction_table(res)
+    return "\n".join(lines) + "\n"
+
+
+def _curve_table(res: dict[str, Any]) -> list[str]:
+    ks = [str(k) for k in res["config"]["ks"]]
+    out = ["", "Verification cost, ms (ours | llama.cpp):", "",
+           "| shape | quant | " + " | ".join(f"k={k}" for k in ks) + " |",
+           "|---|---|" + "---|" * len(ks)]
+    for e in res["entries"].values():
+        oc = e.get("ours", {}).get("cost_ms", {})
+        lc = e.get("llamacpp", {}).get("cost_ms", {})
+        cells = [f"{_n(oc.get(k), '.1f')} \\| {_n(lc.get(k), '.1f')}" for k in ks]
+        out.append(f"| {e['shape']} | {e['quant']} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _prediction_table(res: dict[str, Any]) -> list[str]:
+    p = res.get("prediction")
+    if not p:
+        return []
+    methods = [m for m in res["config"]["methods"] if m != "ar"]
+    out = ["", f"**Predicted** Spec-Bench tokens/s (a prediction, not a measurement): the "
+           f"{p['questions']} recorded answers of {p['model']} ({p['answers']}) replayed "
+           "exactly, priced with each shape's measured cost curve; speedup over our AR at "
+           "that shape, and over llama.cpp's measured tg (its greedy decoding). The replay's "
+           "error on the real run: " + ", ".join(
+               f"{m} {_n(100 * c['error'] if c['error'] is not None else None, '+.1f', '%')}"
+               for m, c in p["replay_error_on_real_run"].items()) + ".", "",
+           "| shape | quant | ar tok/s | " + " | ".join(methods) + " | best vs llama.cpp tg |",
+           "|---|---|---|" + "---|" * len(methods) + "---|"]
+    for key, pred in p["entries"].items():
+        e = res["entries"][key]
+        tg = e.get("llamacpp", {}).get("tg_tok_s")
+        best = max((pred[m]["tokens_per_s"] for m in pred), default=None)
+        cells = [f"{pred[m]['tokens_per_s']:.1f} ({_n(pred[m]['speedup_vs_ar'], '.2f', 'x')}, "
+                 f"d {_n(pred[m]['drafted'], '.1f')})" for m in methods if m in pred]
+        out.append(f"| {e['shape']} | {e['quant']} | {pred['ar']['tokens_per_s']:.1f} | "
+                   + " | ".join(cells)
+                   + f" | {_n(best / tg if best and tg else None, '.2f', 'x')} |")
+    out.append("")
+    out.append("d = draft rows per step the cost-aware sizing chose at that shape.")
+    return out
+
+
+def plot_scale(res: dict[str, Any], path: Path) -> None:
+    """Decode tok/s against parameters, ours and llama.cpp, per quantization (plus the
+    predicted speculative speed of our best method where predicted)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    by_quant: dict[str, list[dict[str, Any]]] = {}
+    for e in res["entries"].values():
+        by_quant.setdefault(e["quant"], []).append(e)
+    pred = (res.get("prediction") or {}).get("entries", {})
+    for q, es in sorted(by_quant.items()):
+        es = sorted(es, key=lambda e: _params_b(e) or 0.0)
+        xs = _nan([_params_b(e) for e in es])
+        ours = [e.get("ours", {}).get("ar", {}).get("decode_tok_s") for e in es]
+        lc = [e.get("llamacpp", {}).get("tg_tok_s") for e in es]
+        ax.plot(xs, _nan(ours), marker="o", label=f"ours AR {q}")
+        if any(v is not None for v in lc):
+            ax.plot(xs, _nan(lc), marker="s", linestyle="--", label=f"llama.cpp tg {q}")
+        sp = [max((v["tokens_per_s"] for v in pred.get(f"{e['shape']}:{q}", {}).values()),
+                  default=None) for e in es]
+        if any(v is not None for v in sp):
+            ax.plot(xs, _nan(sp), marker="^", linestyle=":",
+                    label=f"ours best method {q} (predicted)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters (billions)")
+    ax.set_ylabel("tokens/s (2 threads)" if res["config"].get("threads") in (None, 2)
+                  else "tokens/s")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
