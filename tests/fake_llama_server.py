@@ -2,7 +2,8 @@
 
 ``install(directory)`` writes ``llama-server`` and ``llama-bench`` scripts there (point
 ``RECALLSPEC_LLAMACPP_BIN`` at it). The server answers ``/health`` and ``/completion``
-like llama-server (token ids, ``stop_type``, ``timings``) and, once it has answered
+like llama-server (token ids, ``stop_type``, ``timings``; with ``cache_prompt`` only
+the tokens past the cached prompt are evaluated, 1 ms each) and, once it has answered
 ``$FAKE_LLAMA_CRASH_AFTER`` completions, segfaults (a real SIGSEGV) on the next one.
 llama-bench prints one JSON row per ``-p`` and ``-n`` value (100 tokens/s each).
 """
@@ -19,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 port = int(sys.argv[sys.argv.index("--port") + 1])
 crash_after = int(os.environ.get("FAKE_LLAMA_CRASH_AFTER", "1000000"))
 answered = 0
+cache = []  # the slot's prompt cache: the last prompt
 print("main: system_info: n_threads = 1 | FAKE = 1 |", file=sys.stderr, flush=True)
 
 
@@ -38,7 +40,7 @@ class Handler(BaseHTTPRequestHandler):
         self._send({"status": "ok"} if self.path == "/health" else {}, 200)
 
     def do_POST(self):
-        global answered
+        global answered, cache
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if answered >= crash_after:
             print("fake llama-server: about to crash", file=sys.stderr, flush=True)
@@ -46,8 +48,16 @@ class Handler(BaseHTTPRequestHandler):
         answered += 1
         prompt, n = body["prompt"], body["n_predict"]
         ids = [(t % 200) + 1 for t in prompt[-n:]]
-        timings = {"prompt_n": len(prompt), "prompt_ms": 2.0, "predicted_n": len(ids),
-                   "predicted_ms": 8.0}
+        # cache_prompt: like llama-server, only the tokens past the common prefix with the
+        # cached prompt are evaluated (at least one), each costing 1 ms; else 2 ms in all.
+        reuse = 0
+        if body.get("cache_prompt"):
+            while reuse < min(len(cache), len(prompt) - 1) and cache[reuse] == prompt[reuse]:
+                reuse += 1
+        cache = list(prompt)
+        n_eval = len(prompt) - reuse
+        timings = {"prompt_n": n_eval, "prompt_ms": float(n_eval) if reuse else 2.0,
+                   "predicted_n": len(ids), "predicted_ms": 8.0}
         self._send({"tokens": ids, "stop_type": "limit", "timings": timings,
                     "tokens_evaluated": len(prompt)})
 

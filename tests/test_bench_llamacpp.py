@@ -172,7 +172,7 @@ def test_native_peer_methods_in_a_bench_run(tmp_path: Path) -> None:
 @needs_model
 def test_native_runtime_part() -> None:
     """`recallspec bench runtime`'s llama.cpp part on a few tokens: llama-bench tg / pp,
-    the cost curve at a depth, and greedy through the server."""
+    the cost curve on a cached prefix, and greedy through the server."""
     from recallspec.bench.runtime_llamacpp import describe, llamacpp_runtime
 
     gguf, ids = _native()

@@ -140,3 +140,34 @@ def test_crashing_llama_server_fails_alone(tmp_path: Path,
     assert c["wall_time"][0] == pytest.approx(0.010) and c["peer"][0]["client_s"] > 0
     (line,) = [m for m in logs if m.startswith("llamacpp-greedy failed")]
     assert "killed by SIGSEGV" in line and "about to crash" in line
+
+
+def test_headline_against_native_llamacpp() -> None:
+    """The report's headline: our fastest method vs llama-server greedy and its fastest
+    n-gram type, per category, with identical-answer counts for both sides."""
+    from recallspec.bench.report import OVERALL, render_markdown
+
+    def st(tps: float, n: int = 10, identical: float | None = None,
+           to_ar: float | None = None) -> dict[str, object]:
+        return {"tokens_per_s": tps, "questions": n, "identical": identical,
+                "identical_to_ar": to_ar}
+
+    def method(per_cat: float, overall: float, **kw: float) -> dict[str, object]:
+        return {"baseline": None, "accept_length_histogram": {},
+                "stats": {"qa": st(per_cat, **kw), OVERALL: st(overall, **kw)}}
+
+    rep = {"categories": ["qa"], "machine": {"cpu": "c", "torch_threads": 2}, "methods": {
+        "ar": method(100.0, 100.0),
+        "pld": method(120.0, 130.0, to_ar=1.0),
+        "portfolio:mode=adaptive": method(150.0, 140.0, to_ar=1.0),
+        "llamacpp-greedy": method(50.0, 50.0),
+        "llamacpp-ngram-simple": method(40.0, 45.0, identical=0.8),
+        "llamacpp-ngram-mod": method(60.0, 44.0, identical=0.9),
+    }}
+    md = render_markdown(rep)
+    assert "## Against native llama.cpp (same run)" in md
+    head = next(ln for ln in md.splitlines() if ln.startswith("| category | ours:"))
+    # the fastest over the whole run on each side, not per category
+    assert "portfolio:mode=adaptive" in head and "llamacpp-ngram-simple" in head
+    qa = next(ln for ln in md.splitlines() if ln.startswith("| qa | 150.0"))
+    assert qa == "| qa | 150.0 | 50.0 | 40.0 | 3.00x | 3.75x | 10/10 | 8/10 |"

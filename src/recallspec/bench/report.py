@@ -174,6 +174,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
             f"| {_fmt(_pct(s.get('identical')), '.0f', '%')} "
             f"| {_fmt(_pct(s.get('identical_to_ar')), '.0f', '%')} |"
         )
+    lines += render_peer_headline(rep)
     methods = list(rep["methods"])
     peer = rep["methods"].get(PEER_BASELINE)
     if peer is not None:
@@ -199,6 +200,56 @@ def render_markdown(rep: dict[str, Any]) -> str:
             )
         lines.append(f"| {cat} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _overall_tps(rep: dict[str, Any], m: str) -> float:
+    return float(rep["methods"][m]["stats"].get(OVERALL, {}).get("tokens_per_s") or 0.0)
+
+
+def render_peer_headline(rep: dict[str, Any]) -> list[str]:
+    """Our fastest method against native llama.cpp's greedy decoding and its fastest
+    n-gram speculation type (``llamacpp-<type>``), per category, with how many answers
+    each side's speculation left identical to its own greedy answers. [] without the
+    peer's greedy run."""
+    ms = rep["methods"]
+    if PEER_BASELINE not in ms:
+        return []
+    ours = [m for m in ms if not m.startswith(("llamacpp-", "hf-")) and m != "ar"]
+    ngram = [m for m in ms if m.startswith("llamacpp-") and m != PEER_BASELINE]
+    if not ours:
+        return []
+    best = max(ours, key=lambda m: _overall_tps(rep, m))
+    theirs = max(ngram, key=lambda m: _overall_tps(rep, m)) if ngram else None
+    heads = ["category", f"ours: {best}", PEER_BASELINE] + ([theirs] if theirs else [])
+    heads += ["ours / greedy"] + (["ours / best n-gram"] if theirs else [])
+    heads += [f"{best} = our ar"] + ([f"{theirs} = its greedy"] if theirs else [])
+    out = ["", "## Against native llama.cpp (same run)", "",
+           "Our fastest method and llama-server's greedy decoding and its fastest n-gram "
+           "type over the whole run, tokens/s; identical answers counted against each "
+           "side's own greedy (AR) answers.", "",
+           "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
+
+    def stat(m: str, cat: str) -> dict[str, Any]:
+        return dict(ms[m]["stats"].get(cat) or {})
+
+    def same(m: str, cat: str, key: str) -> str:
+        st = stat(m, cat)
+        frac, n = st.get(key), st.get("questions")
+        return "-" if frac is None or not n else f"{round(frac * n)}/{n}"
+
+    for cat in [*rep["categories"], OVERALL]:
+        t = {m: stat(m, cat).get("tokens_per_s") for m in (best, PEER_BASELINE, theirs) if m}
+        cells = [cat] + [_fmt(t[m], ".1f") for m in t]
+        g = t[PEER_BASELINE]
+        cells.append(_fmt(t[best] / g if t[best] and g else None, ".2f", "x"))
+        if theirs:
+            n = t[theirs]
+            cells.append(_fmt(t[best] / n if t[best] and n else None, ".2f", "x"))
+        cells.append(same(best, cat, "identical_to_ar"))
+        if theirs:
+            cells.append(same(theirs, cat, "identical"))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def _pct(x: float | None) -> float | None:

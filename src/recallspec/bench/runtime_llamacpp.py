@@ -5,10 +5,11 @@ attention on (``bench/llamacpp.py``):
 
 * ``bench``: ``llama-bench`` rates as users quote them: tg (``-n NEW -p 0``, decoding
   NEW tokens on an empty cache) and pp (``-p 512 -n 0``), ``repeats`` runs each.
-* ``cost_ms``: the verification cost curve, ``llama-bench -p k -n 0 -d CACHED`` for each
-  k: one batch of k tokens on top of CACHED cached ones (mean of ``repeats``). llama-bench
-  computes logits for a batch's last row only, so this is a lower bound of verifying k
-  drafted tokens (every row's logits).
+* ``cost_ms``: the verification cost curve, as ``bench scale`` measures it
+  (``bench/scale_llamacpp.server_cost_curve``): llama-server's own time to evaluate k new
+  prompt tokens on CACHED tokens in its prompt cache (median of ``repeats``). It computes
+  logits for a batch's last row only, so this is a lower bound of verifying k drafted
+  tokens (every row's logits).
 * ``greedy``: end to end through ``llama-server`` (``/completion`` with our prompt ids,
   prompt cache off, EOS banned so every run emits exactly NEW tokens), timed by the
   server itself: e2e = prompt_ms + predicted_ms, prefill = prompt_ms (up to the first
@@ -31,6 +32,7 @@ from recallspec.bench.llamacpp import (
     llama_bench,
     peer_info,
 )
+from recallspec.bench.scale_llamacpp import server_cost_curve
 
 PP_TOKENS = 512
 
@@ -50,14 +52,12 @@ def llamacpp_runtime(
         tg = _one(llama_bench(gguf, threads, n=new_tokens, repeats=repeats))
         pp = _one(llama_bench(gguf, threads, p=PP_TOKENS, repeats=repeats))
         out["bench"] = {"tg": tg, "pp": pp}
-        say(f"llama.cpp verification cost curve (llama-bench -p k -d {cached})")
-        rows = llama_bench(gguf, threads, p=ks, depth=cached, repeats=repeats)
-        out["cost_ms"] = {str(r["n_prompt"]): float(r["avg_ns"]) / 1e6 for r in rows}
-        say("llama.cpp greedy through llama-server")
-        cfg = ServerConfig(gguf, threads, ctx_per_slot=max(1024, len(ids) + new_tokens + 8))
-        with LlamaServer(cfg) as server:
+        say(f"llama.cpp greedy and verification cost curve (llama-server, {cached} cached)")
+        ctx = max(1024, len(ids) + new_tokens + 8, cached + max(ks) + 8)
+        with LlamaServer(ServerConfig(gguf, threads, ctx_per_slot=ctx)) as server:
             out["info"] = server.info
             out["greedy"] = _greedy(server, ids, new_tokens, repeats)
+            out["cost_ms"] = server_cost_curve(server, ks, cached=cached, repeats=repeats)
     except LlamaCppError as e:
         say(f"llama.cpp failed: {e}")
     return out

@@ -69,31 +69,39 @@ def _bench(gguf: Path, cfg: ScaleConfig, threads: int) -> dict[str, Any]:
     return out
 
 
-def _server_curve(gguf: Path, cfg: ScaleConfig, threads: int) -> dict[str, Any]:
+def server_cost_curve(srv: lc.LlamaServer, ks: tuple[int, ...], *, cached: int,
+                      repeats: int) -> dict[str, float]:
+    """{k: ms} of llama-server evaluating k new prompt tokens on ``cached`` tokens already
+    in its prompt cache (median of ``repeats`` after a warm-up, its own ``prompt_ms``).
+    The server's context must hold cached + max(ks) + 1 tokens."""
     rng = random.Random(0)
 
     def rand(n: int) -> list[int]:
         return [rng.randrange(*_IDS) for _ in range(n)]
 
-    prefix = rand(cfg.cached)
+    prefix = rand(cached)
+    srv.complete(prefix, 1, cache_prompt=True)  # the cached tokens, once
+    cost: dict[str, float] = {}
+    for k in ks:
+        times = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            c = srv.complete(prefix + rand(k), 1, cache_prompt=True)
+            if int(c.timings.get("prompt_n", -1)) != k:
+                raise lc.LlamaCppError(
+                    f"llama-server evaluated {c.timings.get('prompt_n')} prompt tokens, "
+                    f"expected {k} on top of its {cached} cached")
+            times.append(c.timings["prompt_ms"])
+        cost[str(k)] = statistics.median(times[1:])
+    return cost
+
+
+def _server_curve(gguf: Path, cfg: ScaleConfig, threads: int) -> dict[str, Any]:
     scfg = lc.ServerConfig(str(gguf), threads, ctx_per_slot=cfg.cached + max(cfg.ks) + 64)
     t0 = time.perf_counter()
     with lc.LlamaServer(scfg) as srv:
         out: dict[str, Any] = {"start_s": time.perf_counter() - t0,
                                "system_info": srv.system_info}
-        srv.complete(prefix, 1, cache_prompt=True)  # the cached tokens, once
-        cost: dict[str, float] = {}
-        for k in cfg.ks:
-            times = []
-            for _ in range(cfg.repeats + 1):  # the first is a warm-up
-                c = srv.complete(prefix + rand(k), 1, cache_prompt=True)
-                if int(c.timings.get("prompt_n", -1)) != k:
-                    raise lc.LlamaCppError(
-                        f"llama-server evaluated {c.timings.get('prompt_n')} prompt tokens, "
-                        f"expected {k} on top of its {cfg.cached} cached")
-                times.append(c.timings["prompt_ms"])
-            cost[str(k)] = statistics.median(times[1:])
-        out["cost_ms"] = cost
+        out["cost_ms"] = server_cost_curve(srv, cfg.ks, cached=cfg.cached, repeats=cfg.repeats)
         out["rss_mb"] = _rss_mb(srv.pid)
     return out
 

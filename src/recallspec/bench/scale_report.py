@@ -153,8 +153,16 @@ def plot_scale(res: dict[str, Any], path: Path) -> None:
         if any(v is not None for v in sp):
             ax.plot(xs, _nan(sp), marker="^", linestyle=":",
                     label=f"ours best method {q} (predicted)")
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
     ax.set_xscale("log")
     ax.set_yscale("log")
+    # Plain numbers at a few ticks: log axes' default labels (4x10^-1 ...) overlap.
+    ax.set_xticks([0.25, 0.5, 1, 2, 4, 8])
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("parameters (billions)")
     ax.set_ylabel("tokens/s (2 threads)" if res["config"].get("threads") in (None, 2)
                   else "tokens/s")
