@@ -56,9 +56,11 @@ test-portable: $(VENV)/.installed-dev
 # order-only). Flags:
 # - GGML_NATIVE=ON: -march=native, every instruction set this CPU has (AVX-512, VNNI, ...);
 # - no AMX: on an Intel CPU listing amx flags -march=native would compile ggml's AMX
-#   kernels (ggml-cpu/amx, behind the compiler's __AMX_INT8__), which segfault under KVM
-#   on Sapphire Rapids. GGML_AMX_* only act without GGML_NATIVE; with it the compiler's
-#   own -mno-amx-* remove them (gcc and clang let explicit -mno-* win over -march=native);
+#   kernels (ggml-cpu/amx, behind the compiler's __AMX_INT8__); an earlier build of them
+#   segfaulted under KVM on Sapphire Rapids (AMX tiles themselves work in these VMs), and
+#   the peer's published figures are without them. GGML_AMX_* only act without
+#   GGML_NATIVE; with it the compiler's own -mno-amx-* remove them (gcc and clang let an
+#   explicit -mno-* win over -march=native);
 # - LLAMA_BUILD_COMMIT / LLAMA_BUILD_NUMBER given: the build never asks git (the sdist
 #   happens to carry the submodule's git metadata, which does say 0c1e570; without it
 #   git would describe OUR repository). ggml's own commit string, from git alone, reads
