@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recallspec.bench import llamacpp as lc
+from recallspec.bench.scale_ours import status_mb
 
 if TYPE_CHECKING:
     from recallspec.bench.scale import ScaleConfig
@@ -36,16 +37,6 @@ def peer_description() -> dict[str, Any]:
         return lc.peer_info()
     except lc.PeerNotBuilt as e:
         return {"error": str(e)}
-
-
-def _rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024 / 1e6
-    except OSError:
-        pass
-    return None
 
 
 def _median_ts(row: dict[str, Any], tokens: int) -> float:
@@ -102,7 +93,7 @@ def _server_curve(gguf: Path, cfg: ScaleConfig, threads: int) -> dict[str, Any]:
         out: dict[str, Any] = {"start_s": time.perf_counter() - t0,
                                "system_info": srv.system_info}
         out["cost_ms"] = server_cost_curve(srv, cfg.ks, cached=cfg.cached, repeats=cfg.repeats)
-        out["rss_mb"] = _rss_mb(srv.pid)
+        out["rss_mb"] = status_mb("VmRSS", srv.pid)
     return out
 
 

@@ -42,15 +42,20 @@ PREFILL_SMALL = 128
 PREFILL_STARTS = (0, 512)
 
 
-def _status_mb(field: str) -> float:
-    """A ``/proc/self/status`` memory field (VmRSS, VmHWM) in MB; 0 where unreadable."""
+def status_mb(field: str, pid: int | str = "self") -> float | None:
+    """A memory field (VmRSS, VmHWM) of ``/proc/PID/status`` in MB; None where unreadable."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024 / 1e6
     except OSError:
         pass
-    return 0.0
+    return None
+
+
+def _status_mb(field: str) -> float:
+    """This process's ``status_mb`` (0 where unreadable)."""
+    return status_mb(field) or 0.0
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
