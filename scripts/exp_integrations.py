@@ -79,14 +79,15 @@ def run_method(model: Any, ids: Any, method: str, max_new: int) -> tuple[list[in
     import torch
 
     import recallspec.integrations.hf as rs_hf
-    from recallspec.drafters.base import parse_spec
+    from recallspec.drafters.spec import DrafterSpec
 
     kw: dict[str, Any] = {"max_new_tokens": max_new, "do_sample": False}
     if method == "hf-pld":
         kw["prompt_lookup_num_tokens"] = 10
     elif method.startswith("rs-"):
-        name, options = parse_spec(method[3:])
-        kw.update(custom_generate=rs_hf.generate, drafter=name, drafter_options=options)
+        spec = DrafterSpec.parse(method[3:])  # (transformers' loop has no sizing: fixed)
+        kw.update(custom_generate=rs_hf.generate, drafter=spec.name,
+                  drafter_options=spec.kwargs)
     if ids.device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()

@@ -19,7 +19,9 @@ TEST_DTYPE = os.environ.get("RECALLSPEC_TEST_DTYPE", "auto")
 def engine() -> Iterator[object]:
     from recallspec.engine import Engine
 
-    yield Engine.load(None, max_batch_size=8, dtype=TEST_DTYPE)
+    # mode="fixed": requests naming a drafter draft at fixed sizes unless a test states a
+    # mode (a named drafter's default is cost-aware sizing; its tests say "adaptive").
+    yield Engine.load(None, max_batch_size=8, dtype=TEST_DTYPE, mode="fixed")
 
 
 def spec_bench_questions() -> list[dict[str, object]]:

@@ -44,8 +44,8 @@ def test_accepted_path_walks_the_tree() -> None:
                                                            ("pld", 3, 7)])
 def test_replay_equals_engine_on_exact_model(seed: int, drafter: str, nodes: int,
                                              max_new: int) -> None:
-    eng = Engine(CycleModel(seed), FoldedByteTokenizer(V), EngineConfig(max_draft_nodes=nodes,
-                                                                 max_len=512))
+    eng = Engine(CycleModel(seed), FoldedByteTokenizer(V),
+                 EngineConfig(max_draft_nodes=nodes, max_len=512, mode="fixed"))
     cfg = ReplayConfig(max_new_tokens=max_new, max_draft_nodes=nodes, max_len=eng.max_len)
     g = torch.Generator().manual_seed(100 + seed)
     params = SamplingParams(max_new_tokens=max_new)
@@ -63,7 +63,8 @@ def test_replay_equals_engine_on_exact_model(seed: int, drafter: str, nodes: int
 
 
 def test_replay_cli_matches_engine_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    eng = Engine(CycleModel(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
+    # Fixed sizes in the engine, as exact replay replays a drafter named without a sizing.
+    eng = Engine(CycleModel(5), FoldedByteTokenizer(V), EngineConfig(max_len=512, mode="fixed"))
     run_bench(BenchConfig(suite="demo", methods=("ar", "pld", "llma"), max_new_tokens=30),
               tmp_path, engine=eng, progress=False, log=lambda m: None)
     ar = read_answers(answers_path(tmp_path, "ar"))
@@ -80,7 +81,7 @@ def test_replay_cli_matches_engine_run(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_replay_refuses_non_ar_answers(tmp_path: Path) -> None:
-    eng = Engine(CycleModel(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
+    eng = Engine(CycleModel(5), FoldedByteTokenizer(V), EngineConfig(max_len=512, mode="fixed"))
     run_bench(BenchConfig(suite="demo", methods=("pld",), max_new_tokens=8), tmp_path,
               engine=eng, progress=False, log=lambda m: None)
     from recallspec.bench.replay import load_ar_answers
@@ -101,7 +102,7 @@ def _have_model() -> bool:
 
 @requires(_have_model(), "model loader or default model missing")
 def test_replay_equals_real_engine_run() -> None:
-    eng = Engine.load(max_draft_nodes=16)
+    eng = Engine.load(max_draft_nodes=16, mode="fixed")
     prompts = [
         "Repeat this list exactly: apples, pears, plums, apples, pears, plums.",
         "Rewrite with `total` renamed to `s`:\n\ndef f(xs):\n    total = 0\n"
@@ -157,7 +158,7 @@ def test_replay_eos_inside_accepted_draft() -> None:
     succ = torch.arange(V).roll(-1)  # t -> t + 1
     succ[7] = EOS  # 5 -> 6 -> 7 -> EOS
     model = successor_model(succ)
-    eng = Engine(model, FoldedByteTokenizer(V), EngineConfig(max_len=128))
+    eng = Engine(model, FoldedByteTokenizer(V), EngineConfig(max_len=128, mode="fixed"))
     prompt = [5, 6, 7, EOS, 9, 5]
     spec = eng.generate(prompt, SamplingParams(max_new_tokens=20), drafter="pld")
     assert isinstance(spec, GenerationResult)

@@ -43,8 +43,8 @@ def _recorded_run(tmp_path: Path) -> tuple[list[dict[str, Any]], ReplayConfig]:
     from recallspec.bench.runner import BenchConfig, run_bench
 
     eng = Engine(cycle_model(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
-    run_bench(BenchConfig(suite="demo", methods=("ar", "pld"), max_new_tokens=30), tmp_path,
-              engine=eng, progress=False, log=lambda m: None)
+    run_bench(BenchConfig(suite="demo", methods=("ar", "pld:mode=fixed"), max_new_tokens=30),
+              tmp_path, engine=eng, progress=False, log=lambda m: None)
     recs, _ = load_ar_answers(answers_path(tmp_path, "ar"))
     return recs, ReplayConfig(max_new_tokens=30, max_draft_nodes=16)
 
@@ -54,7 +54,7 @@ def test_prediction_prices_the_recorded_answers_with_the_shapes_curve(tmp_path: 
     draft rows are nearly free (a large model streaming its weights once per forward)
     the sizing drafts more rows and speculation gains more than where rows are dear."""
     recs, cfg = _recorded_run(tmp_path)
-    methods = ("ar", "pld", "portfolio:mode=adaptive")
+    methods = ("ar", "pld:mode=fixed", "portfolio:mode=adaptive")
     fit, check = fitted_model(recs, cfg, grid_curve(), methods, tmp_path, lambda m: None)
     assert check["ar"]["recorded"] is not None and check["portfolio:mode=adaptive"][
         "recorded"] is None  # a method the run did not record has no error to show

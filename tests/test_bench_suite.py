@@ -50,7 +50,8 @@ def FakeModel(seed: int = 0) -> BigramModel:
 
 
 def fake_engine() -> Engine:
-    return Engine(FakeModel(), FakeTokenizer(), EngineConfig(max_len=1024))
+    # mode="fixed": methods naming a drafter draft at fixed sizes unless they say mode=.
+    return Engine(FakeModel(), FakeTokenizer(), EngineConfig(max_len=1024, mode="fixed"))
 
 
 # ---- suites ------------------------------------------------------------------------
@@ -265,11 +266,12 @@ def test_cli_corrupt_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_method_options(tmp_path: Path) -> None:
-    """``name:key=value`` methods: drafter options and the batch mode reach the engine."""
-    from recallspec.bench.methods import parse_method
+    """``name:key=value`` methods: drafter options and the sizing reach the engine."""
+    from recallspec.bench.methods import method_spec
 
-    assert parse_method("sam:index=/a/b.rsidx:delta=3:tree=true") == (
-        "sam", {"index": "/a/b.rsidx", "delta": 3, "tree": True})
+    spec = method_spec("sam:index=/a/b.rsidx:delta=3:tree=true")
+    assert (spec.name, spec.kwargs, spec.sizing) == (
+        "sam", {"index": "/a/b.rsidx", "delta": 3, "tree": True}, None)
     specs = ("ar", "pld:max_ngram=2", "llma:mode=adaptive")
     fake = fake_engine()
     from recallspec.runtime.cost_curve import CostCurve

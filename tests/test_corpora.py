@@ -31,7 +31,7 @@ def real(engine: Any, spec_bench_prompts: list[str]) -> tuple[Engine, list[list[
                      key=len)[:2]
     ar = engine.generate(prompts, SamplingParams(max_new_tokens=NEW_TOKENS), drafter="none")
     eng = Engine(engine.model, engine.tokenizer,
-                 EngineConfig(max_batch_size=2, max_len=512, dtype=TEST_DTYPE))
+                 EngineConfig(max_batch_size=2, max_len=512, dtype=TEST_DTYPE, mode="fixed"))
     return eng, prompts, ar
 
 
@@ -100,7 +100,7 @@ def bigram_engine(tokenizer: Any = None) -> Engine:
     import torch
 
     table = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
-    return Engine(BigramModel(table), tokenizer or _FP(), EngineConfig())
+    return Engine(BigramModel(table), tokenizer or _FP(), EngineConfig(mode="fixed"))
 
 
 def test_unknown_ids_and_empty_corpora_are_refused() -> None:

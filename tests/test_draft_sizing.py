@@ -168,7 +168,7 @@ def test_curve_key_names_the_cpu_generation_and_the_kernels_build(
     the kernels: one model name covered a Zen 4 and a Zen 5 under KVM, and a rebuilt
     product changed what a 1-row forward costs by 1.5x."""
     model = SimpleNamespace(config=SimpleNamespace(num_layers=2, hidden_size=8, vocab_size=10),
-                            weight_format="q4_1", native=None)
+                            weight_format="q4_1", kv_dtype="torch.float32", native=None)
     key = curve_key(model, "fp", 2)
     assert key == curve_key(model, "fp", 2) and key != curve_key(model, "fp", 1)
     with monkeypatch.context() as m:
@@ -190,8 +190,8 @@ def test_step_overhead_ignores_drift_and_stalls() -> None:
     from recallspec.engine.drafting import DraftPlanner
 
     curve = CostCurve((1, 16), (0.003, 0.006), 0.0)
-    req = SimpleNamespace(mode=SimpleNamespace(adaptive=True), drafter=make_pld(),
-                          prompt=[1] * 100, generated=[2])
+    req = SimpleNamespace(sizing="adaptive", drafter=make_pld(), prompt=[1] * 100,
+                          generated=[2])
     planner = DraftPlanner(16, lambda: curve)
     outside = 0.0002
     for step in range(40):

@@ -47,6 +47,7 @@ def bigram_table(v: int = 256, seed: int = 0) -> torch.Tensor:
 
 def make_engine(**cfg: Any) -> Engine:
     cfg.setdefault("max_draft_nodes", 60)
+    cfg.setdefault("mode", "fixed")  # named drafters at fixed sizes unless a test says
     return Engine(BigramModel(bigram_table()), FingerprintedBytes(), EngineConfig(**cfg))
 
 
@@ -88,7 +89,8 @@ def test_greedy_identical_to_ar_bigram(drafter: str, options: dict[str, Any], ba
 def test_draft_model_perfect_drafter_accepts_everything() -> None:
     """With the target itself as the draft model every chain of gamma is accepted."""
     table = bigram_table()
-    eng = Engine(BigramModel(table), ByteTokenizer(), EngineConfig(max_draft_nodes=16))
+    eng = Engine(BigramModel(table), ByteTokenizer(),
+                 EngineConfig(max_draft_nodes=16, mode="fixed"))
     r = eng.generate(list(b"hello"), SamplingParams(max_new_tokens=41, ignore_eos=True),
                      drafter="draft-model", drafter_options={"model": BigramModel(table)})
     assert isinstance(r, GenerationResult)
@@ -257,7 +259,7 @@ def test_sampling_distribution_sam_draft_model() -> None:
     with chain drafts from an imperfect draft model and from the automaton."""
     table, prompt, keys, probs, g = sampling_chain_case()
     draft = BigramModel(table + torch.randn(4, 4, generator=g))
-    eng = Engine(BigramModel(table), ByteTokenizer())
+    eng = Engine(BigramModel(table), ByteTokenizer(), EngineConfig(mode="fixed"))
     n = 3000
     counts, _ = sample_chain_counts(eng, prompt, keys, n, drafter="sam+draft-model",
                                     drafter_options={"model": draft, "tau": 6})

@@ -17,6 +17,7 @@ from recallspec.spec.sampling import SamplingParams
 def make_engine(v: int = 256, seed: int = 0, **cfg: object) -> Engine:
     g = torch.Generator().manual_seed(seed)
     table = torch.randn(v, v, generator=g) * 3
+    cfg.setdefault("mode", "fixed")  # named drafters at fixed sizes unless a test says
     return Engine(BigramModel(table), ByteTokenizer(), EngineConfig(**cfg))  # type: ignore[arg-type]
 
 
@@ -66,7 +67,8 @@ def test_eos_and_stop_strings() -> None:
     table = torch.full((v, v), -10.0)
     for a, b in [(1, 2), (2, 3), (3, 4), (4, 0)]:  # 1 -> 2 -> 3 -> 4 -> EOS
         table[a, b] = 10.0
-    eng = Engine(BigramModel(table), ByteTokenizer())  # type: ignore[arg-type]
+    eng = Engine(BigramModel(table), ByteTokenizer(),  # type: ignore[arg-type]
+                 EngineConfig(mode="fixed"))
     r = eng.generate([1], SamplingParams(max_new_tokens=50), drafter="pld")
     assert isinstance(r, GenerationResult)
     assert r.token_ids == [2, 3, 4] and r.finish_reason == "eos"
@@ -109,7 +111,8 @@ def test_sampling_distribution_end_to_end() -> None:
     distribution, with and without drafts."""
     table, prompt, keys, probs, _ = sampling_chain_case()
     for drafter in ("none", "pld"):
-        eng = Engine(BigramModel(table), ByteTokenizer())  # type: ignore[arg-type]
+        eng = Engine(BigramModel(table), ByteTokenizer(),  # type: ignore[arg-type]
+                     EngineConfig(mode="fixed"))
         n = 4000
         counts, _ = sample_chain_counts(eng, prompt, keys, n, drafter=drafter)
         assert chi2_pvalue(counts, probs, n) > 1e-3, drafter

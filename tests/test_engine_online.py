@@ -29,6 +29,7 @@ class FingerprintedBytes(ByteTokenizer):
 
 def make_engine(**cfg: Any) -> Engine:
     table = torch.randn(256, 256, generator=torch.Generator().manual_seed(0)) * 3
+    cfg.setdefault("mode", "fixed")  # named drafters at fixed sizes unless a test says
     return Engine(BigramModel(table), FingerprintedBytes(), EngineConfig(**cfg))  # type: ignore[arg-type]
 
 
@@ -230,7 +231,8 @@ def test_streamed_text_is_whole_characters_without_stop_strings(drafter: str) ->
     succ = torch.zeros(256, dtype=torch.long)
     for a, b in pairwise(chain):
         succ[a] = b
-    eng = Engine(successor_model(succ), ByteTokenizer(), EngineConfig(max_batch_size=2))  # type: ignore[arg-type]
+    eng = Engine(successor_model(succ), ByteTokenizer(),  # type: ignore[arg-type]
+                 EngineConfig(max_batch_size=2, mode="fixed"))
     for stop, want, reason in (((), "Hé€!STOPq", "eos"), (("STOP",), "Hé€!", "stop"),
                                (("€!S",), "Hé", "stop")):
         rid = eng.add_request([ord(">")], SamplingParams(max_new_tokens=40, stop=stop),

@@ -41,6 +41,7 @@ def real(engine: Any, spec_bench_prompts: list[str]) -> Real:
 
 def memory_engine(base: Any, batch: int, **cfg: Any) -> Engine:
     cfg.setdefault("memory_tokens", 20000)
+    cfg.setdefault("mode", "fixed")  # named drafters at fixed sizes unless a test says
     return Engine(base.model, base.tokenizer, EngineConfig(
         max_batch_size=batch, max_len=512, dtype=TEST_DTYPE, **cfg))
 
@@ -133,7 +134,8 @@ def test_tenant_b_never_drafts_from_tenant_a(real: Real) -> None:
 
 def test_aborted_and_failed_requests_are_not_remembered() -> None:
     eng = Engine(BigramModel(_table()), ByteTokenizer(),
-                 EngineConfig(memory_tokens=1000, memory_prompt_tail=0))  # outputs only
+                 EngineConfig(memory_tokens=1000, memory_prompt_tail=0,  # outputs only
+                              mode="fixed"))
     rid = eng.add_request(list(b"hello hello"), SamplingParams(max_new_tokens=50,
                                                                ignore_eos=True), drafter="sam")
     for _ in range(3):
@@ -164,7 +166,8 @@ def test_sampling_distribution_with_memory(name: str, opts: dict[str, Any]) -> N
     distribution."""
     table, prompt, keys, probs, _ = sampling_chain_case()
     eng = Engine(BigramModel(table), ByteTokenizer(),
-                 EngineConfig(max_draft_nodes=16, memory_tokens=4000, memory_prompts=True))
+                 EngineConfig(max_draft_nodes=16, memory_tokens=4000, memory_prompts=True,
+                              mode="fixed"))
     n = 2000
     counts, drafted = sample_chain_counts(eng, prompt, keys, n, drafter=name,
                                           drafter_options=opts)
@@ -292,7 +295,7 @@ def test_a_document_over_the_budget_keeps_its_end() -> None:
 
 # ---- snapshots ----------------------------------------------------------------------------
 def test_snapshot_round_trip_and_refusals(tmp_path: Path) -> None:
-    cfg: dict[str, Any] = {"memory_tokens": 1000, "memory_prompts": True}
+    cfg: dict[str, Any] = {"memory_tokens": 1000, "memory_prompts": True, "mode": "fixed"}
     eng = Engine(BigramModel(_table()), _FP(), EngineConfig(**cfg))
     for tenant, text in (("A", b"hello hello"), ("B", b"the cat sat")):
         eng.generate(list(text), SamplingParams(max_new_tokens=20, ignore_eos=True),

@@ -118,7 +118,8 @@ def _first_memory_step(tail: int) -> tuple[int, int, int]:
     decoding step of the same prompt sent again)."""
     table = torch.randn(256, 256, generator=torch.Generator().manual_seed(0)) * 3
     eng = Engine(BigramModel(table), ByteTokenizer(),
-                 EngineConfig(memory_tokens=1000, memory_prompt_tail=tail, max_draft_nodes=8))
+                 EngineConfig(memory_tokens=1000, memory_prompt_tail=tail, max_draft_nodes=8,
+                              mode="fixed"))
     params = SamplingParams(max_new_tokens=20, ignore_eos=True)
     first = eng.generate(PROMPT, params, drafter="sam", tenant="t")
     assert eng.memory is not None and eng.memory.flush(10)

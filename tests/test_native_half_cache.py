@@ -132,7 +132,7 @@ def test_long_context_decode_equals_chain_on_a_half_cache(
 def test_engine_drafts_token_identical_on_a_half_cache() -> None:
     """Greedy answers with drafts (alone and batched) equal plain decoding on the same
     16-bit cache; the cache really is float16."""
-    eng = Engine.load(kv_dtype="float16", max_batch_size=3)
+    eng = Engine.load(kv_dtype="float16", max_batch_size=3, mode="fixed")
     assert eng.cache.k.dtype == F16
     prompts = ["Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat",
                "List the numbers from 1 to 20 separated by commas.",

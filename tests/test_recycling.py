@@ -150,6 +150,7 @@ def test_full_table_gives_full_template() -> None:
 def make_engine(v: int = 256, seed: int = 0, **cfg: Any) -> Engine:
     g = torch.Generator().manual_seed(seed)
     table = torch.randn(v, v, generator=g) * 3
+    cfg.setdefault("mode", "fixed")  # named drafters at fixed sizes unless a test says
     return Engine(BigramModel(table), ByteTokenizer(), EngineConfig(**cfg))
 
 
@@ -192,7 +193,8 @@ def test_sampling_distribution_recycling() -> None:
     """With temperature 1 the 3 generated tokens follow the bigram chain's exact
     distribution although recycling drafts trees (warm table, 60 nodes)."""
     table, prompt, keys, probs, _ = sampling_chain_case()
-    eng = Engine(BigramModel(table), ByteTokenizer(), EngineConfig(max_draft_nodes=60))
+    eng = Engine(BigramModel(table), ByteTokenizer(),
+                 EngineConfig(max_draft_nodes=60, mode="fixed"))
     n = 3000
     counts, drafted = sample_chain_counts(eng, prompt, keys, n, drafter="recycling")
     assert drafted > n // 2  # trees were really proposed and partly accepted

@@ -194,7 +194,7 @@ def test_row_overhead_is_fitted_on_one_drafting_method() -> None:
     c = grid_curve()
     recs = _ar_records(cycle_model(3), _prompts(3, 12), 30)
     cfg = ReplayConfig(max_new_tokens=30, max_draft_nodes=16)
-    sims = simulate(recs, make_policy("pld", cfg, c).build(), cfg)
+    sims = simulate(recs, make_policy("pld:mode=fixed", cfg, c).build(), cfg)
     truth = TimeModel(c, step_overhead=0.02, count_policy_time=False, row_overhead=0.004)
     answers = [{"question_id": r["question_id"], "choices": [
         {"wall_time": [truth.turn(t) for t in sims[str(r["question_id"])]]}]} for r in recs]
@@ -257,11 +257,12 @@ def test_sizing_follows_the_curve_and_the_oracle_bounds_it() -> None:
     assert drafted["dear"] < drafted["cheap"] / 4
     tm = TimeModel(cheap, count_policy_time=False)
     speed = {}
-    for m in ("ar", "pld", "pld:mode=adaptive", "oracle:drafters=pld"):
+    for m in ("ar", "pld:mode=fixed", "pld:mode=adaptive", "oracle:drafters=pld"):
         sims = simulate(recs, make_policy(m, cfg, cheap).build(), cfg)
         speed[m] = predict(recs, sims, tm)["overall"]["tokens_per_s"]
-    assert speed["oracle:drafters=pld"] >= max(speed["pld"], speed["pld:mode=adaptive"])
-    assert speed["pld"] > speed["ar"]
+    assert speed["oracle:drafters=pld"] >= max(speed["pld:mode=fixed"],
+                                               speed["pld:mode=adaptive"])
+    assert speed["pld:mode=fixed"] > speed["ar"]
 
 
 def test_oracle_drafts_exactly_the_longest_accepted_path() -> None:
@@ -301,7 +302,8 @@ def test_planner_drafts_the_candidate_worth_more() -> None:
     curve = CostCurve((1, 8), (1.0, 1.2), 0.0)
     planner = DraftPlanner(8, lambda: curve)
     d = Two()
-    req = Request(0, [1, 2], SamplingParams(max_new_tokens=50), d, batch_mode("adaptive"), None)
+    req = Request(0, [1, 2], SamplingParams(max_new_tokens=50), d, batch_mode("ems"), None,
+                  sizing="adaptive")
     req.generated = [3]
     prior = planner.prior(d)
     for _ in range(30):  # context 1 drafts are always accepted, context 0 never
@@ -340,26 +342,29 @@ def test_cli_predicts_and_compares_with_recorded_answers(
     from recallspec.bench.answers import answers_path
     from recallspec.bench.runner import BenchConfig, run_bench
 
+    # pld at fixed sizes, recorded and predicted alike (the label says so: a drafter named
+    # without a sizing is cost-aware, in the engine and in the prediction).
+    pld = "pld:mode=fixed"
     eng = Engine(cycle_model(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
-    run_bench(BenchConfig(suite="demo", methods=("ar", "pld"), max_new_tokens=30), tmp_path,
+    run_bench(BenchConfig(suite="demo", methods=("ar", pld), max_new_tokens=30), tmp_path,
               engine=eng, progress=False, log=lambda m: None)
     curve = tmp_path / "curve.json"
     curve.write_text(json.dumps(grid_curve().to_json()))
     out = tmp_path / "pred.json"
     assert main(["bench", "replay", "--answers", str(answers_path(tmp_path, "ar")),
-                 "--methods", "ar,pld,portfolio:mode=adaptive,oracle", "--predict-time",
+                 "--methods", f"ar,{pld},portfolio:mode=adaptive,oracle", "--predict-time",
                  "--curve", str(curve), "--out", str(out), "--no-policy-time"]) == 0
     text = capsys.readouterr().out
     assert "| overall |" in text and "real" in text
     res = json.loads(out.read_text())
-    assert set(res["predicted"]) == {"ar", "pld", "portfolio:mode=adaptive", "oracle"}
-    assert set(res["recorded"]) == {"ar", "pld"}  # methods the run recorded
-    assert res["predicted"]["pld"]["overall"]["mat"] > 1.0
+    assert set(res["predicted"]) == {"ar", pld, "portfolio:mode=adaptive", "oracle"}
+    assert set(res["recorded"]) == {"ar", pld}  # methods the run recorded
+    assert res["predicted"][pld]["overall"]["mat"] > 1.0
     assert res["fit"]["row_fit"] == "auto"  # pld: the only recorded drafting method
-    assert set(res["fit"]["row_overhead_ms"]) == {"pld", "portfolio:mode=adaptive", "oracle"}
+    assert set(res["fit"]["row_overhead_ms"]) == {pld, "portfolio:mode=adaptive", "oracle"}
     # llma was not recorded: no row term can be fitted on it, said clearly
     assert main(["bench", "replay", "--answers", str(answers_path(tmp_path, "ar")),
-                 "--methods", "ar,pld,llma", "--predict-time", "--curve", str(curve),
+                 "--methods", f"ar,{pld},llma", "--predict-time", "--curve", str(curve),
                  "--fit-rows-on", "llma"]) != 0
     assert "--fit-rows-on llma" in capsys.readouterr().err
 

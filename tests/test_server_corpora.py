@@ -81,7 +81,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, corpus_dir: Path) -> Iterat
     # "sam" drafts deterministically from the request's text, the memory and the corpora,
     # so a corpus's effect shows in the acceptance figures.
     yield from start_server(tmp_path_factory.mktemp("serve") / "server.log",
-                            "--drafter", "sam", "--max-batch-size", "16", "--max-len", "1024",
+                            "--drafter", "sam", "--mode", "fixed", "--max-batch-size", "16",
+                            "--max-len", "1024",
                             "--memory-tokens", str(MEMORY_TOKENS), "--corpus-dir",
                             str(corpus_dir))
 
@@ -411,7 +412,8 @@ def test_memory_snapshot_survives_a_restart(tmp_path: Path, engine: Any) -> None
     ref = engine.generate(engine.encode_prompt(question, chat=True),
                           SamplingParams(max_new_tokens=40), drafter="sam")
     snap = tmp_path / "memory.snap"
-    args = ("--drafter", "sam", "--max-batch-size", "1", "--memory-tokens", "10000",
+    args = ("--drafter", "sam", "--mode", "fixed", "--max-batch-size", "1",
+            "--memory-tokens", "10000",
             "--memory-snapshot", str(snap))
 
     def ask(server: Server) -> dict[str, Any]:

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     yield from start_server(tmp_path_factory.mktemp("serve") / "server.log",
-                            "--drafter", "pld", "--max-batch-size", "8")
+                            "--drafter", "pld", "--mode", "fixed", "--max-batch-size", "8")
 
 
 _json = st.recursive(

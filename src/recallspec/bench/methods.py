@@ -17,9 +17,10 @@ Names:
 
 Peers run in child processes (``bench/peers.py``): a crashing peer fails alone.
 
-Our engine's methods take options after the name, ``:key=value`` each: drafter options
-and the engine's batch ``mode`` (e.g. ``sam+recycling:index=corpus.rsidx:delta=3``,
-``pld:mode=adaptive``). Values are ints, floats, true/false/none or strings.
+Our engine's methods are drafter specs (``drafters/spec.py``): options after the name,
+``:key=value`` each, and the draft sizing, cost-aware unless ``:mode=fixed`` (e.g.
+``sam+recycling:index=corpus.rsidx:delta=3``, ``pld:mode=fixed``). Values are ints,
+floats, true/false/none or strings. The method's name, as written, labels its answers.
 
 Every method's ``baseline`` is its own plain greedy decoding: a peer's speedup and
 token identity are measured against that, and ours against ``ar``.
@@ -36,7 +37,7 @@ from typing import Any, Protocol
 
 from recallspec.bench.llamacpp import SPEC_TYPES
 from recallspec.bench.llamacpp import available as llamacpp_available
-from recallspec.drafters.base import parse_spec as parse_method
+from recallspec.drafters.spec import NO_DRAFTER, DrafterSpec
 from recallspec.errors import DataError, UnknownNameError
 from recallspec.spec.sampling import SamplingParams
 
@@ -77,6 +78,12 @@ class Method(Protocol):
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> TurnOutput: ...
 
 
+def method_spec(name: str) -> DrafterSpec:
+    """A method name parsed into a drafter spec (``ar`` is plain decoding, ``none``)."""
+    spec = DrafterSpec.parse(name)
+    return DrafterSpec(NO_DRAFTER, spec.options) if spec.name == "ar" else spec
+
+
 def baseline_of(name: str) -> str:
     if name.startswith("hf-"):
         return "hf-greedy"
@@ -88,21 +95,20 @@ def baseline_of(name: str) -> str:
 def check_method_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
     """(runnable names, skip messages); unknown names or options raise clear errors."""
     from recallspec.drafters import available_drafters, create_drafter
-    from recallspec.runtime.modes import batch_mode
 
     drafters = available_drafters()
-    known = ["ar", *[d for d in drafters if d != "none"], *HF_METHODS, *LLAMACPP_METHODS]
-    for spec in names:
-        base, opts = parse_method(spec)
-        if not opts:
-            continue
-        if base in HF_METHODS or base in LLAMACPP_METHODS:
-            raise DataError(f"method {spec!r}: peer methods take no options")
-        if "mode" in opts:
-            batch_mode(str(opts.pop("mode")))
-        if base in drafters and opts:
-            create_drafter(base, **opts)  # bad options fail now, not after other methods
-    unknown = [n for n in names if parse_method(n)[0] not in known and n != "none"]
+    known = ["ar", *[d for d in drafters if d != NO_DRAFTER], *HF_METHODS, *LLAMACPP_METHODS]
+    bases = []
+    for name in names:
+        spec = DrafterSpec.parse(name)  # a bad option or sizing fails here
+        bases.append(spec.name)
+        if spec.name in HF_METHODS or spec.name in LLAMACPP_METHODS:
+            if name != spec.name:
+                raise DataError(f"method {name!r}: peer methods take no options")
+        elif spec.name in drafters and spec.options:
+            create_drafter(spec.name, **spec.kwargs)  # bad options fail now, not later
+    unknown = [n for n, b in zip(names, bases, strict=True)
+               if b not in known and n != NO_DRAFTER]
     if unknown:
         raise UnknownNameError(
             f"unknown method(s) {', '.join(unknown)}; available: {', '.join(known)}"
@@ -126,15 +132,12 @@ def check_method_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
 class EngineMethod:
     def __init__(self, engine: Any, name: str) -> None:
         self.engine = engine
-        self.name = name
+        self.name = name  # as written: the answers' label
         self.baseline = "ar"
-        base, self._options = parse_method(name)
-        self._mode = str(self._options.pop("mode", "ems"))
-        self._drafter = "none" if base == "ar" else base
+        self._spec = method_spec(name)  # parsed once; the engine takes the object
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> TurnOutput:
-        res = self.engine.generate(prompt_ids, params, drafter=self._drafter,
-                                   drafter_options=self._options, mode=self._mode)
+        res = self.engine.generate(prompt_ids, params, drafter=self._spec)
         return TurnOutput(
             list(res.token_ids), res.text, list(res.accept_lengths), float(res.wall_time),
             int(res.prompt_tokens), str(res.finish_reason), engine_timing(self.engine.stats),

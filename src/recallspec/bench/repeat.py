@@ -74,7 +74,7 @@ GSM8K_INSTRUCTION = "Solve this step by step, then give the final answer.\n\n"
 class RepeatConfig:
     workloads: tuple[str, ...] = WORKLOADS
     drafters: tuple[str, ...] = ("sam+recycling", "sam")
-    mode: str = "adaptive"  # the servers' batch mode (README: adaptive on a CPU)
+    mode: str = "adaptive"  # the servers' --mode (README: cost-aware sizing on a CPU)
     memory_tokens: int = 200_000  # the memory arm's --memory-tokens
     questions: int = 8  # self_consistency: GSM8K test questions
     samples: int = 8  # self_consistency: answers per question

@@ -30,13 +30,15 @@ from recallspec.bench.answers import read_answers
 from recallspec.bench.replay_logits import TurnTopk, committed_logits
 from recallspec.drafters.base import Drafter, create_drafter
 from recallspec.errors import DataError
+from recallspec.params import MAX_DRAFT_NODES
+from recallspec.spec.draft_sizing import draft_room
 from recallspec.spec.tree import DraftTree, limit_depth
 
 
 @dataclass(frozen=True)
 class ReplayConfig:
     max_new_tokens: int
-    max_draft_nodes: int = 16  # EngineConfig.max_draft_nodes
+    max_draft_nodes: int = MAX_DRAFT_NODES  # EngineConfig.max_draft_nodes
     max_len: int = 4096  # KV positions per sequence (Engine.max_len)
 
 
@@ -124,7 +126,7 @@ def drafter_view(
 
 
 class FixedPolicy:
-    """A drafter's proposal cut only to the room (the engine's fixed batch modes).
+    """A drafter's proposal cut only to the room (the engine's fixed sizing).
     Drafters that learn from verification logits get none (``logits=None``)."""
 
     def __init__(self, drafter: Drafter, name: str | None = None) -> None:
@@ -185,7 +187,7 @@ def replay_steps(
     try:
         while committed < len(full):
             start = len(prompt) + committed - 1  # cache holds prompt + committed[:-1]
-            room = max(min(cfg.max_len - start - 1, cfg.max_draft_nodes), 0)
+            room = draft_room(cfg.max_len, start, cfg.max_draft_nodes)
             want = cfg.max_new_tokens - committed - 1
             future = full[committed:]
             tree = policy.draft(rid, room, want, future, final_any)

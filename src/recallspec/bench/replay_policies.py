@@ -1,7 +1,7 @@
 """Replay policies beyond a fixed drafter: cost-aware sizing and an oracle.
 
 ``AdaptivePolicy`` runs the engine's own ``DraftPlanner`` (the same acceptance
-statistics, engine-wide prior, probing and cost-curve objective as ``mode=adaptive``)
+statistics, engine-wide prior, probing and cost-curve objective as adaptive sizing)
 on a ``Request`` that the replay keeps in step with the AR answer; given the curve and
 the step overhead it is deterministic, so its steps are the engine's up to timing
 noise in the overhead the engine learns online (replay fixes it to the time model's).
@@ -11,9 +11,10 @@ tokens the step will commit, takes the proposal with the longest accepted path a
 drafts exactly that path (or nothing, where even that does not pay). No real policy
 can know the path; it shows how much the proposals are worth under perfect sizing.
 
-``make_policy`` turns a method spec (``pld``, ``sam:max_tokens=32``,
-``sam+recycling:mode=adaptive``, ``oracle:drafters=pld+llma+sam``) into a factory of
-policies sharing one planner, as one engine shares it across a run's questions.
+``make_policy`` turns a method spec (``pld``, ``sam:max_tokens=32:mode=fixed``,
+``oracle:drafters=pld+llma+sam``) into a factory of policies sharing one planner, as one
+engine shares it across a run's questions. A drafter is sized as the engine sizes it:
+cost-aware unless its spec says ``mode=fixed``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from recallspec.bench.methods import method_spec
 from recallspec.bench.replay import (
     FixedPolicy,
     Known,
@@ -29,12 +31,13 @@ from recallspec.bench.replay import (
     accepted_nodes,
     drafter_view,
 )
-from recallspec.drafters.base import Drafter, create_drafter, parse_spec
+from recallspec.drafters.base import Drafter, create_drafter
 from recallspec.engine.drafting import DraftPlanner
 from recallspec.engine.request import Request, RequestStatus
 from recallspec.errors import DataError
 from recallspec.runtime.cost_curve import CostCurve
-from recallspec.runtime.modes import batch_mode
+from recallspec.runtime.modes import EMS
+from recallspec.spec.draft_sizing import DEFAULT_SIZING
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree, limit_depth
 
@@ -43,7 +46,7 @@ ORACLE_DEFAULT = "pld+llma+sam"
 
 
 class AdaptivePolicy:
-    """``mode=adaptive``: the engine's planner sizes the drafter's proposals."""
+    """Adaptive sizing: the engine's planner sizes the drafter's proposals."""
 
     def __init__(self, name: str, drafter: Drafter, planner: DraftPlanner,
                  max_new_tokens: int) -> None:
@@ -56,7 +59,7 @@ class AdaptivePolicy:
     def start(self, rid: int, prompt: Sequence[int], first: int, known: Known | None = None,
               ) -> None:
         req = Request(rid, list(prompt), SamplingParams(max_new_tokens=self.max_new_tokens),
-                      self.drafter, batch_mode("adaptive"), None)
+                      self.drafter, EMS, None, sizing="adaptive")
         req.status = RequestStatus.DECODING
         req.prefilled = len(req.prompt)
         self._reqs[rid] = req
@@ -146,14 +149,12 @@ def make_policy(
     method: str, cfg: ReplayConfig, curve: CostCurve, step_overhead: float = 0.0,
     options: dict[str, object] | None = None,
 ) -> PolicySpec:
-    """``name[:key=value...]``; ``mode=adaptive`` sizes with the engine's planner over
-    ``curve`` (plus ``step_overhead`` seconds a step, as the engine learns it), other
-    modes of our batch set draft fixed; ``ar`` is no drafter; ``oracle:drafters=a+b``.
-    ``options`` are added to the drafter's (e.g. a corpus index's fingerprint)."""
-    name, opts = parse_spec(method)
-    opts.update(options or {})
-    mode = str(opts.pop("mode", "ems"))
-    batch_mode(mode)  # unknown modes fail here
+    """``name[:key=value...]``, sized cost-aware with the engine's planner over ``curve``
+    (plus ``step_overhead`` seconds a step, as the engine learns it) unless the spec says
+    ``mode=fixed``; ``ar`` is no drafter; ``oracle:drafters=a+b``. ``options`` are added
+    to the drafter's (e.g. a corpus index's fingerprint)."""
+    spec = method_spec(method).with_options(options)
+    name, opts = spec.name, spec.kwargs
     if name == ORACLE:
         names = str(opts.pop("drafters", ORACLE_DEFAULT)).split("+")
         if opts:
@@ -165,19 +166,18 @@ def make_policy(
                                 lambda rows, ctx: curve(rows, 1, ctx) + step_overhead)
 
         return PolicySpec(method, oracle, any(d.needs_logits for d in probe))
-    drafter_name = "none" if name == "ar" else name
-    probe_d = create_drafter(drafter_name, **opts)
+    probe_d = create_drafter(name, **opts)
 
-    if mode == "adaptive":
+    if (spec.sizing or DEFAULT_SIZING) == "adaptive":  # "none" (ar) states fixed
         def adaptive() -> Policy:
             planner = DraftPlanner(cfg.max_draft_nodes, lambda: curve)
             planner.step_overhead = step_overhead
-            return AdaptivePolicy(method, create_drafter(drafter_name, **opts), planner,
+            return AdaptivePolicy(method, create_drafter(name, **opts), planner,
                                   cfg.max_new_tokens)
 
         return PolicySpec(method, adaptive, probe_d.needs_logits)
 
     def fixed() -> Policy:
-        return FixedPolicy(create_drafter(drafter_name, **opts), method)
+        return FixedPolicy(create_drafter(name, **opts), method)
 
     return PolicySpec(method, fixed, probe_d.needs_logits)

@@ -25,6 +25,7 @@ from recallspec.bench.peers import PeerCrashed
 from recallspec.bench.prompting import conversation_ids
 from recallspec.bench.suites import Question, SuiteSelection, load_suite
 from recallspec.errors import DataError, RecallspecError
+from recallspec.params import DEFAULT_WEIGHT_FORMAT, MAX_DRAFT_NODES
 from recallspec.spec.sampling import SamplingParams
 
 
@@ -37,8 +38,8 @@ class BenchConfig:
     max_new_tokens: int = 128
     repeats: int = 1
     temperature: float = 0.0
-    max_draft_nodes: int = 16
-    dtype: str = "auto"
+    max_draft_nodes: int = MAX_DRAFT_NODES
+    dtype: str = DEFAULT_WEIGHT_FORMAT
     data_dir: str | None = None
 
     def __post_init__(self) -> None:

@@ -138,13 +138,14 @@ def _predictions(res: dict[str, Any], cfg: ScaleConfig, out: Path,
     from recallspec.bench.replay import ReplayConfig, load_ar_answers
     from recallspec.bench.scale_predict import fitted_model, predict_at_curve
     from recallspec.engine import Engine
+    from recallspec.params import MAX_DRAFT_NODES
     from recallspec.runtime.cost_curve import CostCurve
 
     assert cfg.answers is not None
     answers = Path(cfg.answers) / "answers" / "ar.jsonl"
     recs, settings = load_ar_answers(answers)
     rc = ReplayConfig(max_new_tokens=int(settings.get("max_new_tokens") or 128),
-                      max_draft_nodes=int(settings.get("max_draft_nodes") or 16))
+                      max_draft_nodes=int(settings.get("max_draft_nodes") or MAX_DRAFT_NODES))
     say(f"prediction: fitting the time model on {answers} ({len(recs)} questions)")
     engine = Engine.load(settings.get("model"), dtype=settings.get("dtype", "auto"),
                          threads=cfg.threads)

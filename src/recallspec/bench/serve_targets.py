@@ -77,26 +77,28 @@ class Target:
             return {}
         ext: dict[str, Any] = {"return_token_ids": True}
         if not launched:
-            from recallspec.drafters.base import parse_spec
+            from recallspec.drafters.spec import NO_DRAFTER, DrafterSpec
             from recallspec.server.protocol import FILE_OPTIONS
 
-            name, opts = parse_spec(self.drafter or "none")
-            bad = sorted(FILE_OPTIONS & set(opts))
+            spec = DrafterSpec.parse(self.drafter or NO_DRAFTER)
+            bad = sorted(FILE_OPTIONS & set(spec.kwargs))
             if bad:
                 raise DataError(f"{self.name}: drafter option(s) {', '.join(bad)} can only be "
                                 "set when the server starts (drop --url to let the benchmark "
                                 "start it)")
-            ext.update(drafter=name, drafter_options=opts, mode=self.mode)
+            # The target's mode is its sizing (or layout): it ranks above the spec's.
+            ext.update(drafter=spec.name, drafter_options=spec.kwargs, mode=self.mode)
         return {"recallspec": ext}
 
 
 def default_adaptive_drafter() -> str:
     """The engine's default drafter when it speculates, else the one the README names
     for cost-aware sizing on a CPU (cost-aware sizing of no drafter is plain decoding)."""
+    from recallspec.drafters.spec import NO_DRAFTER
     from recallspec.engine import EngineConfig
 
-    d = EngineConfig().drafter
-    return d if d != "none" else "sam+recycling"
+    spec = EngineConfig().default_drafter
+    return str(spec) if spec.name != NO_DRAFTER else "sam+recycling"
 
 
 def make_target(name: str, cfg: ServeBenchConfig) -> Target:

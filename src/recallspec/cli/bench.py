@@ -3,7 +3,7 @@
     recallspec bench --suite NAME [--methods ar,pld,...] ...   run a suite (no sub-command)
     recallspec bench report --out DIR                          re-render a run's report
     recallspec bench replay --answers DIR/answers/ar.jsonl --methods pld,llma
-    recallspec bench replay --answers ... --methods ar,llma,portfolio:mode=adaptive,oracle \
+    recallspec bench replay --answers ... --methods ar,llma:mode=fixed,portfolio,oracle \
         --predict-time [--curve FILE] [--model-topk] [--out FILE]
     recallspec bench runtime [--model M] [--json] [--out DIR]
     recallspec bench serve --targets ours-off,llamacpp --rates 0.5,1,2 --out DIR [--url URL]
@@ -25,12 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from recallspec.errors import DataError
+from recallspec.params import DEFAULT_WEIGHT_FORMAT, MAX_DRAFT_NODES, WEIGHT_FORMATS
 from recallspec.policy import POLICY
 
-# Modules adding `recallspec bench <name>` sub-commands (e.g. "recallspec.cli.bench_index").
-_EXTRA_SUBCOMMAND_MODULES: tuple[str, ...] = ("recallspec.cli.bench_scale",)
+# Modules adding `recallspec bench <name>` sub-commands, in the order the help lists them.
+_EXTRA_SUBCOMMAND_MODULES: tuple[str, ...] = ("recallspec.cli.bench_serve",
+                                              "recallspec.cli.bench_scale")
 
-# AR, the two simplest fixed drafters and the default policy (recallspec/policy.py).
+# AR, the two simplest drafters (each sized cost-aware, as any named drafter) and the
+# default policy (recallspec/policy.py).
 DEFAULT_METHODS = f"ar,pld,llma,{POLICY}"
 
 
@@ -42,7 +45,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--suite", help="spec_bench, mt_bench, humaneval, mbpp, gsm8k, cnndm, "
                                     "rag_extractive (or rag-extractive) or demo")
     p.add_argument("--methods", default=DEFAULT_METHODS,
-                   help="comma-separated: ar, drafter names (pld, llma, ...), hf-greedy, hf-pld, "
+                   help="comma-separated: ar, drafter specs (pld, llma, sam:index=x.rsidx, ...: "
+                        "cost-aware sizing unless :mode=fixed), hf-greedy, hf-pld, "
                         "llamacpp-greedy, llamacpp-ngram-simple / -ngram-mod / -ngram-map-k / "
                         "-ngram-map-k4v / -ngram-cache (native llama.cpp: make peers) "
                         f"(default {DEFAULT_METHODS})")
@@ -54,10 +58,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1, help="time each question R times (median)")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"],
+    p.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS,
                    help="weights: auto = a GGUF's own blocks (quantized kernel), float32 = "
                         "the dequantized reference")
-    p.add_argument("--max-draft-nodes", type=int, default=16)
+    p.add_argument("--max-draft-nodes", type=int, default=MAX_DRAFT_NODES)
     p.add_argument("--out", default="bench_out", help="output directory (default bench_out)")
     p.add_argument("--resume", action="store_true", help="skip questions already answered")
     p.add_argument("--overwrite", action="store_true", help="discard existing answers in --out")
@@ -73,20 +77,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     pl = bsub.add_parser("replay", help="exact offline acceptance replay on recorded ar answers")
     pl.add_argument("--answers", required=True, help="an ar answer file (DIR/answers/ar.jsonl)")
-    pl.add_argument("--methods", default="pld,llma", help="model-free drafters to replay")
+    pl.add_argument("--methods", default="pld,llma",
+                    help="model-free drafters to replay, at fixed sizes (without --predict-time "
+                    "there is no time to size by)")
     pl.add_argument("--model", default=None,
                     help="whose tokenizer a corpus index must match (default: the recorded "
                     "run's model)")
     pl.add_argument("--max-draft-nodes", type=int, default=None,
-                    help="default: the recorded run's setting, else 16")
+                    help=f"default: the recorded run's setting, else {MAX_DRAFT_NODES}")
     pl.add_argument("--max-new-tokens", type=int, default=None,
                     help="default: the recorded run's setting")
     pl.add_argument("--max-len", type=int, default=4096, help="KV positions per sequence")
     pl.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pl.add_argument("--predict-time", action="store_true",
-                    help="also predict tokens/s from the cost curve (methods may then be "
-                         "NAME:mode=adaptive, oracle:drafters=a+b, ar); compared with the "
-                         "answers recorded next to --answers where there are some")
+                    help="also predict tokens/s from the cost curve (methods are then sized as "
+                         "the engine sizes them: cost-aware unless NAME:mode=fixed; also "
+                         "oracle:drafters=a+b and ar); compared with the answers recorded "
+                         "next to --answers where there are some")
     pl.add_argument("--curve", default=None,
                     help="cost curve JSON (default: this machine's cached curve of the "
                          "recorded model, measured if missing)")
@@ -118,95 +125,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rt.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     rt.set_defaults(handler=run_runtime)
 
-    _register_serve(bsub)
-    _register_repeat(bsub)
-
     for name in _EXTRA_SUBCOMMAND_MODULES:
         importlib.import_module(name).register_bench(bsub)
 
 
-def _register_serve(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from recallspec.bench.serve_targets import DEFAULT_TARGETS, TARGETS
-
-    sv = bsub.add_parser("serve", help="OpenAI servers under Poisson load: ours (speculation "
-                         "off, fixed, cost-aware), llama.cpp's and vLLM's, one at a time")
-    sv.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help=f"comma-separated: "
-                    f"{', '.join(TARGETS)} (unavailable peers are skipped with a note)")
-    sv.add_argument("--rates", default="0.5,1,2,4", help="offered loads, requests/s")
-    sv.add_argument("--per-category", type=int, default=2,
-                    help="Spec-Bench questions per category (6 categories)")
-    sv.add_argument("--limit", type=int, default=None, help="first N of those")
-    sv.add_argument("--categories", default=None, help="comma-separated categories to keep")
-    sv.add_argument("--max-tokens", type=int, default=128)
-    sv.add_argument("--seed", type=int, default=0, help="arrival times and prompt order")
-    sv.add_argument("--url", default=None, help="an already running server on 127.0.0.1 "
-                    "(targets then only choose request fields: ours-* pick drafter and mode)")
-    sv.add_argument("--model", default=None, help="ours and llama.cpp (GGUF); default SmolLM2")
-    sv.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"])
-    sv.add_argument("--threads", type=int, default=None, help="per server (default: all CPUs)")
-    sv.add_argument("--max-batch-size", type=int, default=8,
-                    help="ours: KV slots; vLLM: --max-num-seqs")
-    sv.add_argument("--context", type=int, default=2048, help="every server's context length")
-    sv.add_argument("--fixed-drafter", default="pld", help="drafter of ours-fixed")
-    sv.add_argument("--adaptive-drafter", default=None,
-                    help="drafter of ours-adaptive (default: the engine's, else sam+recycling)")
-    sv.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
-    sv.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server start")
-    sv.add_argument("--vllm-python", default=".venv-vllm/bin/python")
-    sv.add_argument("--vllm-model", default="build/smollm2-hf",
-                    help="transformers directory vLLM serves (make build/smollm2-hf/config.json)")
-    sv.add_argument("--data-dir", default=None, help="benchmark data (default: ../shared/data)")
-    sv.add_argument("--out", default="bench_out/serve", help="output directory")
-    sv.set_defaults(handler=run_serve)
-
-
-def _register_repeat(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from recallspec.bench.repeat import WORKLOADS
-
-    rp = bsub.add_parser("repeat", help="repeating workloads (self-consistency, multi-turn "
-                         "code editing, re-asked prompts; Spec-Bench as control) through the "
-                         "server, with and without response memory")
-    rp.add_argument("--workloads", default=",".join(WORKLOADS),
-                    help=f"comma-separated: {', '.join(WORKLOADS)}")
-    rp.add_argument("--drafters", default="sam+recycling,sam",
-                    help="comma-separated drafters, each run without and with memory")
-    rp.add_argument("--mode", default="adaptive", help="the servers' batch mode")
-    rp.add_argument("--memory-tokens", type=int, default=200_000,
-                    help="--memory-tokens of the memory arm (per tenant)")
-    rp.add_argument("--questions", type=int, default=8, help="self_consistency: GSM8K questions")
-    rp.add_argument("--samples", type=int, default=8, help="self_consistency: samples each")
-    rp.add_argument("--temperature", type=float, default=0.7, help="self_consistency")
-    rp.add_argument("--tenancy", choices=["question", "shared"], default="question",
-                    help="self_consistency: a tenant per question, or one for all")
-    rp.add_argument("--tasks", type=int, default=8, help="code_edit: HumanEval + MBPP tasks")
-    rp.add_argument("--follow-ups", type=int, default=3, help="code_edit: turns after the first")
-    rp.add_argument("--code-edit-history", action=argparse.BooleanOptionalAction, default=True,
-                    help="code_edit: follow-ups with the conversation so far (default, as a "
-                    "chat client sends them) or, --no-code-edit-history, each a fresh "
-                    "conversation restating the task (the previous answer only in memory)")
-    rp.add_argument("--reask-prompts", type=int, default=8,
-                    help="reask: Spec-Bench first turns, each re-sent in a fresh conversation")
-    rp.add_argument("--reask-times", type=int, default=2,
-                    help="reask: sends of each prompt (the first and the re-sends)")
-    rp.add_argument("--reask-temperature", type=float, default=0.0,
-                    help="reask: sampling temperature (default 0: greedy)")
-    rp.add_argument("--prompts", type=int, default=12, help="spec_bench: first turns")
-    rp.add_argument("--max-tokens", type=int, default=None,
-                    help="per request (default: 128 self_consistency and spec_bench, 192 "
-                    "code_edit)")
-    rp.add_argument("--seed", type=int, default=0, help="self_consistency: sampling seeds")
-    rp.add_argument("--model", default=None, help="GGUF file, HF directory or alias")
-    rp.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"])
-    rp.add_argument("--threads", type=int, default=None, help="per server (default: all CPUs)")
-    rp.add_argument("--context", type=int, default=2048, help="the servers' --max-len")
-    rp.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
-    rp.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server start")
-    rp.add_argument("--data-dir", default=None, help="benchmark data (default: ../shared/data)")
-    rp.add_argument("--out", default="bench_out/repeat", help="output directory")
-    rp.set_defaults(handler=run_repeat)
-
-
-def _csv(s: str | None) -> tuple[str, ...] | None:
+def csv_list(s: str | None) -> tuple[str, ...] | None:
+    """The items of a comma-separated option (None: not given); the sub-command modules
+    share it."""
     if s is None:
         return None
     items = tuple(x.strip() for x in s.split(",") if x.strip())
@@ -231,8 +156,8 @@ def run_suite(args: argparse.Namespace) -> int:
             raise DataError("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     cfg = BenchConfig(
-        suite=args.suite, methods=_csv(args.methods) or (), model=args.model,
-        selection=SuiteSelection(args.per_category, args.limit, _csv(args.categories)),
+        suite=args.suite, methods=csv_list(args.methods) or (), model=args.model,
+        selection=SuiteSelection(args.per_category, args.limit, csv_list(args.categories)),
         max_new_tokens=args.max_new_tokens, repeats=args.repeats,
         temperature=args.temperature, max_draft_nodes=args.max_draft_nodes, dtype=args.dtype,
         data_dir=args.data_dir,
@@ -241,8 +166,8 @@ def run_suite(args: argparse.Namespace) -> int:
     run_bench(cfg, out, resume=args.resume, overwrite=args.overwrite,
               progress=not args.no_progress)
     rep = write_report(out)
-    _print_report(render_markdown(rep), rep["machine"],
-                  f"answers, report.json, report.md and plots in {out}")
+    print_report(render_markdown(rep), rep["machine"],
+                 f"answers, report.json, report.md and plots in {out}")
     return 0
 
 
@@ -271,20 +196,24 @@ def run_replay(args: argparse.Namespace) -> int:
         raise DataError("the answers' run.json is missing: pass --max-new-tokens")
     cfg = ReplayConfig(
         max_new_tokens=int(mnt),
-        max_draft_nodes=int(args.max_draft_nodes or settings.get("max_draft_nodes") or 16),
+        max_draft_nodes=int(args.max_draft_nodes or settings.get("max_draft_nodes")
+                            or MAX_DRAFT_NODES),
         max_len=args.max_len,
     )
     if args.predict_time:
         return _predict(args, recs, settings, cfg)
-    from recallspec.bench.methods import parse_method
+    from recallspec.bench.methods import method_spec
 
     replayed = {}
     fingerprint: str | None = None
-    for m in _csv(args.methods) or ():
-        name, opts = parse_method(m)
-        if "mode" in opts:
-            raise DataError(f"{m}: batch modes change timing-driven choices; replay cannot run "
-                            "them (use a real run)")
+    for m in csv_list(args.methods) or ():
+        spec = method_spec(m)
+        # Exact replay has no time to size by: it replays the drafts at fixed sizes (a spec
+        # stating no sizing included); cost-aware sizing is replayed by --predict-time.
+        if spec.sizing == "adaptive":
+            raise DataError(f"{m}: cost-aware sizing follows timing, which exact replay does "
+                            "not have (drop mode=, or use --predict-time)")
+        opts = spec.kwargs
         if "index" in opts and "tokenizer_fingerprint" not in opts:
             # No engine here: the recorded model's tokenizer is what the index must match.
             if fingerprint is None:
@@ -292,7 +221,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
                 fingerprint = load_tokenizer(args.model or settings.get("model")).fingerprint
             opts["tokenizer_fingerprint"] = fingerprint
-        replayed[m] = replay_answers(recs, name, cfg, opts)
+        replayed[m] = replay_answers(recs, spec.name, cfg, opts)
     rep = replay_report(recs, replayed)
     if args.json:
         print(json.dumps({"config": cfg.__dict__, "mat": rep}, indent=2))
@@ -327,7 +256,7 @@ def _predict(args: argparse.Namespace, recs: list[dict[str, Any]], settings: dic
         topk = cached_answer_topk(engine.model, recs, Path(args.answers), key, cache_dir())
         vocab = int(engine.model.config.vocab_size)
     fit, pred, real = predict_methods(
-        recs, cfg, curve, _csv(args.methods) or (), Path(args.answers).parent.parent,
+        recs, cfg, curve, csv_list(args.methods) or (), Path(args.answers).parent.parent,
         count_policy_time=not args.no_policy_time, topk=topk, vocab=vocab,
         row_fit=None if args.fit_rows_on == "none" else args.fit_rows_on,
         warn=lambda msg: print(msg, file=sys.stderr))
@@ -357,7 +286,7 @@ def run_runtime(args: argparse.Namespace) -> int:
 
     cfg = RuntimeConfig(
         model=args.model, repeats=args.repeats, new_tokens=args.new_tokens,
-        dtypes=_csv(args.dtypes) or (), hf=not args.no_hf, threads=args.threads,
+        dtypes=csv_list(args.dtypes) or (), hf=not args.no_hf, threads=args.threads,
         llamacpp=not args.no_llamacpp,
     )
     res = run_runtime_bench(cfg, out=Path(args.out) if args.out else None)
@@ -365,55 +294,7 @@ def run_runtime(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    from recallspec.bench.serve import ServeBenchConfig, run_serve_bench
-    from recallspec.bench.serve_report import render_markdown
-    from recallspec.bench.suites import SuiteSelection
-
-    try:
-        rates = tuple(float(r) for r in _csv(args.rates) or ())
-    except ValueError:
-        raise DataError(f"--rates: not numbers: {args.rates!r}") from None
-    cfg = ServeBenchConfig(
-        targets=_csv(args.targets) or (), rates=rates,
-        selection=SuiteSelection(args.per_category, args.limit, _csv(args.categories)),
-        max_tokens=args.max_tokens, seed=args.seed, url=args.url, model=args.model,
-        dtype=args.dtype, threads=args.threads, max_batch_size=args.max_batch_size,
-        context=args.context, fixed_drafter=args.fixed_drafter,
-        adaptive_drafter=args.adaptive_drafter, request_timeout=args.request_timeout,
-        start_timeout=args.start_timeout, vllm_python=args.vllm_python,
-        vllm_model=args.vllm_model, data_dir=args.data_dir,
-    )
-    out = Path(args.out)
-    rep = run_serve_bench(cfg, out)
-    _print_report(render_markdown(rep), rep["machine"],
-                  f"serve.json, serve.md and serve.png in {out}")
-    return 0
-
-
-def run_repeat(args: argparse.Namespace) -> int:
-    from recallspec.bench.repeat import RepeatConfig, run_repeat_bench
-    from recallspec.bench.repeat_report import render_markdown
-
-    cfg = RepeatConfig(
-        workloads=_csv(args.workloads) or (), drafters=_csv(args.drafters) or (),
-        mode=args.mode, memory_tokens=args.memory_tokens, questions=args.questions,
-        samples=args.samples, temperature=args.temperature, tenancy=args.tenancy,
-        tasks=args.tasks, follow_ups=args.follow_ups, prompts=args.prompts,
-        code_edit_history=args.code_edit_history, reask_prompts=args.reask_prompts,
-        reask_times=args.reask_times, reask_temperature=args.reask_temperature,
-        max_tokens=args.max_tokens, seed=args.seed, model=args.model, dtype=args.dtype,
-        threads=args.threads, context=args.context, request_timeout=args.request_timeout,
-        start_timeout=args.start_timeout, data_dir=args.data_dir,
-    )
-    out = Path(args.out)
-    rep = run_repeat_bench(cfg, out)
-    _print_report(render_markdown(rep), rep["machine"],
-                  f"report.json, report.md and report.png in {out}")
-    return 0
-
-
-def _print_report(markdown: str, machine: dict[str, Any], written: str) -> None:
+def print_report(markdown: str, machine: dict[str, Any], written: str) -> None:
     """A run's report on stdout; a busy-machine warning and where the files are on stderr."""
     from recallspec.bench.report import busy_warning
 

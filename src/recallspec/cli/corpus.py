@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from recallspec.params import DEFAULT_WEIGHT_FORMAT, WEIGHT_FORMATS
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("corpus", help="build corpora for the static index")
@@ -33,7 +35,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--drafter", default="pld",
                    help="drafter used while generating (lossless: the same distribution)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"],
+    g.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS,
                    help="weights: auto = a GGUF's own blocks (quantized kernel), float32 = "
                         "the dequantized reference")
     g.add_argument("--no-progress", action="store_true")

@@ -7,8 +7,9 @@ import json
 import sys
 from typing import Any
 
-from recallspec.cli import KV_HELP
+from recallspec.cli import KV_HELP, MAX_DRAFT_NODES_HELP
 from recallspec.errors import DataError
+from recallspec.params import DEFAULT_KV_DTYPE, DEFAULT_WEIGHT_FORMAT, KV_DTYPES, WEIGHT_FORMATS
 from recallspec.policy import POLICY
 
 
@@ -20,8 +21,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--drafter", default=POLICY,
                    help="drafter name (none, pld, llma, ...), options as name:key=value:... "
-                   "(e.g. crest:datastore=chat.crest, sam:index=x.rsidx:delta=3; "
-                   f"default: the measured policy, {POLICY})")
+                   "(e.g. crest:datastore=chat.crest, sam:index=x.rsidx:delta=3); drafts are "
+                   "sized cost-aware unless the spec says :mode=fixed "
+                   f"(default: the measured policy, {POLICY})")
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads stdin)")
     p.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"
@@ -32,12 +34,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"],
+    p.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS,
                    help="weights: auto = a GGUF's own blocks (quantized kernel), float32 = "
                         "the dequantized reference")
-    p.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "float16"],
-                   help=KV_HELP)
-    p.add_argument("--max-draft-nodes", type=int, default=16)
+    p.add_argument("--kv-dtype", default=DEFAULT_KV_DTYPE, choices=KV_DTYPES, help=KV_HELP)
+    p.add_argument("--max-draft-nodes", type=int, default=None, metavar="N",
+                   help=MAX_DRAFT_NODES_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--verify-lossless", action="store_true",
@@ -48,6 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from recallspec.drafters import available_drafters
+    from recallspec.drafters.spec import DrafterSpec
     from recallspec.engine import Engine, GenerationResult
     from recallspec.errors import UnknownNameError
     from recallspec.spec.sampling import SamplingParams
@@ -55,13 +58,10 @@ def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise DataError("empty prompt")
-    from recallspec.drafters.base import parse_spec
-
-    drafter, options = parse_spec(args.drafter)
-    mode = str(options.pop("mode", "ems"))
-    if drafter not in available_drafters():
+    spec = DrafterSpec.parse(args.drafter)  # parsed once; the engine takes the object
+    if spec.name not in available_drafters():
         raise UnknownNameError(
-            f"unknown drafter {drafter!r}; available: {', '.join(available_drafters())}"
+            f"unknown drafter {spec.name!r}; available: {', '.join(available_drafters())}"
         )
     try:
         params = SamplingParams(
@@ -70,12 +70,17 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise DataError(str(e)) from None
-    engine = Engine.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                         max_draft_nodes=args.max_draft_nodes)
+    # Only a given --max-draft-nodes: its default is the engine config's (params.py).
+    limits: dict[str, int] = ({} if args.max_draft_nodes is None
+                              else {"max_draft_nodes": args.max_draft_nodes})
+    try:
+        engine = Engine.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype, **limits)
+    except ValueError as e:  # EngineConfig's checks (e.g. a negative --max-draft-nodes)
+        raise DataError(str(e)) from None
     ids = engine.encode_prompt(prompt, chat=args.chat)
     # Warm up so that one-time costs (allocator, first matmul) do not land in the timing.
     engine.generate(ids[:8], SamplingParams(max_new_tokens=2), drafter="none")
-    res = engine.generate(ids, params, drafter=drafter, drafter_options=options, mode=mode)
+    res = engine.generate(ids, params, drafter=spec)
     assert isinstance(res, GenerationResult)
     out: dict[str, Any] = {
         "text": res.text,

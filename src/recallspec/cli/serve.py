@@ -7,8 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from recallspec.cli import KV_HELP
+from recallspec.cli import KV_HELP, MAX_DRAFT_NODES_HELP
 from recallspec.errors import DataError, RecallspecError
+from recallspec.params import DEFAULT_KV_DTYPE, DEFAULT_WEIGHT_FORMAT, KV_DTYPES, WEIGHT_FORMATS
 from recallspec.policy import SERVE_POLICY
 
 
@@ -20,11 +21,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the model id clients send (default: --model, or the default alias)")
     p.add_argument("--drafter", default=None,
                    help="default drafter for requests that name none, as name:key=value:... "
-                   f"(mode= included; default: the measured serving policy, {SERVE_POLICY}); "
-                   "'none' turns speculation off")
+                   "(:mode=fixed for fixed draft sizes; default: the measured serving "
+                   f"policy, {SERVE_POLICY}); 'none' turns speculation off")
     p.add_argument("--mode", default=None,
-                   help="default batch mode (ems, adaptive, ...; default: --drafter's mode=, "
-                   "else the policy's with the default drafter, else ems)")
+                   help="mode of requests that state none: adaptive or fixed (draft sizing), or "
+                   "a batch layout, ems, vanilla, unpad-kv, unpad-input (fixed sizes). Default: "
+                   "the ems layout, each request's drafter sized as its spec says, else "
+                   "cost-aware")
     p.add_argument("--index", default=None,
                    help="corpus index file for the default drafter (sam, sam+recycling, ...)")
     p.add_argument("--memory-tokens", type=int, default=0, metavar="N",
@@ -49,12 +52,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="requests waiting for a slot before new ones get 429")
     p.add_argument("--max-len", type=int, default=None, help="KV positions per request")
     p.add_argument("--max-draft-nodes", type=int, default=None, metavar="N",
-                   help="draft-tree nodes verified per request and step, at most (default "
-                   "16; the cost-aware mode drafts fewer where rows do not pay; workloads "
-                   "that re-send long texts gain from more, e.g. 32)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "quantized", "float32", "bfloat16"])
-    p.add_argument("--kv-dtype", default="auto", choices=["auto", "float32", "float16"],
-                   help=KV_HELP)
+                   help=MAX_DRAFT_NODES_HELP)
+    p.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS)
+    p.add_argument("--kv-dtype", default=DEFAULT_KV_DTYPE, choices=KV_DTYPES, help=KV_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("RECALLSPEC_API_KEY"),
@@ -67,7 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from recallspec.drafters.base import parse_spec
+    from recallspec.drafters.spec import DrafterSpec
     from recallspec.engine import Engine
     from recallspec.models.loader import DEFAULT_MODEL
     from recallspec.server import EngineLoop, Metrics, create_app
@@ -87,16 +87,15 @@ def run(args: argparse.Namespace) -> int:
         corpus_dir = Path(args.corpus_dir).resolve()
         if not corpus_dir.is_dir():
             raise DataError(f"--corpus-dir {args.corpus_dir}: not a directory")
-    # The default: the measured serving policy (recallspec/policy.py), its mode unless --mode.
-    policy_name, policy_opts = parse_spec(args.drafter or SERVE_POLICY)
-    policy_mode = str(policy_opts.pop("mode", "ems"))
+    # The default drafter: the measured serving policy (recallspec/policy.py) unless
+    # --drafter, parsed once here; the engine config takes the spec itself.
+    drafter = DrafterSpec.parse(args.drafter or SERVE_POLICY)
     if args.index is not None:
-        policy_opts["index"] = args.index
-    drafter = ":".join([policy_name, *(f"{k}={v}" for k, v in policy_opts.items())])
+        drafter = drafter.with_options({"index": args.index})
     try:
         config: dict[str, object] = {"max_batch_size": args.max_batch_size, "dtype": args.dtype,
                                      "kv_dtype": args.kv_dtype,
-                                     "drafter": drafter, "mode": args.mode or policy_mode,
+                                     "drafter": drafter, "mode": args.mode,
                                      "memory_tokens": args.memory_tokens,
                                      "memory_prompts": args.memory_prompts,
                                      "memory_snapshot": args.memory_snapshot}
@@ -110,8 +109,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise DataError(str(e)) from None
     engine.resolve_drafter(None)  # a bad default drafter or index fails now, not per request
-    if engine.config.mode == "adaptive":
-        engine.cost_curve()  # measured once, before the first request waits for it
+    # Requests are sized cost-aware unless --mode says fixed (a request naming a drafter
+    # without a sizing is, too): the curve is measured (or read) once, before the first
+    # request would wait for it.
+    if engine.config.default_mode is None or engine.config.default_mode[1] == "adaptive":
+        engine.cost_curve()
     name = args.served_model_name or args.model or DEFAULT_MODEL
     metrics = Metrics(name)
     loop = EngineLoop(engine, metrics, max_waiting=args.max_waiting)

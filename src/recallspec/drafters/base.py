@@ -19,11 +19,11 @@ Optional: ``propose_batch(rids, max_nodes_list)`` returns the drafts of several
 requests at once; the engine calls it instead of ``propose`` when a drafter has it
 (the draft model uses it to run one batched forward per draft position).
 Optional: ``costly_proposals = True`` says a proposal's cost grows with max_nodes (a
-model forward per draft position); the engine's adaptive mode then sizes each request's
+model forward per draft position); adaptive sizing then sizes each request's
 draft before proposing, and asks for nothing where drafting does not pay.
 Optional: ``contexts`` (an int) and ``context(rid)`` (in ``[0, contexts)``): the kind
 of draft the next ``propose`` for rid will make (say, its source and match-length
-bucket); adaptive mode keeps acceptance statistics per context. ``context`` must not
+bucket); adaptive sizing keeps acceptance statistics per context. ``context`` must not
 change the drafter's state and must be valid right after ``start`` and each ``observe``.
 
 Invariant: after start and each observe, the drafter's view of request rid is
@@ -38,7 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from recallspec.errors import DataError, UnknownNameError
+from recallspec.errors import UnknownNameError
 from recallspec.index.recall import RecallView
 from recallspec.runtime.kv_cache import KVPrefix
 from recallspec.spec.tree import DraftTree
@@ -139,33 +139,6 @@ def create_drafter(name: str, **options: Any) -> Drafter:
         return factory(**options)
     except TypeError as e:
         raise UnknownNameError(f"bad options for drafter {name!r}: {e}") from None
-
-
-def _value(v: str) -> Any:
-    low = v.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low == "none":
-        return None
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            pass
-    return v
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``name:key=value:...`` -> (name, options): how the CLI and benchmark methods name
-    a drafter with options. Values become ints, floats, true/false/none or strings."""
-    name, *parts = spec.split(":")
-    options: dict[str, Any] = {}
-    for part in parts:
-        k, sep, v = part.partition("=")
-        if not sep or not k:
-            raise DataError(f"method {spec!r}: options go after the name as :key=value")
-        options[k] = _value(v)
-    return name, options
 
 
 def _load_builtin() -> None:

@@ -19,7 +19,7 @@ kind's acceptance separately and drafts the one promising the most tokens per se
   model on a CPU that costs about what its drafts save).
 
 Both chains are offered even where they agree (see ``candidates``).
-In a fixed batch mode ``propose`` drafts the first candidate: the automaton's chain,
+With fixed sizing ``propose`` drafts the first candidate: the automaton's chain,
 else the latest occurrence's, else recycling's tree.
 """
 

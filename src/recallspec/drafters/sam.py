@@ -325,7 +325,7 @@ class SamRecyclingDrafter(SamDrafter):
         return self._automaton_or(rid, max_nodes, lambda: self.recycling.propose(rid, n))
 
     def candidates(self, rid: int, max_nodes: int) -> list[tuple[int, DraftTree]]:
-        """Cost-aware mode (``engine/drafting.py``): the automaton's draft and the
+        """Cost-aware sizing (``engine/drafting.py``): the automaton's draft and the
         recycling tree, each with its draft context, for the planner to pick by expected
         tokens per second instead of the fixed ``tau`` switch (which keeps matches of 1-4
         tokens from the automaton even where they pay; the sizing can always draft 0).

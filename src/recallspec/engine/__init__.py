@@ -8,14 +8,13 @@ commit), ``outputs`` (deltas, results, text and stop checks), ``prompts`` (input
 ``engine`` (the ``Engine``), ``offline`` (``generate``), ``corpora`` (live corpora).
 """
 
-from recallspec.engine.config import DTYPES, EngineConfig
+from recallspec.engine.config import EngineConfig
 from recallspec.engine.corpora import CorpusInfo
 from recallspec.engine.engine import Engine
 from recallspec.engine.outputs import GenerationResult, RequestOutput, SpecStats, StepStats
 from recallspec.engine.request import FINISH_REASONS
 
 __all__ = [
-    "DTYPES",
     "FINISH_REASONS",
     "CorpusInfo",
     "Engine",

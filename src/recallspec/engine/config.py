@@ -1,35 +1,72 @@
-"""The engine's configuration: one frozen dataclass, validated when it is built."""
+"""The engine's configuration: one frozen dataclass, validated when it is built.
+
+Each parameter is checked here, once, against its one definition, and keeps its one
+default: the weight and KV-cache formats and ``max_draft_nodes`` (``params.py``), the
+default drafter (a ``DrafterSpec``, parsed here from its text: ``drafters/spec.py``) and
+the default mode. The engine and the layers below receive the validated values (the
+loader resolves the format names to torch dtypes).
+
+Mode words (``split_mode``; requests, the server and ``--mode`` take the same): a batch
+layout (``runtime/modes.py``: ems, vanilla, unpad-kv, unpad-input) or a sizing
+(``adaptive``, ``fixed``: on the ems layout). A layout named alone keeps fixed sizes, as
+it always has (the padded layouts are ablations of fixed-size batches).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-# Weight formats ``models.loader.load_model`` accepts (the loader resolves them):
-# "auto" (quantized for a GGUF, float32 for an HF directory), "quantized", "float32"
-# (the token-identical reference) and "bfloat16".
-DTYPES = ("auto", "quantized", "float32", "bfloat16")
-# KV-cache formats: "auto" (KV_AUTO for the native forward of quantized weights, the
-# model's dtype otherwise), "float32", "float16".
-KV_DTYPES = ("auto", "float32", "float16")
+from recallspec.drafters.spec import NO_DRAFTER, DrafterSpec
+from recallspec.errors import UnknownNameError
+from recallspec.params import (
+    DEFAULT_KV_DTYPE,
+    DEFAULT_WEIGHT_FORMAT,
+    KV_DTYPES,
+    MAX_DRAFT_NODES,
+    WEIGHT_FORMATS,
+    KVDtype,
+    WeightFormat,
+)
+from recallspec.runtime.modes import BATCH_MODES, EMS, BatchMode
+from recallspec.spec.draft_sizing import SIZINGS, Sizing
+
+_SIZING_MODES: dict[str, Sizing] = {s: s for s in SIZINGS}
+
+
+def split_mode(mode: str | BatchMode) -> tuple[BatchMode, Sizing]:
+    """A mode word as (batch layout, sizing); see the module docstring.
+    ``UnknownNameError`` for anything else."""
+    if isinstance(mode, BatchMode):
+        return mode, "fixed"
+    sizing = _SIZING_MODES.get(mode)
+    if sizing is not None:
+        return EMS, sizing
+    if mode in BATCH_MODES:
+        return BATCH_MODES[mode], "fixed"
+    raise UnknownNameError(f"unknown mode {mode!r}; available: {', '.join(SIZINGS)} (sizings) "
+                           f"or a batch layout, {', '.join(BATCH_MODES)}")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # path, alias, or None for the default model
-    dtype: str = "auto"  # one of DTYPES, passed to the loader as is
-    kv_dtype: str = "auto"  # one of KV_DTYPES, passed to the loader as is
+    dtype: WeightFormat = DEFAULT_WEIGHT_FORMAT  # one of WEIGHT_FORMATS
+    kv_dtype: KVDtype = DEFAULT_KV_DTYPE  # one of KV_DTYPES
     max_batch_size: int = 1  # sequences decoded together (KV-cache slots)
     max_len: int | None = None  # KV positions per sequence; default min(context, 4096)
     prefill_chunk: int = 512  # prompt tokens per step (ride in the decoding forward)
-    max_draft_nodes: int = 16  # cap on draft-tree nodes per sequence and step
+    max_draft_nodes: int = MAX_DRAFT_NODES  # cap on draft-tree nodes per sequence and step
     threads: int | None = None  # cores for decoding; default torch.get_num_threads()
-    # Requests that name no drafter or mode get these: a drafter spec as the CLI takes
-    # it ("name" or "name:key=value:..."), and a batch mode (``runtime/modes.py``).
-    # The library's default is plain decoding (the exact reference, no cost curve to
-    # measure); the command line, the server and the demo default to the measured
-    # policy (``recallspec/policy.py``).
-    drafter: str = "none"
-    mode: str = "ems"
+    # Requests that name no drafter get this one: a spec as the command line takes it
+    # ("name" or "name:key=value:...", parsed here into ``default_drafter``) or a
+    # ``DrafterSpec``. The library's default is plain decoding (the exact reference, no
+    # cost curve to measure); the command line, the server and the demo default to the
+    # measured policy (``recallspec/policy.py``).
+    drafter: str | DrafterSpec = NO_DRAFTER
+    # Requests that state no mode get this one (a mode word, kept split in
+    # ``default_mode``). None: the ems layout, and each request's sizing is what its
+    # drafter spec states, else DEFAULT_SIZING (cost-aware: ``engine/drafter_pool.py``).
+    mode: str | None = None
     # Response memory (``index/memory.py``): finished requests' outputs (and, with
     # ``memory_prompts``, their prompts) become drafts for later requests of the same
     # tenant. Without ``memory_prompts`` an output is kept behind the last
@@ -48,10 +85,15 @@ class EngineConfig:
     memory_max_tenants: int = 64
     # A snapshot file (``Engine.save_memory``) loaded at start when it exists.
     memory_snapshot: str | None = None
+    # Derived from ``drafter`` and ``mode`` when the config is built: what the engine reads.
+    default_drafter: DrafterSpec = field(init=False, repr=False, compare=False)
+    default_mode: tuple[BatchMode, Sizing] | None = field(init=False, repr=False,
+                                                          compare=False)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in WEIGHT_FORMATS:
+            raise ValueError(f"dtype must be one of {', '.join(WEIGHT_FORMATS)}, "
+                             f"got {self.dtype!r}")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
                              f"got {self.kv_dtype!r}")
@@ -65,3 +107,8 @@ class EngineConfig:
                              "memory_segments and memory_max_tenants >= 1")
         if self.memory_snapshot is not None and not self.memory_tokens:
             raise ValueError("memory_snapshot needs the response memory (memory_tokens > 0)")
+        spec = (self.drafter if isinstance(self.drafter, DrafterSpec)
+                else DrafterSpec.parse(self.drafter))
+        object.__setattr__(self, "default_drafter", spec)
+        object.__setattr__(self, "default_mode",
+                           None if self.mode is None else split_mode(self.mode))

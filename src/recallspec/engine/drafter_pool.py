@@ -1,53 +1,85 @@
-"""The engine's drafter instances: created by name and options, bound once, kept warm.
+"""The engine's drafter instances, and what each request drafts with.
 
-A drafter with learned state (token recycling's table, a SAM index) serves every request
+Instances: created from a ``DrafterSpec`` (name and options), bound once, kept warm. A
+drafter with learned state (token recycling's table, a SAM index) serves every request
 that names it with the same options, across requests and ``generate`` calls. Beyond
 MAX_IDLE_DRAFTERS instances, the least recently used ones no request holds are dropped
 (a server's clients may ask for any options).
+
+A request's drafting (``drafting``): its drafter instance, batch layout and sizing. The
+sizing is the first stated of
+
+1. the request's ``sizing``;
+2. the request's ``mode`` (``engine/config.py``'s ``split_mode``);
+3. the sizing stated by the ``DrafterSpec`` the request passes;
+4. the config's ``mode``;
+5. the sizing stated by the config's drafter spec, for a request naming no drafter;
+6. ``DEFAULT_SIZING``: cost-aware, for every drafter named without a sizing;
+
+and plain decoding is never sized (``effective_sizing``). The layout is the request's
+``mode``'s, else the config's, else ems. What the request states beats the config, the
+config beats the default.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from recallspec.drafters.base import Drafter, DrafterContext, create_drafter, parse_spec
+from recallspec.drafters.base import Drafter, DrafterContext, create_drafter
+from recallspec.drafters.spec import DrafterSpec, Options, effective_sizing
+from recallspec.engine.config import EngineConfig, split_mode
 from recallspec.errors import UnknownNameError
+from recallspec.runtime.modes import EMS, BatchMode
+from recallspec.spec.draft_sizing import DEFAULT_SIZING, SIZINGS, Sizing
 
 MAX_IDLE_DRAFTERS = 16
 
+# A drafter as a request may give it: a registered name (with ``drafter_options``), a
+# parsed spec, an instance, or None for the config's default.
+DrafterArg = str | DrafterSpec | Drafter | None
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """What one request drafts with, resolved and validated (see the module docstring)."""
+
+    drafter: Drafter
+    layout: BatchMode  # its rows' and KV entries' layout (``runtime/modes.py``)
+    sizing: Sizing  # how its drafts are sized (``spec/draft_sizing.py``)
+
 
 class DrafterPool:
-    def __init__(self, context: Callable[[], DrafterContext], default_spec: str,
+    def __init__(self, context: Callable[[], DrafterContext], config: EngineConfig,
                  in_use: Callable[[], set[int]]) -> None:
         self._context = context  # what ``bind`` gets
-        self._default = default_spec  # "name" or "name:key=value:..." (EngineConfig.drafter)
+        self._config = config  # its ``default_drafter`` and ``default_mode``
         self._in_use = in_use  # ids of the drafter instances requests hold
-        self._pool: OrderedDict[tuple[str, tuple[tuple[str, Any], ...]], Drafter] = (
-            OrderedDict())
+        self._pool: OrderedDict[tuple[str, Options], Drafter] = OrderedDict()
 
-    def get(self, name: str, **options: Any) -> Drafter:
-        """The instance for ``name`` and ``options`` (``UnknownNameError`` for an unknown
-        name or options the drafter refuses)."""
-        key = (name, tuple(sorted(options.items())))
+    def get(self, spec: DrafterSpec) -> Drafter:
+        """The instance for ``spec``'s name and options, whatever its sizing
+        (``UnknownNameError`` for an unknown name or options the drafter refuses)."""
+        key = (spec.name, spec.options)
         try:
             hash(key)
         except TypeError:
-            raise UnknownNameError(f"bad options for drafter {name!r}: values must be "
+            raise UnknownNameError(f"bad options for drafter {spec.name!r}: values must be "
                                    "scalars") from None
         if key in self._pool:
             self._pool.move_to_end(key)
             return self._pool[key]
         try:
-            d = create_drafter(name, **options)
+            d = create_drafter(spec.name, **spec.kwargs)
             # Drafters that run (part of) the target model or check its tokenizer
             # (draft-model, a static SAM index, datastores) take what they need.
             bind = getattr(d, "bind", None)
             if callable(bind):
                 bind(self._context())
         except ValueError as e:
-            raise UnknownNameError(f"bad options for drafter {name!r}: {e}") from None
+            raise UnknownNameError(f"bad options for drafter {spec.name!r}: {e}") from None
         self._pool[key] = d
         held = self._in_use()
         idle = [k for k, v in self._pool.items() if id(v) not in held]
@@ -55,13 +87,50 @@ class DrafterPool:
             del self._pool[k]
         return d
 
-    def resolve(self, drafter: str | Drafter | None,
-                options: Mapping[str, Any] | None = None) -> Drafter:
-        """A drafter by name (plus options), an instance as is, or (None) the default
-        spec's, its options under ``options``."""
+    def spec(self, drafter: str | DrafterSpec | None,
+             options: Mapping[str, Any] | None = None) -> DrafterSpec:
+        """The spec of a drafter given by name, by spec or (None) the config's default,
+        with ``options`` over its own."""
         if drafter is None:
-            name, opts = parse_spec(self._default)
-            return self.get(name, **{**opts, **(options or {})})
+            return self._config.default_drafter.with_options(options)
         if isinstance(drafter, str):
-            return self.get(drafter, **(options or {}))
+            return DrafterSpec.of(drafter, options)
+        return drafter.with_options(options)
+
+    def resolve(self, drafter: DrafterArg, options: Mapping[str, Any] | None = None) -> Drafter:
+        """A drafter instance: by name or spec (plus options), as given, or the default."""
+        if drafter is None or isinstance(drafter, str | DrafterSpec):
+            return self.get(self.spec(drafter, options))
         return drafter
+
+    def drafting(self, drafter: DrafterArg = None, options: Mapping[str, Any] | None = None,
+                 mode: str | BatchMode | None = None, sizing: Sizing | None = None) -> Drafting:
+        """A request's drafting from what it states (see the module docstring);
+        ``UnknownNameError`` for an unknown drafter, mode or sizing."""
+        if sizing is not None and sizing not in SIZINGS:
+            raise UnknownNameError(f"unknown sizing {sizing!r}; available: {', '.join(SIZINGS)}")
+        layout: BatchMode | None = None
+        mode_sizing: Sizing | None = None
+        if mode is not None:
+            layout, mode_sizing = split_mode(mode)
+        cfg_layout: BatchMode | None = None
+        cfg_sizing: Sizing | None = None
+        if self._config.default_mode is not None:
+            cfg_layout, cfg_sizing = self._config.default_mode
+        stated: tuple[Sizing | None, ...]
+        if drafter is None or isinstance(drafter, str | DrafterSpec):
+            spec = self.spec(drafter, options)
+            d = self.get(spec)
+            if drafter is None:  # the config's own spec ranks below the config's mode
+                stated = (sizing, mode_sizing, cfg_sizing, spec.sizing)
+            else:
+                stated = (sizing, mode_sizing, spec.sizing, cfg_sizing)
+        else:
+            d = drafter
+            stated = (sizing, mode_sizing, cfg_sizing)
+        chosen: Sizing = DEFAULT_SIZING
+        for s in stated:  # the first stated, else the default
+            if s is not None:
+                chosen = s
+                break
+        return Drafting(d, layout or cfg_layout or EMS, effective_sizing(d.name, chosen))

@@ -3,15 +3,15 @@
 Every request drafts with its own drafter, so one step may mix drafters; requests
 sharing a drafter propose together (``propose_batch`` where the drafter has it). A tree
 is cut to the room left in the request's slot (and ``max_draft_nodes``) and to no more
-depth than the tokens still wanted. In adaptive mode each request's draft size, zero
-included, maximises the batch's expected tokens per second from the cost curve and
-online acceptance statistics (``spec/draft_sizing.py``): cheap drafters are sized
-after proposing (the actual tree); drafters whose proposals cost a model forward per
-draft position (``costly_proposals``) before it (a prospective chain), so they are asked
-for nothing where drafting does not pay. A step that mixes kinds places fixed-mode
-drafts first, then sizes each costly drafter's requests, then all cheap adaptive ones
-together, each counting the rows already placed; a step of one kind is sized as one
-batch.
+depth than the tokens still wanted. With adaptive sizing (``Request.sizing``) each
+request's draft size, zero included, maximises the batch's expected tokens per second
+from the cost curve and online acceptance statistics (``spec/draft_sizing.py``): cheap
+drafters are sized after proposing (the actual tree); drafters whose proposals cost a
+model forward per draft position (``costly_proposals``) before it (a prospective
+chain), so they are asked for nothing where drafting does not pay. A step that mixes
+kinds places fixed-size drafts first, then sizes each costly drafter's requests, then
+all cheap adaptive ones together, each counting the rows already placed; a step of one
+kind is sized as one batch.
 
 Probing: an adaptive request that stopped drafting drafts 1 node every
 ``probe_wait[drafter]`` idle steps; each rejected probe doubles that drafter's wait (up
@@ -93,8 +93,9 @@ class DraftPlanner:
         presize: list[int] = []
         post: list[int] = []
         for i, r in enumerate(decoding):
-            kind = post if r.mode.adaptive else fixed
-            if r.mode.adaptive and has_costly_proposals(r.drafter):
+            adaptive = r.sizing == "adaptive"
+            kind = post if adaptive else fixed
+            if adaptive and has_costly_proposals(r.drafter):
                 kind = presize
             kind.append(i)
         placed = 0  # draft rows already placed by other groups
@@ -300,7 +301,7 @@ class DraftPlanner:
         price alike and so leaves the best draft size unchanged, while counting it as
         overhead made rows look cheap whenever the machine ran slower than when it was
         calibrated."""
-        adaptive = [r for r in decoding if r.mode.adaptive]
+        adaptive = [r for r in decoding if r.sizing == "adaptive"]
         if not adaptive or curve is None:
             return
         priced = curve(rows, len(decoding), cached_context(decoding))

@@ -32,9 +32,10 @@ import numpy as np
 import torch
 
 from recallspec.drafters.base import Drafter, DrafterContext
+from recallspec.drafters.spec import DrafterSpec
 from recallspec.engine import offline, prompts
 from recallspec.engine.config import EngineConfig
-from recallspec.engine.drafter_pool import DrafterPool
+from recallspec.engine.drafter_pool import DrafterArg, DrafterPool
 from recallspec.engine.drafting import DraftPlanner
 from recallspec.engine.outputs import (
     GenerationResult,
@@ -53,8 +54,9 @@ from recallspec.errors import DataError
 from recallspec.index.recall import RecallView
 from recallspec.runtime.cost_curve import CostCurve, calibrate, curve_key
 from recallspec.runtime.kv_cache import KVCache, KVPrefix
-from recallspec.runtime.modes import BatchMode, batch_mode
+from recallspec.runtime.modes import BatchMode
 from recallspec.runtime.threads import decode_threads
+from recallspec.spec.draft_sizing import Sizing, draft_room
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
 from recallspec.spec.verify import sample
@@ -74,13 +76,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.context_len = int(model.config.max_position)
         self.max_len = min(self.context_len, self.config.max_len or 4096)
-        c = model.config
-        if all(isinstance(getattr(c, n, None), int)
-               for n in ("num_layers", "num_kv_heads", "head_dim")):  # not for test doubles
-            KVCache.check_fits(
-                num_layers=c.num_layers, num_slots=self.config.max_batch_size,
-                max_len=self.max_len, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                dtype=getattr(model, "kv_dtype", getattr(model, "dtype", torch.float32)))
+        # (The model refuses a cache larger than the free memory: ``CausalLM.new_cache``.)
         self.cache: KVCache = model.new_cache(self.config.max_batch_size, self.max_len)
         self.threads = self.config.threads or torch.get_num_threads()
         self.stats = StepStats()
@@ -89,10 +85,10 @@ class Engine:
         self.scheduler = Scheduler(self.cache, self.config.max_batch_size,
                                    self.config.prefill_chunk)
         self.runner = Runner(model, self.cache, self.max_len, self.threads)
-        self.drafters = DrafterPool(self.drafter_context, self.config.drafter, lambda: {
+        self.drafters = DrafterPool(self.drafter_context, self.config, lambda: {
             id(r.drafter) for r in chain(self.scheduler.waiting, self.scheduler.running.values())})
         self._rids = count()
-        self._recall = RecallSources(self.config, tokenizer, int(c.vocab_size))
+        self._recall = RecallSources(self.config, tokenizer, int(model.config.vocab_size))
         self.corpora = self._recall.corpora  # live corpora (``engine/corpora.py``)
         self.memory = self._recall.memory  # response memory, None when off
 
@@ -104,9 +100,9 @@ class Engine:
         m, tok = load_model(model, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype)
         return cls(m, tok, cfg)
 
-    # ---- the cost curve (adaptive mode) ----------------------------------------------
+    # ---- the cost curve (adaptive sizing) --------------------------------------------
     def use_cost_curve(self, curve: CostCurve) -> None:
-        """Use this curve for adaptive drafting instead of measuring one (e.g. a curve
+        """Use this curve for adaptive sizing instead of measuring one (e.g. a curve
         measured by another engine on the same model, or a synthetic one in tests)."""
         self._cost_curve = curve
 
@@ -146,12 +142,13 @@ class Engine:
     def drafter(self, name: str, **options: Any) -> Drafter:
         """The engine's instance of a drafter: kept across requests so that drafters
         with learned state (e.g. token recycling) stay warm."""
-        return self.drafters.get(name, **options)
+        return self.drafters.get(DrafterSpec.of(name, options))
 
     def resolve_drafter(
-        self, drafter: str | Drafter | None, options: Mapping[str, Any] | None = None
+        self, drafter: DrafterArg, options: Mapping[str, Any] | None = None
     ) -> Drafter:
-        """A drafter by name (plus options), an instance as is, or (None) the config's."""
+        """A drafter by name or spec (plus options), an instance as is, or (None) the
+        config's."""
         return self.drafters.resolve(drafter, options)
 
     def kv_prefix(self, rid: int) -> KVPrefix:
@@ -189,14 +186,18 @@ class Engine:
     # ---- the online API --------------------------------------------------------------
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, *,
-        drafter: str | Drafter | None = None, drafter_options: Mapping[str, Any] | None = None,
-        mode: str | BatchMode | None = None, request_id: str | None = None, chat: bool = False,
-        arrival: float | None = None, tenant: str | None = None, memory: bool = True,
+        drafter: DrafterArg = None, drafter_options: Mapping[str, Any] | None = None,
+        mode: str | BatchMode | None = None, sizing: Sizing | None = None,
+        request_id: str | None = None, chat: bool = False, arrival: float | None = None,
+        tenant: str | None = None, memory: bool = True,
     ) -> int:
         """Queue a request; returns its id (``rid``). Raises ``RecallspecError`` at once
         on bad input (empty or over-long prompt, ids outside the vocabulary, an unknown
-        drafter or mode). ``drafter``/``mode`` default to the config's; ``chat`` wraps a
-        text prompt as one user turn; ``arrival`` (a ``time.perf_counter()`` time, not
+        drafter, mode or sizing). ``drafter`` (a registered name with ``drafter_options``,
+        a ``DrafterSpec`` or an instance) defaults to the config's; ``mode`` is a batch
+        layout or a sizing word, ``sizing`` "adaptive" or "fixed" (unstated: the config's
+        mode, else cost-aware: ``DrafterPool.drafting``); ``chat`` wraps a text prompt
+        as one user turn; ``arrival`` (a ``time.perf_counter()`` time, not
         before earlier requests') holds it back until then (offline traffic simulation).
         ``tenant``: requests of one tenant share response memory (None: the anonymous
         partition); ``memory=False``: this request neither drafts from nor feeds it."""
@@ -206,10 +207,9 @@ class Engine:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
             raise DataError("params must be a SamplingParams")
-        bm = batch_mode(self.config.mode if mode is None else mode)
-        d = self.resolve_drafter(drafter, drafter_options)
+        how = self.drafters.drafting(drafter, drafter_options, mode, sizing)
         ids = self.prompt_ids(prompt, chat=chat)
-        if bm.adaptive:
+        if how.sizing == "adaptive":
             self.cost_curve()  # measured (or read) once, before the request's clock starts
         gen = None
         if not params.greedy:
@@ -217,9 +217,10 @@ class Engine:
             gen = np.random.default_rng(seed % 2**64)  # (numpy takes no negative seed)
         rid = next(self._rids)
         now = time.perf_counter()
-        self.scheduler.add(Request(rid, ids, params, d, bm, gen, request_id,
+        self.scheduler.add(Request(rid, ids, params, how.drafter, how.layout, gen, request_id,
                                    arrival=now if arrival is None else arrival,
-                                   tenant=tenant or "", use_memory=bool(memory)))
+                                   tenant=tenant or "", use_memory=bool(memory),
+                                   sizing=how.sizing))
         return rid
 
     def has_unfinished(self) -> bool:
@@ -313,9 +314,8 @@ class Engine:
         decoding = list(plan.decoding)
         trees: list[DraftTree] = []
         if decoding:
-            # Room for the root row and the draft in the slot, at most max_draft_nodes.
-            rooms = [max(min(self.max_len - self.cache.length(r.slot) - 1,
-                             self.config.max_draft_nodes), 0) for r in decoding]
+            rooms = [draft_room(self.max_len, self.cache.length(r.slot),
+                                self.config.max_draft_nodes) for r in decoding]
             trees, failed = self.planner.plan(decoding, rooms)
             for req, e in failed:
                 req.fail(e)

@@ -14,14 +14,15 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from recallspec.drafters.base import Drafter
 from recallspec.engine.outputs import GenerationResult, StepStats
 from recallspec.engine.prompts import is_single
 from recallspec.errors import RecallspecError
-from recallspec.runtime.modes import BatchMode, batch_mode
+from recallspec.runtime.modes import BatchMode
+from recallspec.spec.draft_sizing import Sizing
 from recallspec.spec.sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from recallspec.engine.drafter_pool import DrafterArg
     from recallspec.engine.engine import Engine
 
 Progress = Callable[[int], None]  # called with the number of newly committed tokens
@@ -32,11 +33,12 @@ def generate(
     prompts: Any,
     params: SamplingParams | Sequence[SamplingParams] | None = None,
     *,
-    drafter: str | Drafter | None = None,
+    drafter: DrafterArg = None,
     drafter_options: Mapping[str, Any] | None = None,
     chat: bool = False,
     progress: Progress | None = None,
     mode: str | BatchMode | None = None,
+    sizing: Sizing | None = None,
     arrivals: Sequence[float] | None = None,
     tenant: str | None = None,
     memory: bool = True,
@@ -45,9 +47,9 @@ def generate(
 
     Up to ``max_batch_size`` requests decode together (continuous batching): a waiting
     request takes a free slot at the next step and is prefilled chunk by chunk inside
-    the running batch's forwards. ``drafter`` and ``mode`` (``runtime/modes.py``: ems,
-    vanilla, unpad-kv, unpad-input, adaptive) default to the engine config's; every
-    mode commits the same tokens. ``arrivals`` (seconds after the call, one per prompt)
+    the running batch's forwards. ``drafter``, ``mode`` and ``sizing`` apply to every
+    request, as in ``add_request`` (resolved once, here); every batch layout and sizing
+    commits the same tokens. ``arrivals`` (seconds after the call, one per prompt)
     holds each request back until it arrives, to simulate online traffic;
     ``GenerationResult.latency`` counts from the arrival. ``Engine.stats`` counts this
     call's steps. ``tenant`` and ``memory`` apply to every request (``add_request``).
@@ -69,9 +71,8 @@ def generate(
     if engine.has_unfinished():
         raise RuntimeError("generate() needs an idle engine: requests added with "
                            "add_request are still in flight")
-    bm = batch_mode(engine.config.mode if mode is None else mode)
-    d = engine.resolve_drafter(drafter, drafter_options)
-    if bm.adaptive:
+    how = engine.drafters.drafting(drafter, drafter_options, mode, sizing)
+    if how.sizing == "adaptive":
         engine.cost_curve()  # calibrate (or load) before any request's clock starts
     t0 = time.perf_counter()
     engine.stats = StepStats()
@@ -81,7 +82,8 @@ def generate(
         for i, (p, sp) in enumerate(zip(plist, plist_params, strict=True)):
             try:
                 arrival = t0 + (arrivals[i] if arrivals is not None else 0.0)
-                rid = engine.add_request(p, sp, drafter=d, mode=bm, chat=chat, arrival=arrival,
+                rid = engine.add_request(p, sp, drafter=how.drafter, mode=how.layout,
+                                         sizing=how.sizing, chat=chat, arrival=arrival,
                                          tenant=tenant, memory=memory)
             except RecallspecError as e:
                 if single:

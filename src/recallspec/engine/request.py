@@ -15,7 +15,7 @@ import numpy as np
 from recallspec.drafters.base import Drafter
 from recallspec.errors import RecallspecError
 from recallspec.runtime.modes import BatchMode
-from recallspec.spec.draft_sizing import AcceptanceStats
+from recallspec.spec.draft_sizing import AcceptanceStats, Sizing
 from recallspec.spec.sampling import SamplingParams
 
 # Why a request ended. The server maps them to OpenAI's: eos/stop -> "stop",
@@ -32,7 +32,7 @@ class RequestStatus(enum.Enum):
 
 @dataclass
 class DraftState:
-    """Adaptive mode's per-request sizing state (``DraftPlanner``)."""
+    """Adaptive sizing's per-request state (``DraftPlanner``)."""
 
     stats: AcceptanceStats | None = None  # this request's acceptance statistics
     idle_steps: int = 0  # steps since this request last drafted
@@ -74,7 +74,7 @@ class Request:
     prompt: list[int]
     params: SamplingParams
     drafter: Drafter
-    mode: BatchMode
+    mode: BatchMode  # the batch layout of its rows and KV entries (``runtime/modes.py``)
     generator: np.random.Generator | None  # sampling only (spec.sampling.Rng)
     request_id: str | None = None  # the caller's id
     arrival: float = 0.0  # perf_counter time it may be admitted (offline arrivals)
@@ -102,6 +102,9 @@ class Request:
     # whether it uses the memory at all (it still sees the live corpora).
     tenant: str = ""
     use_memory: bool = True
+    # How its drafts are sized (``spec/draft_sizing.py``). The engine always states it
+    # (``DrafterPool.drafting``); "fixed" for requests built by hand (tests, replay).
+    sizing: Sizing = "fixed"
 
     @property
     def is_finished(self) -> bool:

@@ -56,6 +56,7 @@ from recallspec.drafters.base import Drafter
 from recallspec.integrations import _hf_logits as hl
 from recallspec.integrations import _hf_tree as ht
 from recallspec.integrations._fingerprint import tokenizer_fingerprint
+from recallspec.params import MAX_DRAFT_NODES
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree, limit_depth
 from recallspec.spec.verify import Verdict, verify_greedy, verify_sampling
@@ -114,7 +115,7 @@ def generate(
     generation_config: GenerationConfig | None = None,
     drafter: str | Drafter = "sam+recycling",
     drafter_options: Mapping[str, Any] | None = None,
-    max_draft_nodes: int = 16,
+    max_draft_nodes: int = MAX_DRAFT_NODES,
     **model_kwargs: Any,
 ) -> Any:
     """transformers ``custom_generate``: speculative decoding with one of our drafters

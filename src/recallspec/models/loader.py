@@ -29,6 +29,7 @@ from recallspec.errors import ModelLoadError
 from recallspec.models.config import ModelConfig
 from recallspec.models.tokenizer import Tokenizer
 from recallspec.models.transformer import CausalLM
+from recallspec.params import DEFAULT_KV_DTYPE, WEIGHT_FORMATS, KVDtype
 
 CACHE_ENV = "RECALLSPEC_CACHE_DIR"
 CACHE_FORMAT = 2  # bump when the converted-directory layout changes
@@ -246,12 +247,11 @@ def load_tokenizer(model: str | os.PathLike[str] | None = None) -> Tokenizer:
 
 def load_model(
     path: str | os.PathLike[str] | None = None, dtype: str | torch.dtype = "auto",
-    kv_dtype: str = "auto",
+    kv_dtype: KVDtype = DEFAULT_KV_DTYPE,
 ) -> tuple[CausalLM, Tokenizer]:
     """Load a model and its tokenizer; ``dtype`` is a weight format (``WEIGHT_FORMATS``)
-    or a torch dtype (float32, bfloat16); ``kv_dtype`` the KV cache's (``KV_FORMATS``)."""
-    if kv_dtype not in KV_FORMATS:
-        raise ValueError(f"kv_dtype must be one of {', '.join(KV_FORMATS)}, got {kv_dtype!r}")
+    or a torch dtype (float32, bfloat16); ``kv_dtype`` the KV cache's, one of
+    ``params.KV_DTYPES`` as ``EngineConfig`` validated it (not checked again here)."""
     directory, gguf = _model_source(path)
     fmt = weight_format(dtype, gguf)
     config = read_config(directory)
@@ -265,25 +265,22 @@ def load_model(
 
             weights = quantize_floats(weights)
     quantized = fmt == "quantized"
-    kv = KV_AUTO if kv_dtype == "auto" and quantized else kv_dtype
     model = CausalLM(
         config, weights, dtype=_TORCH_DTYPES.get(fmt, torch.float32), quantized=quantized,
-        kv_dtype=None if kv == "auto" else getattr(torch, kv),
+        kv_dtype=_KV_TORCH[kv_dtype],  # "auto": None, the weights' compute dtype
     )
     model.eval()
     return model, tokenizer
 
 
-# Weight formats: "quantized" keeps a GGUF's own blocks (float matrices are quantized to
-# Q8_0) and runs the batch-invariant integer kernel with 8-bit activations; "float32"
-# (the reference: parity with transformers) and "bfloat16" hold dense weights; "auto" is
-# "quantized" for a GGUF and "float32" for an HF directory.
-WEIGHT_FORMATS = ("auto", "quantized", "float32", "bfloat16")
-# KV-cache formats: "auto" is KV_AUTO for quantized weights (the native forward reads
-# 16-bit keys and values at half the bytes) and the weights' dtype otherwise.
-KV_FORMATS = ("auto", "float32", "float16")
-KV_AUTO = "float32"
+# Weight formats (``params.WEIGHT_FORMATS``): "quantized" keeps a GGUF's own blocks
+# (float matrices are quantized to Q8_0) and runs the batch-invariant integer kernel with
+# 8-bit activations; "float32" (the reference: parity with transformers) and "bfloat16"
+# hold dense weights; "auto" is "quantized" for a GGUF and "float32" for an HF directory.
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# KV-cache formats (``params.KV_DTYPES``) as ``CausalLM`` takes them.
+_KV_TORCH: dict[str, torch.dtype | None] = {
+    "auto": None, "float32": torch.float32, "float16": torch.float16}
 
 
 def weight_format(dtype: str | torch.dtype, gguf: Path | None) -> str:

@@ -105,9 +105,10 @@ class CausalLM(nn.Module):
         ``native``: run ``forward`` in the native C++ forward (``runtime.native``); None =
         yes for quantized models unless ``RECALLSPEC_NATIVE=0``, no for dense ones (True
         on a float32 model: the dense native path, a test oracle, slow). ``kv_dtype``: what
-        ``new_cache`` stores keys and values in (None: ``dtype``); float16 halves the bytes
-        attention reads (the native forward converts them back exactly, the reference
-        attends in ``dtype`` after the same rounding)."""
+        ``new_cache`` stores keys and values in (None: ``dtype``), float32 or float16 as
+        the loader resolves ``params.KV_DTYPES``; float16 halves the bytes attention
+        reads (the native forward converts them back exactly, the reference attends in
+        ``dtype`` after the same rounding)."""
         super().__init__()
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ModelLoadError(f"unsupported dtype {dtype}")
@@ -115,8 +116,6 @@ class CausalLM(nn.Module):
             raise ModelLoadError("quantized weights compute with float32 activations")
         self.config = config
         self.dtype = dtype
-        if kv_dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
-            raise ModelLoadError(f"unsupported KV-cache dtype {kv_dtype}")
         self.kv_dtype = kv_dtype or dtype
         self.quantized = quantized
         # "quantized" | "float32" | "bfloat16": the arithmetic, for cache keys and reports.
@@ -201,11 +200,13 @@ class CausalLM(nn.Module):
         return total
 
     def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
-        c = self.config
-        return KVCache(
-            num_layers=c.num_layers, num_slots=num_slots, max_len=max_len,
-            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=dtype or self.kv_dtype,
-        )
+        """A KV cache for this model (``dtype``: default ``kv_dtype``), refused with a
+        ``ResourceError`` before allocating when it does not fit in the free memory."""
+        c, kv = self.config, dtype or self.kv_dtype
+        KVCache.check_fits(num_layers=c.num_layers, num_slots=num_slots, max_len=max_len,
+                           num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=kv)
+        return KVCache(num_layers=c.num_layers, num_slots=num_slots, max_len=max_len,
+                       num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=kv)
 
     def _rope_table(self, base: float, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [N, D] (model dtype) for positions < N >= needed; grown by doubling."""

@@ -333,7 +333,7 @@ def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
 
     c = model.config
     fmt = getattr(model, "weight_format", None) or str(getattr(model, "dtype", ""))
-    fmt += f"/kv:{getattr(model, 'kv_dtype', '')}"  # (a 16-bit cache: other attention cost)
+    fmt += f"/kv:{model.kv_dtype}"  # (a 16-bit cache: other attention cost)
     forward = "native" if getattr(model, "native", None) is not None else "python"
     parts = [
         tokenizer_fingerprint, str(c.num_layers), str(c.hidden_size), str(c.vocab_size), fmt,

@@ -8,9 +8,10 @@
   attention masks out.
 * ``unpad-kv``: padded inputs, unpadded KV cache (half-way ablation).
 * ``unpad-input``: ragged inputs, padded KV cache (the other half-way ablation).
-* ``adaptive``: ``ems`` plus cost-aware draft sizing (``spec/draft_sizing.py``): each
-  step chooses each sequence's draft size, zero included, from the calibrated cost curve
-  and online acceptance statistics.
+
+How large each sequence's draft is (cost-aware or fixed) is not a layout but the
+request's sizing (``spec/draft_sizing.py``, ``engine/config.py``'s ``split_mode``, which
+still reads the word ``adaptive`` where a mode is given).
 
 Padding rows and padding KV entries never influence real rows: padding rows are leaves
 hanging below the root (no real row attends to them) and padding KV entries are masked.
@@ -29,7 +30,6 @@ class BatchMode:
     name: str
     pad_inputs: bool = False  # pad each sequence's rows to the batch's longest run
     pad_kv: bool = False  # advance every KV slot by the batch's largest accepted count
-    adaptive: bool = False  # choose draft sizes from the cost curve each step
 
 
 BATCH_MODES: dict[str, BatchMode] = {
@@ -39,9 +39,9 @@ BATCH_MODES: dict[str, BatchMode] = {
         BatchMode("vanilla", pad_inputs=True, pad_kv=True),
         BatchMode("unpad-kv", pad_inputs=True),
         BatchMode("unpad-input", pad_kv=True),
-        BatchMode("adaptive", adaptive=True),
     )
 }
+EMS = BATCH_MODES["ems"]  # the default layout
 
 
 def batch_mode(mode: str | BatchMode) -> BatchMode:

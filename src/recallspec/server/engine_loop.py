@@ -22,7 +22,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from recallspec.drafters.base import parse_spec
 from recallspec.engine import Engine, RequestOutput, SpecStats
 from recallspec.errors import ContextLengthError, RecallspecError
 from recallspec.server.metrics import Metrics
@@ -78,7 +77,7 @@ class EngineLoop:
         self.max_waiting = max_waiting
         self._commands: queue.SimpleQueue[tuple[str, RequestStream]] = queue.SimpleQueue()
         self._streams: dict[int, RequestStream] = {}  # rid -> stream, engine thread only
-        self._default_drafter = parse_spec(engine.config.drafter)[0]
+        self._default_drafter = engine.config.default_drafter.name
         self._stop = threading.Event()
         self._t_state = -STATE_INTERVAL  # when the gauges were last refreshed
         self._thread = threading.Thread(target=self._run, name="recallspec-engine", daemon=True)

@@ -3,12 +3,12 @@
 Requests are validated strictly (pydantic, from the raw JSON): wrong types, missing or
 unknown fields and parameters we do not implement are a 400 naming the field, never a
 guess. Extensions: ``top_k`` and ``ignore_eos`` (as vLLM), and a ``recallspec`` object
-choosing the drafter, its options and the batch mode per request (drafter "none" turns
-speculation off), the response-memory tenant and whether the request uses the memory,
-and asking for the generated token ids. The tenant is ``recallspec.tenant``, else
-OpenAI's ``user``: requests of one tenant draft from each other's outputs, never from
-another tenant's. Responses carry the request's speculation figures as
-``metrics.speculative_decoding``.
+choosing the drafter, its options and the mode (draft sizing or batch layout) per
+request (drafter "none" turns speculation off), the response-memory tenant and whether
+the request uses the memory, and asking for the generated token ids. The tenant is
+``recallspec.tenant``, else OpenAI's ``user``: requests of one tenant draft from each
+other's outputs, never from another tenant's. Responses carry the request's speculation
+figures as ``metrics.speculative_decoding``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ class Extension(_Strict):
 
     drafter: StrictStr | None = None  # a registered drafter; "none" = no speculation
     drafter_options: dict[StrictStr, Scalar] = Field(default_factory=dict)
-    mode: StrictStr | None = None  # a batch mode: ems, adaptive, vanilla, ...
+    # "adaptive" / "fixed" (draft sizing) or a batch layout (ems, vanilla, ...: fixed
+    # sizes); None: the server's --mode, else the drafter's sizing (cost-aware).
+    mode: StrictStr | None = None
     return_token_ids: StrictBool = False  # choices carry ``token_ids`` (deltas when streamed)
     # Response memory: the partition this request reads and feeds (default: ``user``),
     # and False to keep this request out of it (no drafts from it, its output not kept).

@@ -41,9 +41,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
+# A request's sizing policy. "adaptive": each step chooses the draft's size, zero
+# included, as below; "fixed": the drafter's proposal is verified as proposed (cut to the
+# room). Adaptive is the default of every drafter named without one (``DrafterSpec``,
+# ``engine/drafter_pool.py``): a fixed size can make decoding clearly slower than plain
+# decoding (``sam`` with a corpus index on instruction prompts: 0.55x AR fixed, 0.93x
+# adaptive), while cost-aware sizing stops drafting where drafts do not pay.
+Sizing = Literal["adaptive", "fixed"]
+SIZINGS: tuple[Sizing, ...] = ("adaptive", "fixed")
+DEFAULT_SIZING: Sizing = "adaptive"
+
+
+def draft_room(max_len: int, cached: int, max_draft_nodes: int) -> int:
+    """Draft nodes a sequence may verify this step: its KV slot of ``max_len`` positions
+    holds ``cached`` tokens and must also take the step's root row; at most
+    ``max_draft_nodes`` (``params.MAX_DRAFT_NODES`` by default), never negative. The
+    engine's step and the benchmarks' replay both size rooms with this."""
+    return max(min(max_len - cached - 1, max_draft_nodes), 0)
 
 # Outcome of a request's previous verification: the state acceptance is conditioned on.
 MISS, PARTIAL, FULL = 0, 1, 2

@@ -1,0 +1,151 @@
+"""`recallspec bench serve` and `recallspec bench repeat`: our server (and peers) under load.
+
+    recallspec bench serve --targets ours-off,llamacpp --rates 0.5,1,2 --out DIR [--url URL]
+    recallspec bench repeat [--workloads self_consistency,code_edit,reask,spec_bench] --out DIR
+
+See ``bench/serve.py`` and ``bench/repeat.py`` for what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from recallspec.cli.bench import csv_list, print_report
+from recallspec.errors import DataError
+from recallspec.params import DEFAULT_WEIGHT_FORMAT, WEIGHT_FORMATS
+
+
+def register_bench(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    _register_serve(bsub)
+    _register_repeat(bsub)
+
+
+def _register_serve(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from recallspec.bench.serve_targets import DEFAULT_TARGETS, TARGETS
+
+    sv = bsub.add_parser("serve", help="OpenAI servers under Poisson load: ours (speculation "
+                         "off, fixed, cost-aware), llama.cpp's and vLLM's, one at a time")
+    sv.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help=f"comma-separated: "
+                    f"{', '.join(TARGETS)} (unavailable peers are skipped with a note)")
+    sv.add_argument("--rates", default="0.5,1,2,4", help="offered loads, requests/s")
+    sv.add_argument("--per-category", type=int, default=2,
+                    help="Spec-Bench questions per category (6 categories)")
+    sv.add_argument("--limit", type=int, default=None, help="first N of those")
+    sv.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    sv.add_argument("--max-tokens", type=int, default=128)
+    sv.add_argument("--seed", type=int, default=0, help="arrival times and prompt order")
+    sv.add_argument("--url", default=None, help="an already running server on 127.0.0.1 "
+                    "(targets then only choose request fields: ours-* pick drafter and mode)")
+    sv.add_argument("--model", default=None, help="ours and llama.cpp (GGUF); default SmolLM2")
+    sv.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS)
+    sv.add_argument("--threads", type=int, default=None, help="per server (default: all CPUs)")
+    sv.add_argument("--max-batch-size", type=int, default=8,
+                    help="ours: KV slots; vLLM: --max-num-seqs")
+    sv.add_argument("--context", type=int, default=2048, help="every server's context length")
+    sv.add_argument("--fixed-drafter", default="pld", help="drafter of ours-fixed")
+    sv.add_argument("--adaptive-drafter", default=None,
+                    help="drafter of ours-adaptive (default: the engine's, else sam+recycling)")
+    sv.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    sv.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server start")
+    sv.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    sv.add_argument("--vllm-model", default="build/smollm2-hf",
+                    help="transformers directory vLLM serves (make build/smollm2-hf/config.json)")
+    sv.add_argument("--data-dir", default=None, help="benchmark data (default: ../shared/data)")
+    sv.add_argument("--out", default="bench_out/serve", help="output directory")
+    sv.set_defaults(handler=run_serve)
+
+
+def _register_repeat(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from recallspec.bench.repeat import WORKLOADS
+
+    rp = bsub.add_parser("repeat", help="repeating workloads (self-consistency, multi-turn "
+                         "code editing, re-asked prompts; Spec-Bench as control) through the "
+                         "server, with and without response memory")
+    rp.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help=f"comma-separated: {', '.join(WORKLOADS)}")
+    rp.add_argument("--drafters", default="sam+recycling,sam",
+                    help="comma-separated drafters, each run without and with memory")
+    rp.add_argument("--mode", default="adaptive",
+                    help="the servers' --mode (default adaptive: cost-aware draft sizing)")
+    rp.add_argument("--memory-tokens", type=int, default=200_000,
+                    help="--memory-tokens of the memory arm (per tenant)")
+    rp.add_argument("--questions", type=int, default=8, help="self_consistency: GSM8K questions")
+    rp.add_argument("--samples", type=int, default=8, help="self_consistency: samples each")
+    rp.add_argument("--temperature", type=float, default=0.7, help="self_consistency")
+    rp.add_argument("--tenancy", choices=["question", "shared"], default="question",
+                    help="self_consistency: a tenant per question, or one for all")
+    rp.add_argument("--tasks", type=int, default=8, help="code_edit: HumanEval + MBPP tasks")
+    rp.add_argument("--follow-ups", type=int, default=3, help="code_edit: turns after the first")
+    rp.add_argument("--code-edit-history", action=argparse.BooleanOptionalAction, default=True,
+                    help="code_edit: follow-ups with the conversation so far (default, as a "
+                    "chat client sends them) or, --no-code-edit-history, each a fresh "
+                    "conversation restating the task (the previous answer only in memory)")
+    rp.add_argument("--reask-prompts", type=int, default=8,
+                    help="reask: Spec-Bench first turns, each re-sent in a fresh conversation")
+    rp.add_argument("--reask-times", type=int, default=2,
+                    help="reask: sends of each prompt (the first and the re-sends)")
+    rp.add_argument("--reask-temperature", type=float, default=0.0,
+                    help="reask: sampling temperature (default 0: greedy)")
+    rp.add_argument("--prompts", type=int, default=12, help="spec_bench: first turns")
+    rp.add_argument("--max-tokens", type=int, default=None,
+                    help="per request (default: 128 self_consistency and spec_bench, 192 "
+                    "code_edit)")
+    rp.add_argument("--seed", type=int, default=0, help="self_consistency: sampling seeds")
+    rp.add_argument("--model", default=None, help="GGUF file, HF directory or alias")
+    rp.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS)
+    rp.add_argument("--threads", type=int, default=None, help="per server (default: all CPUs)")
+    rp.add_argument("--context", type=int, default=2048, help="the servers' --max-len")
+    rp.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    rp.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server start")
+    rp.add_argument("--data-dir", default=None, help="benchmark data (default: ../shared/data)")
+    rp.add_argument("--out", default="bench_out/repeat", help="output directory")
+    rp.set_defaults(handler=run_repeat)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from recallspec.bench.serve import ServeBenchConfig, run_serve_bench
+    from recallspec.bench.serve_report import render_markdown
+    from recallspec.bench.suites import SuiteSelection
+
+    try:
+        rates = tuple(float(r) for r in csv_list(args.rates) or ())
+    except ValueError:
+        raise DataError(f"--rates: not numbers: {args.rates!r}") from None
+    cfg = ServeBenchConfig(
+        targets=csv_list(args.targets) or (), rates=rates,
+        selection=SuiteSelection(args.per_category, args.limit, csv_list(args.categories)),
+        max_tokens=args.max_tokens, seed=args.seed, url=args.url, model=args.model,
+        dtype=args.dtype, threads=args.threads, max_batch_size=args.max_batch_size,
+        context=args.context, fixed_drafter=args.fixed_drafter,
+        adaptive_drafter=args.adaptive_drafter, request_timeout=args.request_timeout,
+        start_timeout=args.start_timeout, vllm_python=args.vllm_python,
+        vllm_model=args.vllm_model, data_dir=args.data_dir,
+    )
+    out = Path(args.out)
+    rep = run_serve_bench(cfg, out)
+    print_report(render_markdown(rep), rep["machine"],
+                 f"serve.json, serve.md and serve.png in {out}")
+    return 0
+
+
+def run_repeat(args: argparse.Namespace) -> int:
+    from recallspec.bench.repeat import RepeatConfig, run_repeat_bench
+    from recallspec.bench.repeat_report import render_markdown
+
+    cfg = RepeatConfig(
+        workloads=csv_list(args.workloads) or (), drafters=csv_list(args.drafters) or (),
+        mode=args.mode, memory_tokens=args.memory_tokens, questions=args.questions,
+        samples=args.samples, temperature=args.temperature, tenancy=args.tenancy,
+        tasks=args.tasks, follow_ups=args.follow_ups, prompts=args.prompts,
+        code_edit_history=args.code_edit_history, reask_prompts=args.reask_prompts,
+        reask_times=args.reask_times, reask_temperature=args.reask_temperature,
+        max_tokens=args.max_tokens, seed=args.seed, model=args.model, dtype=args.dtype,
+        threads=args.threads, context=args.context, request_timeout=args.request_timeout,
+        start_timeout=args.start_timeout, data_dir=args.data_dir,
+    )
+    out = Path(args.out)
+    rep = run_repeat_bench(cfg, out)
+    print_report(render_markdown(rep), rep["machine"],
+                 f"report.json, report.md and report.png in {out}")
+    return 0

@@ -1,0 +1,32 @@
+"""Engine parameters the command line names before torch loads: each one's allowed values
+and default, defined once.
+
+Free of imports (like ``policy.py``), so that the commands offer these as choices and
+state the defaults in their help without loading torch or numpy. ``EngineConfig``
+validates them, once; the layers below receive the validated values (the loader resolves
+the format names to torch dtypes).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+# "auto": a GGUF's own quantized blocks (float matrices quantized to Q8_0), float32 for an
+# HF directory; "quantized" the same for either; "float32" the dequantized reference
+# (token-identical to transformers' fp32); "bfloat16" dense bf16 weights.
+WeightFormat = Literal["auto", "quantized", "float32", "bfloat16"]
+WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("auto", "quantized", "float32", "bfloat16")
+DEFAULT_WEIGHT_FORMAT: WeightFormat = "auto"
+
+# What the KV cache stores keys and values in. "auto": the weights' compute dtype
+# (float32 for quantized weights: measured, a 16-bit cache did not pay at Spec-Bench
+# lengths); "float16" halves the cache and the bytes a decode row's attention reads.
+KVDtype = Literal["auto", "float32", "float16"]
+KV_DTYPES: tuple[KVDtype, ...] = ("auto", "float32", "float16")
+DEFAULT_KV_DTYPE: KVDtype = "auto"
+
+# Draft-tree nodes verified per sequence and step, at most: the one default of every
+# layer that takes a ``max_draft_nodes`` (the engine's config and command line, the
+# transformers integration, the benchmarks and their replay). Cost-aware sizing drafts
+# fewer where rows do not pay; workloads that re-send long texts gain from more (32).
+MAX_DRAFT_NODES = 16

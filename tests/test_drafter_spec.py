@@ -1,0 +1,86 @@
+"""Drafter specs are parsed once into a typed object, and a request's sizing is what it
+states, else the engine config's mode, else cost-aware for a named drafter (plain
+decoding is never sized)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from helpers import BigramModel, ByteTokenizer
+
+from recallspec.drafters.spec import DrafterSpec
+from recallspec.engine import Engine, EngineConfig, GenerationResult
+from recallspec.errors import DataError, UnknownNameError
+from recallspec.runtime.cost_curve import CostCurve
+from recallspec.spec.sampling import SamplingParams
+
+
+def test_a_spec_is_parsed_once_into_a_typed_object() -> None:
+    spec = DrafterSpec.parse("sam:index=a.rsidx:delta=3:tree=true:mode=fixed")
+    assert spec.name == "sam" and spec.sizing == "fixed"
+    assert spec.kwargs == {"index": "a.rsidx", "delta": 3, "tree": True}
+    assert DrafterSpec.parse(str(spec)) == spec
+    assert DrafterSpec.parse("pld").sizing is None  # not stated: the engine decides
+    assert DrafterSpec.parse("portfolio:mode=adaptive") == DrafterSpec.parse(
+        "portfolio:sizing=adaptive")
+    assert DrafterSpec.parse("pld:mode=ems").sizing == "fixed"  # how older specs said it
+    assert DrafterSpec.parse("none:mode=adaptive").sizing == "fixed"  # nothing to size
+    assert DrafterSpec.parse("sam+recycling:delta=3") == DrafterSpec.of("sam+recycling",
+                                                                        {"delta": 3})
+    with pytest.raises(UnknownNameError, match="sizing"):
+        DrafterSpec.parse("pld:mode=vanilla")  # a batch layout is the engine's mode
+    with pytest.raises(DataError, match="key=value"):
+        DrafterSpec.parse("pld:3")
+
+
+def _engine(**cfg: Any) -> Engine:
+    table = torch.randn(256, 256, generator=torch.Generator().manual_seed(0)) * 3
+    eng = Engine(BigramModel(table), ByteTokenizer(), EngineConfig(**cfg))  # type: ignore[arg-type]
+    eng.use_cost_curve(CostCurve((1, 64), (1.0, 1.2), 0.0))
+    return eng
+
+
+def _sizing(eng: Engine, **kw: Any) -> tuple[str, str]:
+    """(sizing, batch layout) of a request stating ``kw``."""
+    rid = eng.add_request(list(b"abcabc"), SamplingParams(max_new_tokens=4), **kw)
+    req = eng.scheduler.get(rid)
+    assert req is not None
+    eng.abort(rid)
+    return req.sizing, req.mode.name
+
+
+def test_a_named_drafter_is_sized_cost_aware_unless_told() -> None:
+    eng = _engine()
+    assert _sizing(eng, drafter="pld") == ("adaptive", "ems")
+    assert _sizing(eng, drafter=DrafterSpec.parse("pld:mode=fixed")) == ("fixed", "ems")
+    assert _sizing(eng, drafter="pld", mode="fixed") == ("fixed", "ems")
+    assert _sizing(eng, drafter="pld", mode="vanilla") == ("fixed", "vanilla")  # as before
+    assert _sizing(eng, drafter="pld", mode="vanilla", sizing="adaptive") == (
+        "adaptive", "vanilla")
+    assert _sizing(eng, drafter="pld", mode="adaptive") == ("adaptive", "ems")
+    assert _sizing(eng) == ("fixed", "ems")  # the config's default drafter: none
+    assert _sizing(eng, drafter="none", mode="adaptive") == ("fixed", "ems")
+    with pytest.raises(UnknownNameError):
+        _sizing(eng, drafter="pld", sizing="bogus")
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    ar = eng.generate(list(b"the cat sat on the mat; the cat"), params)
+    sp = eng.generate(list(b"the cat sat on the mat; the cat"), params, drafter="pld")
+    assert isinstance(ar, GenerationResult) and isinstance(sp, GenerationResult)
+    assert sp.token_ids == ar.token_ids
+
+
+def test_the_config_ranks_below_the_request_and_above_the_default() -> None:
+    eng = _engine(mode="fixed", drafter="llma:mode=adaptive")
+    assert _sizing(eng, drafter="pld") == ("fixed", "ems")  # the config's mode
+    assert _sizing(eng, drafter=DrafterSpec.parse("pld:mode=adaptive")) == ("adaptive", "ems")
+    assert _sizing(eng, drafter="pld", mode="adaptive") == ("adaptive", "ems")
+    assert _sizing(eng) == ("fixed", "ems")  # the config's mode over its spec's sizing
+    eng = _engine(drafter="llma:mode=fixed")
+    assert _sizing(eng) == ("fixed", "ems")  # the config's spec
+    assert _sizing(eng, drafter="llma") == ("adaptive", "ems")  # named anew: the default
+    with pytest.raises(UnknownNameError, match="mode"):
+        EngineConfig(mode="nope")
+    with pytest.raises(ValueError, match="kv_dtype"):
+        EngineConfig(kv_dtype="int8")  # type: ignore[arg-type]
