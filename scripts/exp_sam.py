@@ -7,15 +7,17 @@ Stages (each resumable: bench runs use --resume, finished stages are skipped):
             and, with --selfgen FILE (from `recallspec corpus generate`), the
             self-generated corpus
   table     Table 1/2 layout: per-category speedup and MAT of ar, pld, recycling, sam,
-            sam+recycling, sam+draft-model on spec_bench (--per-category), humaneval and
+            sam+recycling, sam+draft-model (fixed sizes, mode=fixed; and sam+recycling
+            cost-aware) on spec_bench (--per-category), humaneval and
             mbpp (--limit), per model; one interleaved bench run per suite and model
   ablation  Table 3: sam+recycling without the static SAM, without the dynamic SAM,
             without Token Recycling (= sam), on spec_bench (--per-category), all
             cost-aware (mode=adaptive)
   grid      Figure 2: delta x tau in 1..8 (delta by exact replay of the sam drafter; tau
-            needs model logits, so real runs of sam+recycling on --grid-per-category)
-  sizes     Figure 3: draft sizes (--sizes, default 4, 8, 10, 16, 20..70) of sam+recycling,
-            plus the cost-aware setting
+            needs model logits, so real runs of sam+recycling on --grid-per-category),
+            fixed sizes (mode=fixed)
+  sizes     Figure 3: fixed draft sizes (--sizes, default 4, 8, 10, 16, 20..70;
+            mode=fixed) of sam+recycling, plus the cost-aware setting
             (mode=adaptive), on --grid-per-category, engine max_draft_nodes 80
 
 Every bench report checks token identity with ar per question. Results: DIR/<stage>/...
@@ -98,10 +100,14 @@ def main() -> None:
         ix = f"index={idx}"
         sb = SuiteSelection(per_category=a.per_category)
         if "table" in a.stages:
+            # The paper's tables size drafts fixed (stated: a drafter named without a
+            # sizing is cost-aware), beside our cost-aware sam+recycling.
+            fx = "mode=fixed"
             methods = a.methods or [
-                "ar", "pld", "recycling", f"sam:{ix}", f"sam+recycling:{ix}",
-                f"sam+recycling:{ix}:mode=adaptive", f"sam+draft-model:{ix}",
-                *([f"sam+recycling:index={sg}"] if sg is not None else []),
+                "ar", f"pld:{fx}", f"recycling:{fx}", f"sam:{ix}:{fx}",
+                f"sam+recycling:{ix}:{fx}", f"sam+recycling:{ix}:mode=adaptive",
+                f"sam+draft-model:{ix}:{fx}",
+                *([f"sam+recycling:index={sg}:{fx}"] if sg is not None else []),
             ]
             methods = [m.replace("{index}", str(idx)).replace("{selfgen}", str(sg))
                        for m in methods]
@@ -124,7 +130,7 @@ def main() -> None:
             save()
         gsel = SuiteSelection(per_category=a.grid_per_category)
         if "grid" in a.stages:
-            tau = ["ar", *(f"sam+recycling:{ix}:tau={t}" for t in range(1, 9))]
+            tau = ["ar", *(f"sam+recycling:{ix}:tau={t}:mode=fixed" for t in range(1, 9))]
             rep = _bench(a.out / "grid" / model, "spec_bench", tau, model, gsel, a.max_new_tokens)
             res.setdefault("grid_tau", {})[model] = _overall(rep)
             recs, _ = load_ar_answers(a.out / "grid" / model / "answers" / "ar.jsonl")
@@ -140,7 +146,8 @@ def main() -> None:
                 m: v["overall"]["mat"] for m, v in replay_report(recs, deltas).items()}
             save()
         if "sizes" in a.stages:
-            sizes = ["ar", *(f"sam+recycling:{ix}:max_tokens={n}:template=tr80"
+            # Each size fixed (stated), against the cost-aware setting's line.
+            sizes = ["ar", *(f"sam+recycling:{ix}:max_tokens={n}:template=tr80:mode=fixed"
                              for n in a.sizes),
                      f"sam+recycling:{ix}:max_tokens=70:template=tr80:mode=adaptive"]
             rep = _bench(a.out / "sizes" / model, "spec_bench", sizes, model, gsel,

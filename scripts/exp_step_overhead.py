@@ -5,7 +5,8 @@
     RECALLSPEC_STEP_BATCH=8 RECALLSPEC_STEP_TEMPERATURE=0.7 \
         .venv/bin/python scripts/exp_step_overhead.py none
 
-For each drafter: one prompt, 256 new tokens (EOS ignored), 5 runs after a warm-up; the
+For each drafter (a spec; without :mode= at fixed sizes, ``:mode=adaptive`` for
+cost-aware sizing): one prompt, 256 new tokens (EOS ignored), 5 runs after a warm-up; the
 run with the median decode time reports, per decoding step, the wall time, the time
 inside the forward (``Engine.stats.forward_s``), the drafting time, and the rest
 (verification, commit, KV bookkeeping, acceptance statistics, Python dispatch).
@@ -18,8 +19,10 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 from recallspec import Engine, SamplingParams
+from recallspec.drafters.spec import DrafterSpec
 
 PROMPT = ("Summarize the following text in three sentences.\n\n" + " ".join(
     f"Sentence {i} says that the river near the old mill was cold in winter." for i in range(12)))
@@ -29,7 +32,12 @@ def main(drafters: list[str]) -> None:
     for drafter in drafters or ["none", "llma"]:
         temperature = float(os.environ.get("RECALLSPEC_STEP_TEMPERATURE", "0"))
         batch = int(os.environ.get("RECALLSPEC_STEP_BATCH", "1"))
-        eng = Engine.load(drafter=drafter, max_batch_size=batch)
+        # A drafter named without a sizing drafts fixed sizes here (stated: the engine's
+        # default is cost-aware), so every step drafts what the drafter proposes.
+        spec = DrafterSpec.parse(drafter)
+        if spec.sizing is None:
+            spec = replace(spec, sizing="fixed")
+        eng = Engine.load(drafter=spec, max_batch_size=batch)
         params = [SamplingParams(max_new_tokens=256, ignore_eos=True, temperature=temperature,
                                  seed=i if temperature else None) for i in range(batch)]
         eng.generate([PROMPT] * batch, params)  # warm-up

@@ -8,8 +8,10 @@ the replay prediction written next to it (``recallspec bench replay --predict-ti
 
 Writes OUT.json and OUT.md. Speedups are the bench report's (mean of per-question
 tokens/s over ``ar``'s, same run); "policy / best fixed" divides the policy's speedup by
-the best fixed method's in that run (any method of the run other than ``ar`` and the
-policy counts as fixed).
+the best fixed method's in that run. A method counts as fixed where it drafts fixed sizes:
+ours sized fixed (``NAME:mode=fixed``, or named without a sizing in a run whose unlabeled
+methods were fixed: its run.json's ``sizing_default``, fixed in runs recorded before the
+key; cost-aware otherwise), and the peers (hf-*, llamacpp-*: their own fixed drafting).
 """
 
 from __future__ import annotations
@@ -19,6 +21,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from recallspec.bench.methods import baseline_of, method_spec, recorded_sizing_default
+from recallspec.params import Sizing
+
+
+def is_fixed(method: str, sizing_default: Sizing) -> bool:
+    """Whether a run's method drafts fixed sizes (see the module docstring);
+    ``sizing_default``: how the run sized its methods named without a sizing."""
+    if baseline_of(method) != "ar":  # a peer: its own fixed drafting, or none
+        return True
+    return method_spec(method, sizing_default).sizing == "fixed"
+
 
 def workload_row(run: Path, policy: str) -> dict[str, Any]:
     rep = json.loads((run / "report.json").read_text(encoding="utf-8"))
@@ -27,7 +40,12 @@ def workload_row(run: Path, policy: str) -> dict[str, Any]:
     if policy not in overall or "ar" not in overall:
         raise SystemExit(f"{run}: the run has no {policy!r} or no 'ar'")
     speed = {m: float(s["speedup_vs_ar"]) for m, s in overall.items()}
-    fixed = {m: v for m, v in speed.items() if m not in ("ar", policy)}
+    unlabeled = recorded_sizing_default(settings)
+    fixed = {m: v for m, v in speed.items()
+             if m not in ("ar", policy) and is_fixed(m, unlabeled)}
+    if not fixed:
+        raise SystemExit(f"{run}: no method of fixed sizes to compare {policy!r} with "
+                         "(name one NAME:mode=fixed)")
     best = max(fixed, key=lambda m: fixed[m])
     row: dict[str, Any] = {
         "workload": settings["suite"], "run": str(run),

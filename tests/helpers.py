@@ -22,6 +22,10 @@ from recallspec.runtime.kv_cache import KVCache
 class _Cfg:
     vocab_size: int
     max_position: int
+    # The shape ``runtime/cost_curve.py``'s ``curve_key`` reads (one layer, one dim: as
+    # ``BigramModel.new_cache``'s cache), so default (adaptive) sizing can key a curve.
+    num_layers: int = 1
+    hidden_size: int = 1
 
 
 class BigramModel:
@@ -30,12 +34,14 @@ class BigramModel:
 
     def __init__(self, table: torch.Tensor, max_position: int = 512) -> None:
         self.table = table.float()
+        # What the KV cache stores, a torch dtype as on ``CausalLM`` (``curve_key`` reads it).
+        self.kv_dtype = torch.float32
         self.config = _Cfg(vocab_size=int(table.shape[0]), max_position=max_position)
         self.calls = 0
 
     def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
         return KVCache(num_layers=1, num_slots=num_slots, max_len=max_len, num_kv_heads=1,
-                       head_dim=1, dtype=torch.float32)
+                       head_dim=1, dtype=self.kv_dtype)
 
     def __call__(self, meta: BatchMetadata, cache: KVCache) -> torch.Tensor:
         self.calls += 1

@@ -149,7 +149,12 @@ def test_native_peer_methods_in_a_bench_run(tmp_path: Path) -> None:
     from recallspec.models import load_tokenizer
 
     _native()
-    engine = SimpleNamespace(tokenizer=load_tokenizer(None), threads=THREADS)
+    from recallspec.engine import EngineConfig
+
+    # A stand-in for our engine (peers only): what run_bench reads of one, its tokenizer,
+    # threads and config (how it would size our methods, recorded in run.json).
+    engine = SimpleNamespace(tokenizer=load_tokenizer(None), threads=THREADS,
+                             config=EngineConfig())
     cfg = BenchConfig(suite="demo", methods=("llamacpp-greedy", "llamacpp-ngram-simple"),
                       max_new_tokens=8)
     logs: list[str] = []

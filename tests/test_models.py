@@ -389,6 +389,13 @@ def test_error_nonexistent_path(isolated_cache: Path) -> None:
         load_model(str(isolated_cache / "nope.gguf"))
 
 
+def test_error_unknown_kv_dtype(isolated_cache: Path) -> None:
+    """A direct call with a KV format outside ``params.KV_DTYPES``: a clear ValueError
+    naming the allowed ones, before anything loads."""
+    with pytest.raises(ValueError, match="kv_dtype must be one of auto, float32, float16"):
+        load_model(str(isolated_cache / "nope.gguf"), kv_dtype="int8")  # type: ignore[arg-type]
+
+
 def test_error_truncated_gguf(isolated_cache: Path, tmp_path: Path) -> None:
     src = resolve_model(None)
     bad = tmp_path / "truncated.gguf"

@@ -336,6 +336,31 @@ def test_portfolio_candidates_and_lossless_adaptive() -> None:
 # ---- the CLI ---------------------------------------------------------------------------
 
 
+def test_an_unlabeled_method_is_sized_as_its_answers_were_recorded() -> None:
+    """``pld`` without :mode= replays cost-aware for answers recorded since that is the
+    default (run.json's sizing_default), fixed for answers recorded before (no key); a
+    stated sizing is replayed as stated."""
+    from recallspec.bench.methods import recorded_sizing_default
+    from recallspec.errors import DataError
+    from recallspec.params import Sizing
+
+    assert recorded_sizing_default({}) == "adaptive"  # no run.json: today's default
+    assert recorded_sizing_default({"max_new_tokens": 8}) == "fixed"  # before the key
+    assert recorded_sizing_default({"sizing_default": "adaptive"}) == "adaptive"
+    assert recorded_sizing_default({"sizing_default": "fixed"}) == "fixed"
+    with pytest.raises(DataError, match="sizing_default"):
+        recorded_sizing_default({"sizing_default": "ems"})
+    curve = grid_curve()
+    cases: tuple[tuple[Sizing, type], ...] = (("adaptive", AdaptivePolicy),
+                                              ("fixed", FixedPolicy))
+    for default, policy in cases:
+        cfg = ReplayConfig(max_new_tokens=8, sizing_default=default)
+        assert isinstance(make_policy("pld", cfg, curve).build(), policy)
+        assert isinstance(make_policy("pld:mode=fixed", cfg, curve).build(), FixedPolicy)
+        assert isinstance(make_policy("pld:mode=adaptive", cfg, curve).build(), AdaptivePolicy)
+        assert isinstance(make_policy("ar", cfg, curve).build(), FixedPolicy)
+
+
 def test_cli_predicts_and_compares_with_recorded_answers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:

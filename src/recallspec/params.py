@@ -30,3 +30,15 @@ DEFAULT_KV_DTYPE: KVDtype = "auto"
 # transformers integration, the benchmarks and their replay). Cost-aware sizing drafts
 # fewer where rows do not pay; workloads that re-send long texts gain from more (32).
 MAX_DRAFT_NODES = 16
+
+# A request's draft sizing policy (``spec/draft_sizing.py``). "adaptive": each step
+# chooses the draft's size, zero included, by its expected tokens per second; "fixed":
+# the drafter's proposal is verified as proposed (cut to the room). Adaptive is the
+# default of every drafter named without one (``drafters/spec.py``,
+# ``engine/drafter_pool.py``): a fixed size can make decoding clearly slower than plain
+# decoding (``sam`` with a corpus index on instruction prompts: 0.55x AR fixed, 0.93x
+# adaptive), while cost-aware sizing stops drafting where drafts do not pay. Defined
+# here, free of numpy, so that parsing a drafter spec needs no array library.
+Sizing = Literal["adaptive", "fixed"]
+SIZINGS: tuple[Sizing, ...] = ("adaptive", "fixed")
+DEFAULT_SIZING: Sizing = "adaptive"

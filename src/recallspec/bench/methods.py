@@ -21,6 +21,9 @@ Our engine's methods are drafter specs (``drafters/spec.py``): options after the
 ``:key=value`` each, and the draft sizing, cost-aware unless ``:mode=fixed`` (e.g.
 ``sam+recycling:index=corpus.rsidx:delta=3``, ``pld:mode=fixed``). Values are ints,
 floats, true/false/none or strings. The method's name, as written, labels its answers.
+A run records in run.json what a method named without a sizing meant
+(``SIZING_DEFAULT_KEY``): answers written before cost-aware sizing became the default
+hold fixed-size ``pld``; ``recorded_sizing_default`` reads either kind of directory.
 
 Every method's ``baseline`` is its own plain greedy decoding: a peer's speedup and
 token identity are measured against that, and ours against ``ar``.
@@ -31,14 +34,15 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from recallspec.bench.llamacpp import SPEC_TYPES
 from recallspec.bench.llamacpp import available as llamacpp_available
 from recallspec.drafters.spec import NO_DRAFTER, DrafterSpec
 from recallspec.errors import DataError, UnknownNameError
+from recallspec.params import DEFAULT_SIZING, SIZINGS, Sizing
 from recallspec.spec.sampling import SamplingParams
 
 HF_METHODS = ("hf-greedy", "hf-pld")
@@ -78,10 +82,40 @@ class Method(Protocol):
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> TurnOutput: ...
 
 
-def method_spec(name: str) -> DrafterSpec:
-    """A method name parsed into a drafter spec (``ar`` is plain decoding, ``none``)."""
+# A method named without a sizing (``pld``) is sized as the engine sizes any drafter
+# named without one, DEFAULT_SIZING; a run writes that into its run.json's settings under
+# this key (``BenchConfig.comparable``). A run.json written before cost-aware sizing became
+# the default lacks the key, and its unlabeled methods were sized fixed
+# (LEGACY_SIZING_DEFAULT): whoever reads recorded answers (--resume, replay, bench scale's
+# prediction) reads an unlabeled method with its own directory's meaning.
+SIZING_DEFAULT_KEY = "sizing_default"
+LEGACY_SIZING_DEFAULT: Sizing = "fixed"
+
+
+def recorded_sizing_default(settings: Mapping[str, Any]) -> Sizing:
+    """The sizing of a method named without one in the run whose run.json ``settings``
+    these are: as recorded; LEGACY_SIZING_DEFAULT where the run.json predates the key;
+    DEFAULT_SIZING where there is no run.json ({}: nothing recorded says otherwise)."""
+    if not settings:
+        return DEFAULT_SIZING
+    value = settings.get(SIZING_DEFAULT_KEY, LEGACY_SIZING_DEFAULT)
+    for sizing in SIZINGS:
+        if value == sizing:
+            return sizing
+    raise DataError(f"run.json: unknown {SIZING_DEFAULT_KEY} {value!r} "
+                    f"(known: {', '.join(SIZINGS)})")
+
+
+def method_spec(name: str, sizing_default: Sizing | None = None) -> DrafterSpec:
+    """A method name parsed into a drafter spec (``ar`` is plain decoding, ``none``).
+    ``sizing_default``: the sizing of a name that states none (None: left unstated, for
+    the engine to decide, i.e. DEFAULT_SIZING)."""
     spec = DrafterSpec.parse(name)
-    return DrafterSpec(NO_DRAFTER, spec.options) if spec.name == "ar" else spec
+    if spec.name == "ar":
+        return DrafterSpec(NO_DRAFTER, spec.options)
+    if spec.sizing is None and sizing_default is not None:
+        return replace(spec, sizing=sizing_default)
+    return spec
 
 
 def baseline_of(name: str) -> str:

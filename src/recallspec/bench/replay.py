@@ -30,7 +30,7 @@ from recallspec.bench.answers import read_answers
 from recallspec.bench.replay_logits import TurnTopk, committed_logits
 from recallspec.drafters.base import Drafter, create_drafter
 from recallspec.errors import DataError
-from recallspec.params import MAX_DRAFT_NODES
+from recallspec.params import DEFAULT_SIZING, MAX_DRAFT_NODES, Sizing
 from recallspec.spec.draft_sizing import draft_room
 from recallspec.spec.tree import DraftTree, limit_depth
 
@@ -40,6 +40,9 @@ class ReplayConfig:
     max_new_tokens: int
     max_draft_nodes: int = MAX_DRAFT_NODES  # EngineConfig.max_draft_nodes
     max_len: int = 4096  # KV positions per sequence (Engine.max_len)
+    # How a method named without a sizing is sized: what it meant where its answers were
+    # recorded (``bench/methods.py``'s ``recorded_sizing_default`` of the run.json).
+    sizing_default: Sizing = DEFAULT_SIZING
 
 
 def accepted_nodes(

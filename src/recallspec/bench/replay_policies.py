@@ -13,8 +13,9 @@ can know the path; it shows how much the proposals are worth under perfect sizin
 
 ``make_policy`` turns a method spec (``pld``, ``sam:max_tokens=32:mode=fixed``,
 ``oracle:drafters=pld+llma+sam``) into a factory of policies sharing one planner, as one
-engine shares it across a run's questions. A drafter is sized as the engine sizes it:
-cost-aware unless its spec says ``mode=fixed``.
+engine shares it across a run's questions. A drafter is sized as its spec says, else as
+``cfg.sizing_default`` (what an unlabeled method meant where the answers were recorded:
+cost-aware, or fixed in answers recorded before that was the default).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from recallspec.engine.request import Request, RequestStatus
 from recallspec.errors import DataError
 from recallspec.runtime.cost_curve import CostCurve
 from recallspec.runtime.modes import EMS
-from recallspec.spec.draft_sizing import DEFAULT_SIZING
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree, limit_depth
 
@@ -150,10 +150,11 @@ def make_policy(
     options: dict[str, object] | None = None,
 ) -> PolicySpec:
     """``name[:key=value...]``, sized cost-aware with the engine's planner over ``curve``
-    (plus ``step_overhead`` seconds a step, as the engine learns it) unless the spec says
-    ``mode=fixed``; ``ar`` is no drafter; ``oracle:drafters=a+b``. ``options`` are added
-    to the drafter's (e.g. a corpus index's fingerprint)."""
-    spec = method_spec(method).with_options(options)
+    (plus ``step_overhead`` seconds a step, as the engine learns it) where the spec says
+    ``mode=adaptive`` or states no sizing and ``cfg.sizing_default`` is adaptive, else
+    fixed; ``ar`` is no drafter; ``oracle:drafters=a+b``. ``options`` are added to the
+    drafter's (e.g. a corpus index's fingerprint)."""
+    spec = method_spec(method, cfg.sizing_default).with_options(options)
     name, opts = spec.name, spec.kwargs
     if name == ORACLE:
         names = str(opts.pop("drafters", ORACLE_DEFAULT)).split("+")
@@ -168,7 +169,7 @@ def make_policy(
         return PolicySpec(method, oracle, any(d.needs_logits for d in probe))
     probe_d = create_drafter(name, **opts)
 
-    if (spec.sizing or DEFAULT_SIZING) == "adaptive":  # "none" (ar) states fixed
+    if spec.sizing == "adaptive":  # (stated by method_spec; "none", i.e. ar, states fixed)
         def adaptive() -> Policy:
             planner = DraftPlanner(cfg.max_draft_nodes, lambda: curve)
             planner.step_overhead = step_overhead

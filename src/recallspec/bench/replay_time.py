@@ -138,7 +138,7 @@ def simulate(
     eos = records[0].get("eos_token_ids") or [] if records else []
     if warmup and records:
         prompt, toks, _ = _turns(records[0])[0]
-        short = ReplayConfig(min(warmup, cfg.max_new_tokens), cfg.max_draft_nodes, cfg.max_len)
+        short = replace(cfg, max_new_tokens=min(warmup, cfg.max_new_tokens))
         tk = None if topk is None else topk[str(records[0]["question_id"])][0]
         replay_steps(policy, next(rids), prompt, toks[:warmup], False, eos, short, tk, vocab)
     out: dict[str, list[TurnSim]] = {}

@@ -20,12 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from recallspec.bench.answers import AnswerWriter, answers_path, iter_answer_files, read_answers
-from recallspec.bench.methods import Method, MethodFactory, TurnOutput, check_method_names
+from recallspec.bench.methods import (
+    LEGACY_SIZING_DEFAULT,
+    SIZING_DEFAULT_KEY,
+    Method,
+    MethodFactory,
+    TurnOutput,
+    check_method_names,
+)
 from recallspec.bench.peers import PeerCrashed
 from recallspec.bench.prompting import conversation_ids
 from recallspec.bench.suites import Question, SuiteSelection, load_suite
 from recallspec.errors import DataError, RecallspecError
-from recallspec.params import DEFAULT_WEIGHT_FORMAT, MAX_DRAFT_NODES
+from recallspec.params import DEFAULT_SIZING, DEFAULT_WEIGHT_FORMAT, MAX_DRAFT_NODES, Sizing
 from recallspec.spec.sampling import SamplingParams
 
 
@@ -52,12 +59,14 @@ class BenchConfig:
         if not self.methods:
             raise DataError("no methods given")
 
-    def comparable(self) -> dict[str, Any]:
-        """Settings that must match between a run and its --resume."""
+    def comparable(self, sizing_default: Sizing = DEFAULT_SIZING) -> dict[str, Any]:
+        """Settings that must match between a run and its --resume. ``sizing_default``:
+        how the run's engine sizes a method named without a sizing (``pld``), recorded so
+        that one method name never labels answers of two sizings (``bench/methods.py``)."""
         return {
             "suite": self.suite, "model": self.model, "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature, "max_draft_nodes": self.max_draft_nodes,
-            "dtype": self.dtype,
+            "dtype": self.dtype, SIZING_DEFAULT_KEY: sizing_default,
         }
 
 
@@ -73,25 +82,60 @@ def question_seed(qid: int | str) -> int:
     return zlib.crc32(str(qid).encode())
 
 
-def _check_run_file(out: Path, cfg: BenchConfig, resume: bool) -> None:
+def engine_sizing_default(engine: Any) -> Sizing:
+    """How the engine answering a run sizes a method named without a sizing: as its
+    config's mode says where it states one (a caller's engine, e.g. ``mode="fixed"``),
+    else DEFAULT_SIZING (``run_bench``'s own ``Engine.load`` states no mode)."""
+    mode = None if engine is None else engine.config.default_mode
+    return DEFAULT_SIZING if mode is None else mode[1]
+
+
+def _check_run_file(out: Path, cfg: BenchConfig, resume: bool,
+                    sizing_default: Sizing = DEFAULT_SIZING) -> None:
+    """Refuse to add to ``out`` answers whose settings differ from its run.json's (on
+    --resume: any comparable setting; always: the sizing semantics, since this run
+    rewrites run.json, which then labels the answers left in ``out`` too), then write
+    this run's run.json."""
     path = out / "run.json"
-    if path.is_file() and resume:
+    old: dict[str, Any] | None = None
+    if path.is_file():
         try:
             old = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}: corrupt ({e.msg})") from None
+            if resume:
+                raise DataError(f"{path}: corrupt ({e.msg})") from None
+    if old is None:
+        _write_run_file(path, cfg, sizing_default)
+        return
+    settings = dict(old.get("settings", {}))
+    legacy = SIZING_DEFAULT_KEY not in settings  # written before the key: unlabeled = fixed
+    was = settings.setdefault(SIZING_DEFAULT_KEY, LEGACY_SIZING_DEFAULT)
+    if was != sizing_default and (resume or any(iter_answer_files(out))):
+        why = (f"{path} was written before cost-aware sizing became the default of every "
+               "drafter: its methods named without a sizing (pld, llma, ...) were sized "
+               f"{was}" if legacy else
+               f"{path} records methods named without a sizing as sized {was}")
+        raise DataError(
+            f"{why}, and this run would add {sizing_default} answers under the same names "
+            "(or relabel those answers). Run into a fresh --out, or pass --overwrite (not "
+            "--resume) to discard its answers; name methods NAME:mode=fixed or "
+            "NAME:mode=adaptive to state their sizing")
+    if resume:
         mismatch = {
-            k: (old.get("settings", {}).get(k), v)
-            for k, v in cfg.comparable().items()
-            if old.get("settings", {}).get(k) != v
+            k: (settings.get(k), v) for k, v in cfg.comparable(sizing_default).items()
+            if settings.get(k) != v
         }
         if mismatch:
             desc = ", ".join(f"{k}: was {a!r}, now {b!r}" for k, (a, b) in mismatch.items())
             raise DataError(f"--resume with different settings than {path} ({desc})")
+    _write_run_file(path, cfg, sizing_default)
+
+
+def _write_run_file(path: Path, cfg: BenchConfig, sizing_default: Sizing) -> None:
     from recallspec.bench.report import _machine
 
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"settings": cfg.comparable(), "config": _jsonable(asdict(cfg)),
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"settings": cfg.comparable(sizing_default), "config": _jsonable(asdict(cfg)),
             "machine_at_start": _machine()}
     path.write_text(json.dumps(meta, indent=2), encoding="utf-8")
 
@@ -178,7 +222,8 @@ def run_bench(
     factory: MethodFactory | None = None,
 ) -> list[str]:
     """Run (or resume) a suite into ``out``; returns the methods that ran (a peer whose
-    process crashed is logged and dropped; the others go on)."""
+    process crashed is logged and dropped; the others go on). ``engine``: an ``Engine``
+    (or a stand-in with its ``tokenizer``, ``threads`` and ``config``); None: loaded."""
     questions = load_suite(cfg.suite, cfg.selection, cfg.data_dir)
     methods, skipped = check_method_names(cfg.methods)
     for msg in skipped:
@@ -201,7 +246,7 @@ def run_bench(
                 )
             else:
                 done[m] = {str(r["question_id"]) for r in read_answers(p)}
-    _check_run_file(out, cfg, resume)
+    _check_run_file(out, cfg, resume, engine_sizing_default(engine))
     if engine is None:
         from recallspec.engine import Engine
 

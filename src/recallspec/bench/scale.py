@@ -135,6 +135,7 @@ def _write(res: dict[str, Any], out: Path) -> None:
 
 def _predictions(res: dict[str, Any], cfg: ScaleConfig, out: Path,
                  say: Callable[[str], None]) -> None:
+    from recallspec.bench.methods import recorded_sizing_default
     from recallspec.bench.replay import ReplayConfig, load_ar_answers
     from recallspec.bench.scale_predict import fitted_model, predict_at_curve
     from recallspec.engine import Engine
@@ -145,7 +146,9 @@ def _predictions(res: dict[str, Any], cfg: ScaleConfig, out: Path,
     answers = Path(cfg.answers) / "answers" / "ar.jsonl"
     recs, settings = load_ar_answers(answers)
     rc = ReplayConfig(max_new_tokens=int(settings.get("max_new_tokens") or 128),
-                      max_draft_nodes=int(settings.get("max_draft_nodes") or MAX_DRAFT_NODES))
+                      max_draft_nodes=int(settings.get("max_draft_nodes") or MAX_DRAFT_NODES),
+                      # an unlabeled method (pld) as sized where its answers were recorded
+                      sizing_default=recorded_sizing_default(settings))
     say(f"prediction: fitting the time model on {answers} ({len(recs)} questions)")
     engine = Engine.load(settings.get("model"), dtype=settings.get("dtype", "auto"),
                          threads=cfg.threads)

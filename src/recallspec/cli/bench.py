@@ -2,7 +2,7 @@
 
     recallspec bench --suite NAME [--methods ar,pld,...] ...   run a suite (no sub-command)
     recallspec bench report --out DIR                          re-render a run's report
-    recallspec bench replay --answers DIR/answers/ar.jsonl --methods pld,llma
+    recallspec bench replay --answers DIR/answers/ar.jsonl --methods pld:mode=fixed,llma:mode=fixed
     recallspec bench replay --answers ... --methods ar,llma:mode=fixed,portfolio,oracle \
         --predict-time [--curve FILE] [--model-topk] [--out FILE]
     recallspec bench runtime [--model M] [--json] [--out DIR]
@@ -21,6 +21,7 @@ import argparse
 import importlib
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,11 @@ _EXTRA_SUBCOMMAND_MODULES: tuple[str, ...] = ("recallspec.cli.bench_serve",
 # AR, the two simplest drafters (each sized cost-aware, as any named drafter) and the
 # default policy (recallspec/policy.py).
 DEFAULT_METHODS = f"ar,pld,llma,{POLICY}"
+# `bench replay`'s methods: exact replay has no time to size by, so it replays fixed sizes
+# (stated: a method without :mode= is cost-aware in runs recorded since that is the
+# default); the time prediction replays them as they were recorded.
+EXACT_REPLAY_METHODS = "pld:mode=fixed,llma:mode=fixed"
+PREDICT_REPLAY_METHODS = "pld,llma"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,9 +83,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     pl = bsub.add_parser("replay", help="exact offline acceptance replay on recorded ar answers")
     pl.add_argument("--answers", required=True, help="an ar answer file (DIR/answers/ar.jsonl)")
-    pl.add_argument("--methods", default="pld,llma",
-                    help="model-free drafters to replay, at fixed sizes (without --predict-time "
-                    "there is no time to size by)")
+    pl.add_argument("--methods", default=None,
+                    help="model-free drafters to replay. Exact replay replays fixed sizes "
+                    "only (there is no time to size by): name them NAME:mode=fixed (default "
+                    f"{EXACT_REPLAY_METHODS}); with --predict-time (default "
+                    f"{PREDICT_REPLAY_METHODS}) a method without :mode= is sized as it was "
+                    "where --answers was recorded (cost-aware; fixed in runs recorded before "
+                    "that was the default)")
     pl.add_argument("--model", default=None,
                     help="whose tokenizer a corpus index must match (default: the recorded "
                     "run's model)")
@@ -182,6 +192,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    from recallspec.bench.methods import method_spec, recorded_sizing_default
     from recallspec.bench.replay import (
         ReplayConfig,
         load_ar_answers,
@@ -199,20 +210,28 @@ def run_replay(args: argparse.Namespace) -> int:
         max_draft_nodes=int(args.max_draft_nodes or settings.get("max_draft_nodes")
                             or MAX_DRAFT_NODES),
         max_len=args.max_len,
+        # A method named without a sizing means what it meant where the answers were
+        # recorded (cost-aware; fixed in runs recorded before that was the default).
+        sizing_default=recorded_sizing_default(settings),
     )
+    methods = csv_list(args.methods or (PREDICT_REPLAY_METHODS if args.predict_time
+                                        else EXACT_REPLAY_METHODS)) or ()
     if args.predict_time:
-        return _predict(args, recs, settings, cfg)
-    from recallspec.bench.methods import method_spec
+        return _predict(args, recs, settings, cfg, methods)
 
     replayed = {}
     fingerprint: str | None = None
-    for m in csv_list(args.methods) or ():
-        spec = method_spec(m)
-        # Exact replay has no time to size by: it replays the drafts at fixed sizes (a spec
-        # stating no sizing included); cost-aware sizing is replayed by --predict-time.
+    for m in methods:
+        spec = method_spec(m, cfg.sizing_default)
+        # Exact replay has no time to size by: it replays the drafts at fixed sizes only;
+        # cost-aware sizing, stated or an unlabeled method's default, is --predict-time's.
         if spec.sizing == "adaptive":
-            raise DataError(f"{m}: cost-aware sizing follows timing, which exact replay does "
-                            "not have (drop mode=, or use --predict-time)")
+            why = ("its :mode=adaptive" if method_spec(m).sizing else
+                   f"a method without :mode= is, in {Path(args.answers).parent.parent}")
+            raise DataError(f"{m}: exact replay replays fixed draft sizes only; cost-aware "
+                            f"sizing ({why}) follows timing, which exact replay does not "
+                            f"have: name it {replace(spec, sizing='fixed')}, or use "
+                            "--predict-time")
         opts = spec.kwargs
         if "index" in opts and "tokenizer_fingerprint" not in opts:
             # No engine here: the recorded model's tokenizer is what the index must match.
@@ -231,7 +250,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace, recs: list[dict[str, Any]], settings: dict[str, Any],
-             cfg: Any) -> int:
+             cfg: Any, methods: tuple[str, ...]) -> int:
     """``bench replay --predict-time``: see ``bench/replay_time.py``."""
     from recallspec.bench.replay_time import predict_methods, render_prediction_markdown
     from recallspec.runtime.cost_curve import CostCurve
@@ -256,7 +275,7 @@ def _predict(args: argparse.Namespace, recs: list[dict[str, Any]], settings: dic
         topk = cached_answer_topk(engine.model, recs, Path(args.answers), key, cache_dir())
         vocab = int(engine.model.config.vocab_size)
     fit, pred, real = predict_methods(
-        recs, cfg, curve, csv_list(args.methods) or (), Path(args.answers).parent.parent,
+        recs, cfg, curve, methods, Path(args.answers).parent.parent,
         count_policy_time=not args.no_policy_time, topk=topk, vocab=vocab,
         row_fit=None if args.fit_rows_on == "none" else args.fit_rows_on,
         warn=lambda msg: print(msg, file=sys.stderr))

@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--max-prompt-tokens", type=int, default=1024)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--drafter", default="pld",
-                   help="drafter used while generating (lossless: the same distribution)")
+                   help="drafter used while generating, as name:key=value:... (lossless: the "
+                   "same distribution; sized cost-aware unless :mode=fixed)")
     g.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS,
                    help="weights: auto = a GGUF's own blocks (quantized kernel), float32 = "
                         "the dequantized reference")
@@ -46,13 +47,16 @@ def run_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from recallspec.data.selfgen import SelfGenConfig, generate_corpus, iter_prompts, read_done
+    from recallspec.drafters.spec import DrafterSpec
     from recallspec.engine import Engine
 
+    # The drafter is a spec like every --drafter, parsed once here (a malformed one fails
+    # before the model loads); the engine takes the spec itself.
     cfg = SelfGenConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
         batch_size=args.batch_size, limit=args.limit, per_file=args.per_file,
         max_prompt_tokens=args.max_prompt_tokens,
-        seed=args.seed, drafter=args.drafter,
+        seed=args.seed, drafter=DrafterSpec.parse(args.drafter),
     )
     # Validate inputs before the (slow) model load.
     n = sum(1 for _ in iter_prompts(args.prompts, cfg.per_file))

@@ -6,11 +6,15 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recallspec.cli import KV_HELP, MAX_DRAFT_NODES_HELP
 from recallspec.errors import DataError, RecallspecError
 from recallspec.params import DEFAULT_KV_DTYPE, DEFAULT_WEIGHT_FORMAT, KV_DTYPES, WEIGHT_FORMATS
 from recallspec.policy import SERVE_POLICY
+
+if TYPE_CHECKING:
+    from recallspec.engine import Engine
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,6 +68,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=run)
 
 
+def measures_at_start(engine: Engine) -> bool:
+    """Whether the server measures (or reads) the cost curve before it serves: only when
+    the default drafting, what a request naming no drafter gets, drafts and is sized
+    cost-aware, so that the first requests do not wait for the measurement. Plain
+    decoding (``--drafter none``) never measures at start; a request that names a
+    drafter sized adaptive measures it then, once (``Engine.add_request``). Resolving
+    the default drafting also checks it: a bad default drafter or index fails at start,
+    not per request."""
+    from recallspec.drafters.spec import NO_DRAFTER
+
+    how = engine.drafters.drafting(None)
+    return how.drafter.name != NO_DRAFTER and how.sizing == "adaptive"
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -108,11 +126,7 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine.load(args.model, **config)
     except ValueError as e:
         raise DataError(str(e)) from None
-    engine.resolve_drafter(None)  # a bad default drafter or index fails now, not per request
-    # Requests are sized cost-aware unless --mode says fixed (a request naming a drafter
-    # without a sizing is, too): the curve is measured (or read) once, before the first
-    # request would wait for it.
-    if engine.config.default_mode is None or engine.config.default_mode[1] == "adaptive":
+    if measures_at_start(engine):  # (a bad default drafter or index fails here, at start)
         engine.cost_curve()
     name = args.served_model_name or args.model or DEFAULT_MODEL
     metrics = Metrics(name)

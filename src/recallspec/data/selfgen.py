@@ -35,7 +35,10 @@ class SelfGenConfig:
     per_file: int | None = None  # prompts taken from each file (its first ones), then limit
     max_prompt_tokens: int = 1024  # longer prompts are skipped
     seed: int = 0
-    drafter: str = "none"  # any drafter: output distribution is the model's either way
+    # Any drafter: the output distribution is the model's either way. As ``Engine.generate``
+    # takes it: a registered name, or a ``DrafterSpec`` (the command line's
+    # ``name:key=value:...``, parsed there). Typed loosely: data/ sits below drafters/.
+    drafter: Any = "none"
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1 or self.batch_size < 1 or self.temperature < 0:

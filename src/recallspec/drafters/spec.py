@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from recallspec.errors import DataError, UnknownNameError
-from recallspec.spec.draft_sizing import SIZINGS, Sizing
+from recallspec.params import SIZINGS, Sizing
 
 NO_DRAFTER = "none"  # plain decoding
 SIZING_KEYS = ("mode", "sizing")  # spec keys that state the sizing

@@ -23,12 +23,13 @@ from recallspec.params import (
     DEFAULT_WEIGHT_FORMAT,
     KV_DTYPES,
     MAX_DRAFT_NODES,
+    SIZINGS,
     WEIGHT_FORMATS,
     KVDtype,
+    Sizing,
     WeightFormat,
 )
 from recallspec.runtime.modes import BATCH_MODES, EMS, BatchMode
-from recallspec.spec.draft_sizing import SIZINGS, Sizing
 
 _SIZING_MODES: dict[str, Sizing] = {s: s for s in SIZINGS}
 

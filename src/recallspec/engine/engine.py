@@ -50,7 +50,7 @@ from recallspec.engine.recall import RecallSources
 from recallspec.engine.request import Request, RequestStatus
 from recallspec.engine.runner import Runner
 from recallspec.engine.scheduler import Scheduler, StepPlan
-from recallspec.errors import DataError
+from recallspec.errors import DataError, ResourceError
 from recallspec.index.recall import RecallView
 from recallspec.runtime.cost_curve import CostCurve, calibrate, curve_key
 from recallspec.runtime.kv_cache import KVCache, KVPrefix
@@ -76,8 +76,11 @@ class Engine:
         self.config = config or EngineConfig()
         self.context_len = int(model.config.max_position)
         self.max_len = min(self.context_len, self.config.max_len or 4096)
-        # (The model refuses a cache larger than the free memory: ``CausalLM.new_cache``.)
-        self.cache: KVCache = model.new_cache(self.config.max_batch_size, self.max_len)
+        try:  # (the model refuses a cache larger than the free memory: CausalLM.new_cache)
+            self.cache: KVCache = model.new_cache(self.config.max_batch_size, self.max_len)
+        except ResourceError as e:  # the engine's cache: its settings are what to lower
+            raise ResourceError(f"{e}; lower max_batch_size (--max-batch-size) or max_len "
+                                "(--max-len)") from None
         self.threads = self.config.threads or torch.get_num_threads()
         self.stats = StepStats()
         self._cost_curve: CostCurve | None = None

@@ -29,7 +29,7 @@ from recallspec.errors import ModelLoadError
 from recallspec.models.config import ModelConfig
 from recallspec.models.tokenizer import Tokenizer
 from recallspec.models.transformer import CausalLM
-from recallspec.params import DEFAULT_KV_DTYPE, WEIGHT_FORMATS, KVDtype
+from recallspec.params import DEFAULT_KV_DTYPE, KV_DTYPES, WEIGHT_FORMATS, KVDtype
 
 CACHE_ENV = "RECALLSPEC_CACHE_DIR"
 CACHE_FORMAT = 2  # bump when the converted-directory layout changes
@@ -251,7 +251,9 @@ def load_model(
 ) -> tuple[CausalLM, Tokenizer]:
     """Load a model and its tokenizer; ``dtype`` is a weight format (``WEIGHT_FORMATS``)
     or a torch dtype (float32, bfloat16); ``kv_dtype`` the KV cache's, one of
-    ``params.KV_DTYPES`` as ``EngineConfig`` validated it (not checked again here)."""
+    ``params.KV_DTYPES`` (``ValueError`` otherwise, before anything loads)."""
+    if kv_dtype not in KV_DTYPES:  # (EngineConfig checked the engine's; callers may not)
+        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     directory, gguf = _model_source(path)
     fmt = weight_format(dtype, gguf)
     config = read_config(directory)

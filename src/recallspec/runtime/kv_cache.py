@@ -152,10 +152,11 @@ class KVCache:
         *, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
         dtype: torch.dtype,
     ) -> None:
-        """Refuse (``ResourceError``, naming the largest batch that fits) a cache that
+        """Refuse (``ResourceError``, naming how many slots would fit) a cache that
         does not fit in the memory available now, leaving 20% for activations, drafters
         and the rest of the process, instead of letting the allocation, or the machine,
-        fail later."""
+        fail later. The wording names no setting: the engine's, a draft model's and a
+        calibration's caches are all checked here; the engine adds its settings."""
         from recallspec.errors import ResourceError
 
         need = KVCache.bytes_needed(num_layers=num_layers, num_slots=num_slots,
@@ -167,9 +168,9 @@ class KVCache:
         if need > 0.8 * avail:
             fit = int(0.8 * avail // (need / num_slots))
             raise ResourceError(
-                f"a KV cache for max_batch_size={num_slots} x max_len={max_len} needs "
-                f"{need / 2**30:.1f} GiB but {avail / 2**30:.1f} GiB are available; use "
-                f"max_batch_size <= {fit} or a smaller max_len"
+                f"a KV cache of {num_slots} slots x {max_len} positions needs "
+                f"{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available (at most "
+                f"{fit} slots of {max_len} positions fit, leaving 20% for the rest)"
             )
 
     def bytes_per_token(self) -> int:

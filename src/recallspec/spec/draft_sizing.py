@@ -41,20 +41,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-# A request's sizing policy. "adaptive": each step chooses the draft's size, zero
-# included, as below; "fixed": the drafter's proposal is verified as proposed (cut to the
-# room). Adaptive is the default of every drafter named without one (``DrafterSpec``,
-# ``engine/drafter_pool.py``): a fixed size can make decoding clearly slower than plain
-# decoding (``sam`` with a corpus index on instruction prompts: 0.55x AR fixed, 0.93x
-# adaptive), while cost-aware sizing stops drafting where drafts do not pay.
-Sizing = Literal["adaptive", "fixed"]
-SIZINGS: tuple[Sizing, ...] = ("adaptive", "fixed")
-DEFAULT_SIZING: Sizing = "adaptive"
+# A request's sizing policy ("adaptive" | "fixed") and its default are defined once, in
+# the import-free ``params.py`` (a drafter spec parses without numpy); re-exported here,
+# where the sizing is implemented.
+from recallspec.params import DEFAULT_SIZING as DEFAULT_SIZING
+from recallspec.params import SIZINGS as SIZINGS
+from recallspec.params import Sizing as Sizing
 
 
 def draft_room(max_len: int, cached: int, max_draft_nodes: int) -> int:
