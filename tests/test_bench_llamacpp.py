@@ -172,6 +172,16 @@ def test_native_peer_methods_in_a_bench_run(tmp_path: Path) -> None:
     ngram = rep["methods"]["llamacpp-ngram-simple"]
     assert ngram["baseline"] == "llamacpp-greedy"
     assert ngram["stats"]["overall"]["identical"] is not None
+    # The exact peer binary that answered is in the report: its commit and the
+    # instruction sets its server printed, as recorded by this run.
+    from recallspec.bench.llamacpp import peer_info
+    from recallspec.bench.report import render_markdown
+
+    peer = rep["peer"]
+    assert peer["recorded_by"] == "the run"
+    assert peer["llama_cpp_commit"] == peer_info()["llama_cpp_commit"]
+    assert peer["system_info"].startswith("system_info:")
+    assert f"commit `{peer['llama_cpp_commit']}`" in render_markdown(rep)
 
 
 @needs_model

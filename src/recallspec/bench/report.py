@@ -84,6 +84,7 @@ def build_report(out_dir: Path) -> dict[str, Any]:
         "out_dir": str(out_dir),
         "run": run_meta,
         "machine": _machine(),
+        "peer": _peer(run_meta, methods),
         "methods": {},
         "categories": cats,
     }
@@ -159,6 +160,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
             f"load {rep['machine'].get('loadavg_1m')} at report time",
             "",
         ]
+    lines += _peer_line(rep.get("peer"))
     lines += [
         "## Overall", "",
         "| method | baseline | questions | MAT | tokens/s | speedup vs baseline | "
@@ -204,6 +206,32 @@ def render_markdown(rep: dict[str, Any]) -> str:
 
 def _overall_tps(rep: dict[str, Any], m: str) -> float:
     return float(rep["methods"][m]["stats"].get(OVERALL, {}).get("tokens_per_s") or 0.0)
+
+
+def _peer(run_meta: dict[str, Any], methods: list[str]) -> dict[str, Any] | None:
+    """The native llama.cpp build that answered the ``llamacpp-*`` methods: as the run
+    recorded it (``run.json``'s ``methods_info``), else (runs written before it was
+    recorded) the ``peer.json`` of the binaries built now, marked as read at report time."""
+    peers = [m for m in methods if m.startswith("llamacpp-")]
+    if not peers:
+        return None
+    recorded = run_meta.get("methods_info", {})
+    for m in peers:
+        if recorded.get(m):
+            return {**recorded[m], "recorded_by": "the run"}
+    from recallspec.bench.llamacpp import peer_info
+
+    return {**peer_info(), "recorded_by": "report time (the run did not record it)"}
+
+
+def _peer_line(peer: dict[str, Any] | None) -> list[str]:
+    if not peer:
+        return []
+    flags = " ".join(a for a in peer.get("cmake_args", []) if a.startswith("-DGGML"))
+    return [f"peer: native llama.cpp commit `{peer.get('llama_cpp_commit', '?')}` "
+            f"({peer.get('source', '?')}), `{flags}`; "
+            f"{peer.get('system_info') or 'system_info not recorded'} "
+            f"(recorded at {peer.get('recorded_by')})", ""]
 
 
 def render_peer_headline(rep: dict[str, Any]) -> list[str]:

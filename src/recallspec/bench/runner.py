@@ -269,6 +269,7 @@ def run_bench(
                 log(f"skipping {name}: {e}")
                 continue
             ready.append(created)
+            _record_info(out, name, created)
             try:
                 _warm_up(created, engine.tokenizer, questions[0], cfg)
             except PeerCrashed as e:
@@ -282,6 +283,19 @@ def run_bench(
         for r in ready:
             _close(r)
     return methods
+
+
+def _record_info(out: Path, name: str, method: Method) -> None:
+    """Add what a method says about itself (a native peer: its commit, build flags and
+    ``system_info`` line, ``bench/llamacpp.py:peer_info``) to ``run.json``'s
+    ``methods_info``, so that the report names the exact peer binary that answered."""
+    info = getattr(method, "info", None)
+    if not info:
+        return
+    path = out / "run.json"
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    meta.setdefault("methods_info", {})[name] = _jsonable(info)
+    path.write_text(json.dumps(meta, indent=2), encoding="utf-8")
 
 
 def _close(method: Method) -> None:
