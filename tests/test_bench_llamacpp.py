@@ -173,7 +173,7 @@ def test_native_peer_methods_in_a_bench_run(tmp_path: Path) -> None:
     from recallspec.bench.report import render_markdown
 
     peer = rep["peer"]
-    assert peer["recorded_by"] == "the run"
+    assert peer["recorded_by"] == "recorded by the run"
     assert peer["llama_cpp_commit"] == peer_info()["llama_cpp_commit"]
     assert peer["system_info"].startswith("system_info:")
     assert f"commit `{peer['llama_cpp_commit']}`" in render_markdown(rep)

@@ -218,10 +218,10 @@ def _peer(run_meta: dict[str, Any], methods: list[str]) -> dict[str, Any] | None
     recorded = run_meta.get("methods_info", {})
     for m in peers:
         if recorded.get(m):
-            return {**recorded[m], "recorded_by": "the run"}
+            return {**recorded[m], "recorded_by": "recorded by the run"}
     from recallspec.bench.llamacpp import peer_info
 
-    return {**peer_info(), "recorded_by": "report time (the run did not record it)"}
+    return {**peer_info(), "recorded_by": "read at report time: the run did not record it"}
 
 
 def _peer_line(peer: dict[str, Any] | None) -> list[str]:
@@ -231,7 +231,7 @@ def _peer_line(peer: dict[str, Any] | None) -> list[str]:
     return [f"peer: native llama.cpp commit `{peer.get('llama_cpp_commit', '?')}` "
             f"({peer.get('source', '?')}), `{flags}`; "
             f"{peer.get('system_info') or 'system_info not recorded'} "
-            f"(recorded at {peer.get('recorded_by')})", ""]
+            f"({peer.get('recorded_by')})", ""]
 
 
 def render_peer_headline(rep: dict[str, Any]) -> list[str]:
