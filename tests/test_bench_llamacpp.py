@@ -219,6 +219,12 @@ def test_native_serve_targets(tmp_path: Path) -> None:
     rep = json.loads((out / "serve.json").read_text())
     argv = rep["targets"]["llamacpp-ngram-simple"]["argv"]
     assert argv[-2:] == ["--spec-type", "ngram-simple"] and "-np" in argv
+    # The report names the peer build that served (commit and flags).
+    from recallspec.bench.llamacpp import peer_info
+
+    commit = peer_info()["llama_cpp_commit"]
+    assert rep["targets"]["llamacpp"]["peer"]["llama_cpp_commit"] == commit
+    assert f"commit `{commit}`" in (out / "serve.md").read_text()
     assert len(rep["records"]) == 6
     for r in rep["records"]:
         assert r["ok"], r["error"]

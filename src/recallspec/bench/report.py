@@ -160,7 +160,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
             f"load {rep['machine'].get('loadavg_1m')} at report time",
             "",
         ]
-    lines += _peer_line(rep.get("peer"))
+    lines += peer_line(rep.get("peer"))
     lines += [
         "## Overall", "",
         "| method | baseline | questions | MAT | tokens/s | speedup vs baseline | "
@@ -224,7 +224,8 @@ def _peer(run_meta: dict[str, Any], methods: list[str]) -> dict[str, Any] | None
     return {**peer_info(), "recorded_by": "read at report time: the run did not record it"}
 
 
-def _peer_line(peer: dict[str, Any] | None) -> list[str]:
+def peer_line(peer: dict[str, Any] | None) -> list[str]:
+    """The Markdown line naming a native llama.cpp build (``_peer``'s dict), or []."""
     if not peer:
         return []
     flags = " ".join(a for a in peer.get("cmake_args", []) if a.startswith("-DGGML"))
