@@ -178,7 +178,7 @@ def test_native_peer_methods_in_a_bench_run(tmp_path: Path) -> None:
     from recallspec.bench.report import render_markdown
 
     peer = rep["peer"]
-    assert peer["recorded_by"] == "the run"
+    assert peer["recorded_by"] == "recorded by the run"
     assert peer["llama_cpp_commit"] == peer_info()["llama_cpp_commit"]
     assert peer["system_info"].startswith("system_info:")
     assert f"commit `{peer['llama_cpp_commit']}`" in render_markdown(rep)
@@ -224,6 +224,12 @@ def test_native_serve_targets(tmp_path: Path) -> None:
     rep = json.loads((out / "serve.json").read_text())
     argv = rep["targets"]["llamacpp-ngram-simple"]["argv"]
     assert argv[-2:] == ["--spec-type", "ngram-simple"] and "-np" in argv
+    # The report names the peer build that served (commit and flags).
+    from recallspec.bench.llamacpp import peer_info
+
+    commit = peer_info()["llama_cpp_commit"]
+    assert rep["targets"]["llamacpp"]["peer"]["llama_cpp_commit"] == commit
+    assert f"commit `{commit}`" in (out / "serve.md").read_text()
     assert len(rep["records"]) == 6
     for r in rep["records"]:
         assert r["ok"], r["error"]

@@ -160,7 +160,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
             f"load {rep['machine'].get('loadavg_1m')} at report time",
             "",
         ]
-    lines += _peer_line(rep.get("peer"))
+    lines += peer_line(rep.get("peer"))
     lines += [
         "## Overall", "",
         "| method | baseline | questions | MAT | tokens/s | speedup vs baseline | "
@@ -218,20 +218,21 @@ def _peer(run_meta: dict[str, Any], methods: list[str]) -> dict[str, Any] | None
     recorded = run_meta.get("methods_info", {})
     for m in peers:
         if recorded.get(m):
-            return {**recorded[m], "recorded_by": "the run"}
+            return {**recorded[m], "recorded_by": "recorded by the run"}
     from recallspec.bench.llamacpp import peer_info
 
-    return {**peer_info(), "recorded_by": "report time (the run did not record it)"}
+    return {**peer_info(), "recorded_by": "read at report time: the run did not record it"}
 
 
-def _peer_line(peer: dict[str, Any] | None) -> list[str]:
+def peer_line(peer: dict[str, Any] | None) -> list[str]:
+    """The Markdown line naming a native llama.cpp build (``_peer``'s dict), or []."""
     if not peer:
         return []
     flags = " ".join(a for a in peer.get("cmake_args", []) if a.startswith("-DGGML"))
     return [f"peer: native llama.cpp commit `{peer.get('llama_cpp_commit', '?')}` "
             f"({peer.get('source', '?')}), `{flags}`; "
             f"{peer.get('system_info') or 'system_info not recorded'} "
-            f"(recorded at {peer.get('recorded_by')})", ""]
+            f"({peer.get('recorded_by')})", ""]
 
 
 def render_peer_headline(rep: dict[str, Any]) -> list[str]:

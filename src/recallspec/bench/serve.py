@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recallspec.bench.llamacpp import available, peer_info
 from recallspec.bench.serve_client import Prompt, RequestRecord, poisson_arrivals, run_rate, warm_up
 from recallspec.bench.serve_report import render_markdown, summaries, write_plot
 from recallspec.bench.serve_targets import (
@@ -125,6 +126,8 @@ def run_serve_bench(cfg: ServeBenchConfig, out: Path, *,
     for t in targets:
         info: dict[str, Any] = {"description": t.description, "skipped": None, "start_s": {}}
         rep["targets"][t.name] = info
+        if t.kind == "llamacpp" and available():  # the build that answers: commit, flags
+            info["peer"] = {**peer_info(), "recorded_by": "recorded by the run"}
         why = None if base else unavailable(t, cfg)
         if why:
             info["skipped"] = why

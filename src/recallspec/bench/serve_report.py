@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from recallspec.bench.report import peer_line
 from recallspec.bench.serve_client import RequestRecord
 
 
@@ -95,6 +96,9 @@ def render_markdown(rep: dict[str, Any]) -> str:
     for name, t in rep["targets"].items():
         what = t["description"] + (f" — **skipped**: {t['skipped']}" if t.get("skipped") else "")
         lines.append(f"| {name} | {what} |")
+    peers = [t["peer"] for t in rep["targets"].values() if t.get("peer")]
+    if peers:
+        lines += ["", *peer_line(peers[0])[:1]]
     by_rate: dict[float, list[dict[str, Any]]] = {}
     for s in rep["summaries"]:
         by_rate.setdefault(s["rate"], []).append(s)
