@@ -159,5 +159,5 @@ def test_kv_cache_check_counts_reclaimable_memory() -> None:
             "dtype": torch.float32}
     KVCache.check_fits(num_slots=1, **dims)  # 94 MB
     # The wording names no setting (draft-model and calibration caches are checked too).
-    with pytest.raises(ResourceError, match=r"1048576 slots x 4096 positions needs .* at most"):
+    with pytest.raises(ResourceError, match=r"1048576 slots x 4096 positions needs .*at most"):
         KVCache.check_fits(num_slots=1 << 20, **dims)
