@@ -187,11 +187,10 @@ def test_step_overhead_ignores_drift_and_stalls() -> None:
     from types import SimpleNamespace
 
     from recallspec.drafters.lookup import make_pld
-    from recallspec.engine.drafting import DraftPlanner
+    from recallspec.step.planner import DraftPlanner
 
     curve = CostCurve((1, 16), (0.003, 0.006), 0.0)
-    req = SimpleNamespace(sizing="adaptive", drafter=make_pld(), prompt=[1] * 100,
-                          generated=[2])
+    req = SimpleNamespace(sizing="adaptive", drafter=make_pld(), cached_length=100)
     planner = DraftPlanner(16, lambda: curve)
     outside = 0.0002
     for step in range(40):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer, successor_model
 
-from recallspec.drafters import create_drafter
+from recallspec.drafters import Drafter, create_drafter
 from recallspec.engine import Engine, EngineConfig, GenerationResult, RequestOutput
 from recallspec.errors import ContextLengthError, DataError, UnknownNameError
 from recallspec.runtime.cost_curve import CostCurve
@@ -138,7 +138,7 @@ def test_abort_frees_slot_and_drafter_state_at_once() -> None:
     assert eng.cache.free_slots == 1 and not d._states  # type: ignore[attr-defined]
 
 
-class FaultyDrafter:
+class FaultyDrafter(Drafter):
     """pld, except that it raises for one prompt (in propose or observe)."""
 
     name = "faulty"

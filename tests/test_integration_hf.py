@@ -26,7 +26,7 @@ from helpers import needs_model  # noqa: E402
 from test_verify import chi2_pvalue  # noqa: E402
 
 import recallspec.integrations.hf as rs_hf  # noqa: E402
-from recallspec.drafters import create_drafter  # noqa: E402
+from recallspec.drafters import Drafter, create_drafter  # noqa: E402
 from recallspec.spec.sampling import SamplingParams, probabilities  # noqa: E402
 from recallspec.spec.tree import DraftTree  # noqa: E402
 
@@ -44,7 +44,7 @@ def one_torch_thread() -> Any:
     torch.set_num_threads(before)
 
 
-class Counting:
+class Counting(Drafter):
     """Drafter wrapper counting accepted draft tokens (committed - 1 per drafted step)."""
 
     def __init__(self, inner: Any) -> None:
@@ -270,7 +270,7 @@ def test_compaction_and_long_output(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # -- sampling ------------------------------------------------------------------------
-class FixedTree:
+class FixedTree(Drafter):
     """Proposes one fixed tree at a request's first step, nothing afterwards."""
 
     name, needs_logits = "fixed", False

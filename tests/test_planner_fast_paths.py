@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from recallspec.drafters.sam import _BUCKET_EDGES, length_bucket
-from recallspec.engine.drafting import _best_rate, _price
 from recallspec.index._arrays import as_tokens
 from recallspec.spec.draft_sizing import (
     AcceptanceStats,
@@ -20,6 +19,7 @@ from recallspec.spec.draft_sizing import (
     running_min,
 )
 from recallspec.spec.tree import DraftTree, limit_depth
+from recallspec.step.planner import _best_rate, _price
 
 
 def _random_tree(rng: random.Random, n: int) -> list[int]:

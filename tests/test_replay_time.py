@@ -23,12 +23,12 @@ from recallspec.bench.replay_time import (
     simulate,
 )
 from recallspec.cli import main
-from recallspec.drafters import create_drafter
+from recallspec.drafters import Drafter, create_drafter
 from recallspec.engine import Engine, EngineConfig, GenerationResult
-from recallspec.engine.drafting import DraftPlanner
 from recallspec.runtime.cost_curve import CostCurve, CostGrid
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
+from recallspec.step.planner import DraftPlanner
 
 V = 40
 EOS = 0
@@ -231,7 +231,7 @@ def test_adaptive_replay_equals_the_engine(drafter: str) -> None:
     eng.use_cost_curve(curve)
     cfg = ReplayConfig(max_new_tokens=40, max_draft_nodes=16, max_len=eng.max_len)
     planner = DraftPlanner(16, lambda: curve)
-    policy = AdaptivePolicy(drafter, create_drafter(drafter), planner, 40)
+    policy = AdaptivePolicy(drafter, create_drafter(drafter), planner)
     params = SamplingParams(max_new_tokens=40)
     drafted = 0
     for i, p in enumerate(prompts):
@@ -268,10 +268,14 @@ def test_sizing_follows_the_curve_and_the_oracle_bounds_it() -> None:
 def test_oracle_drafts_exactly_the_longest_accepted_path() -> None:
     oracle = OraclePolicy("o", [create_drafter("pld"), create_drafter("llma")],
                           lambda rows, ctx: 1.0)
-    oracle.start(0, [1, 2, 3, 1, 2], 3)
-    tree = oracle.draft(0, 16, 16, [1, 2, 9], frozenset())
+    d = oracle.drafter
+    d.start(0, [1, 2, 3, 1, 2])
+    d.observe(0, [3], DraftTree.empty(), None)
+    oracle.foresee([1, 2, 9], frozenset(), 16)
+    tree = d.propose(0, 16)
     assert tree.tokens.tolist() == [1, 2] and tree.is_chain
-    assert len(oracle.draft(0, 16, 16, [7], frozenset())) == 0
+    oracle.foresee([7], frozenset(), 16)
+    assert len(d.propose(0, 16)) == 0
 
 
 # ---- portfolio and candidate choice ------------------------------------------------------
@@ -281,8 +285,8 @@ def test_planner_drafts_the_candidate_worth_more() -> None:
     from recallspec.engine.request import Request
     from recallspec.runtime.modes import batch_mode
 
-    class Two:
-        name, needs_logits, contexts = "two", False, 2
+    class Two(Drafter):
+        name, needs_logits, contexts, offers_candidates = "two", False, 2, True
 
         def start(self, rid: int, prompt: Any) -> None: ...
 
@@ -406,7 +410,7 @@ def test_portfolio_lossless_and_replayed_exactly_on_the_real_model(
     eng.use_cost_curve(curve)
     cfg = ReplayConfig(max_new_tokens=48, max_draft_nodes=16, max_len=eng.max_len)
     policy = AdaptivePolicy("portfolio", create_drafter("portfolio"),
-                            DraftPlanner(16, lambda: curve), 48)
+                            DraftPlanner(16, lambda: curve))
     params = SamplingParams(max_new_tokens=48)
     eos = sorted(eng.tokenizer.eos_token_ids)
     accepted = 0

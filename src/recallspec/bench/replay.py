@@ -2,13 +2,13 @@
 
 Under greedy decoding every lossless method commits exactly the AR tokens, so for a
 drafter that needs no model logits the per-step accept lengths follow from the AR
-output alone (teacher forcing). ``replay_turn`` reproduces ``Engine._admit``/``_step``
-step for step: the same drafter calls (start, propose with the same ``max_nodes``,
-``truncate``, ``limit_depth``, observe with the committed tokens and the tree, stop),
-and the accepted path = the longest tree path matching the next AR tokens, plus the
-bonus token (the next AR token), cut at EOS or the length cap as the engine cuts it.
-``replay_steps`` runs any ``Policy`` (how a request drafts) through the same loop and
-records each step's draft size and context: what ``bench/replay_time.py`` prices.
+output alone (teacher forcing). ``replay_steps`` runs the engine's own step code
+(``step/core.py: speculative_step``, with the same planner, room and depth limit) with
+a teacher-forced ``Verifier`` (``TeacherForced``): the accepted path = the longest tree
+path matching the next AR tokens, plus the bonus token (the next AR token), cut at EOS
+or the length cap as the engine cuts it. A ``Policy`` says how a request drafts (a
+drafter and its sizing); ``replay_steps`` records each step's draft size and context:
+what ``bench/replay_time.py`` prices.
 
 Exactness assumes the AR output is what the model's argmax gives on the tree rows too
 (true up to floating-point ties/rounding between a 1-row and a k-row forward).
@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from itertools import count
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -32,7 +34,11 @@ from recallspec.drafters.base import Drafter, create_drafter
 from recallspec.errors import DataError
 from recallspec.params import DEFAULT_SIZING, MAX_DRAFT_NODES, Sizing
 from recallspec.spec.draft_sizing import draft_room
-from recallspec.spec.tree import DraftTree, limit_depth
+from recallspec.spec.tree import DraftTree
+from recallspec.spec.verify import Verdict
+from recallspec.step.core import Verified, speculative_step, tell_drafter
+from recallspec.step.planner import DraftPlanner
+from recallspec.step.sequence import DraftState
 
 
 @dataclass(frozen=True)
@@ -91,69 +97,65 @@ class StepRecord:
 Known = tuple[DraftTree, torch.Tensor]
 
 
-class Policy(Protocol):
-    """How a replayed request drafts: a drafter alone (``FixedPolicy``), or a drafter
-    with cost-aware sizing, an oracle, ... (``bench/replay_policies.py``)."""
+class Policy:
+    """How a replayed request drafts: a drafter, its sizing and the planner that drafts
+    for it (one planner for a whole replayed run, as one engine serves a run).
+    ``seconds``: time spent in the drafter and the planner, summed by ``replay_steps``."""
 
-    name: str
+    def __init__(self, name: str, drafter: Drafter, sizing: Sizing, planner: DraftPlanner,
+                 ) -> None:
+        self.name, self.drafter, self.sizing, self.planner = name, drafter, sizing, planner
+        self.seconds = 0.0
 
-    def start(self, rid: int, prompt: Sequence[int], first: int, known: Known | None = None,
-              ) -> None:
-        """A new request; ``first`` is the token its prefill committed (``known``: the
-        prefill row's logits, as an empty tree and one row)."""
-
-    def draft(
-        self, rid: int, room: int, want: int, future: Sequence[int], final_any: frozenset[int]
-    ) -> DraftTree:
-        """This step's tree: at most ``room`` nodes and ``want`` deep. ``future`` (the
-        tokens the step will commit, ``final_any`` as ``accepted_nodes``) is there for
-        oracles only; a real policy must not look at it."""
-
-    def observe(
-        self, rid: int, taken: Sequence[int], tree: DraftTree, accepted: Sequence[int],
-        known: Known | None = None,
-    ) -> None:
-        """After verification: ``taken`` committed, ``accepted`` nodes of ``tree``."""
-
-    def stop(self, rid: int) -> None: ...
+    def foresee(self, future: Sequence[int], final_any: frozenset[int], depth: int) -> None:
+        """The tokens the next step will commit (``accepted_nodes``' arguments) and its
+        depth limit: for oracles only; a real policy does not look."""
 
 
-def drafter_view(
-    drafter: Drafter, tree: DraftTree, known: Known | None,
-) -> tuple[DraftTree, torch.Tensor | None]:
-    """The tree and logits a replayed drafter observes: the verified tree without logits,
-    or for a drafter that learns from logits the committed rows replay knows."""
-    if known is not None and drafter.needs_logits:
-        return known
-    return tree, None
-
-
-class FixedPolicy:
-    """A drafter's proposal cut only to the room (the engine's fixed sizing).
-    Drafters that learn from verification logits get none (``logits=None``)."""
+class FixedPolicy(Policy):
+    """A drafter's proposal cut only to the room (the engine's fixed sizing)."""
 
     def __init__(self, drafter: Drafter, name: str | None = None) -> None:
-        self.drafter = drafter
-        self.name = name or drafter.name
+        super().__init__(name or drafter.name, drafter, "fixed", DraftPlanner(MAX_DRAFT_NODES))
 
-    def start(self, rid: int, prompt: Sequence[int], first: int, known: Known | None = None,
-              ) -> None:
-        self.drafter.start(rid, list(prompt))
-        self.drafter.observe(rid, [first], *drafter_view(self.drafter, DraftTree.empty(), known))
 
-    def draft(
-        self, rid: int, room: int, want: int, future: Sequence[int], final_any: frozenset[int]
-    ) -> DraftTree:
-        return limit_depth(self.drafter.propose(rid, room).truncate(room), want)
+@dataclass
+class _Turn:
+    """A replayed answer as the step core's ``StepSequence``."""
 
-    def observe(
-        self, rid: int, taken: Sequence[int], tree: DraftTree, accepted: Sequence[int],
-        known: Known | None = None,
-    ) -> None:
-        self.drafter.observe(rid, list(taken), *drafter_view(self.drafter, tree, known))
+    rid: int
+    drafter: Drafter
+    sizing: Sizing
+    draft: DraftState = field(default_factory=DraftState)
+    depth_limit: int = 0  # both set before each step
+    cached_length: int = 0
 
-    def stop(self, rid: int) -> None:
-        self.drafter.stop(rid)
+
+class TeacherForced:
+    """The replay's ``Verifier``: the accepted path is the longest tree path that the
+    recorded answer continues (``accepted_nodes``), followed by the next recorded token;
+    ``known`` gives the committed rows' logits where the answers' top-k is known."""
+
+    def __init__(self, future: Sequence[int], final_any: frozenset[int],
+                 known: Callable[[list[int]], Known | None]) -> None:
+        self.future, self.final_any, self.known = future, final_any, known
+        self.seconds = 0.0
+
+    def verify(
+        self, seqs: Sequence[_Turn], trees: Sequence[DraftTree]
+    ) -> tuple[list[Verified[_Turn]], list[tuple[_Turn, Exception]]]:
+        t0 = time.perf_counter()
+        out = []
+        for seq, tree in zip(seqs, trees, strict=True):
+            path = accepted_nodes(tree, self.future, self.final_any)
+            # The bonus token is the next AR token; when the path reaches the end of the
+            # output, that end is an EOS (the depth limit keeps paths inside the length
+            # cap) and the engine stops right after committing it.
+            tokens = tuple(self.future[: min(len(path) + 1, len(self.future))])
+            seen = self.known(list(tokens[: len(path)]))
+            out.append(Verified(seq, tree, Verdict(tuple(path), tokens), None, seen))
+        self.seconds += time.perf_counter() - t0
+        return out, []
 
 
 def replay_steps(
@@ -176,6 +178,7 @@ def replay_steps(
         full.append(min(final_any))
     if not full:
         return []
+
     def known(start: int, path_tokens: list[int]) -> Known | None:
         if topk is None:
             return None
@@ -184,28 +187,35 @@ def replay_steps(
         # (the turn ends there): that last node's row is left out.
         return committed_logits(path_tokens[: len(rows) - 1], rows, vocab)
 
+    def commit(seq: _Turn, tokens: list[int]) -> list[int]:
+        return tokens  # the verdict holds only recorded tokens, cut at the answer's end
+
+    seq = _Turn(rid, policy.drafter, policy.sizing)
+    t0 = time.perf_counter()
     committed = 1  # the prefill samples full[0]
-    policy.start(rid, prompt, full[0], known(0, []))
+    policy.drafter.start(rid, list(prompt))
+    err = tell_drafter(seq, [full[0]], DraftTree.empty(), None, known(0, []))
     steps: list[StepRecord] = []
     try:
+        if err is not None:
+            raise err
         while committed < len(full):
-            start = len(prompt) + committed - 1  # cache holds prompt + committed[:-1]
-            room = draft_room(cfg.max_len, start, cfg.max_draft_nodes)
-            want = cfg.max_new_tokens - committed - 1
+            seq.cached_length = len(prompt) + committed - 1  # prompt + committed[:-1]
+            seq.depth_limit = cfg.max_new_tokens - committed - 1
+            room = draft_room(cfg.max_len, seq.cached_length, cfg.max_draft_nodes)
             future = full[committed:]
-            tree = policy.draft(rid, room, want, future, final_any)
-            path = accepted_nodes(tree, future, final_any)
-            # The bonus token is the next AR token; when the path reaches the end of the
-            # output, that end is an EOS (the depth limit keeps paths inside the length
-            # cap) and the engine stops right after committing it.
-            take = min(len(path) + 1, len(full) - committed)
-            taken = full[committed : committed + take]
-            seen = known(committed, taken[: len(path)])
+            policy.foresee(future, final_any, seq.depth_limit)
+            verifier = TeacherForced(future, final_any, partial(known, committed))
+            out = speculative_step(policy.planner, [seq], [room], verifier, commit)
+            t0 -= verifier.seconds  # (teacher forcing is not the policy's time)
+            if out.failed:
+                raise out.failed[0][1]
+            take = len(out.committed[0].taken)
+            steps.append(StepRecord(take, len(out.committed[0].tree), seq.cached_length))
             committed += take
-            steps.append(StepRecord(take, len(tree), start))
-            policy.observe(rid, taken, tree, path, seen)
     finally:
-        policy.stop(rid)
+        policy.drafter.stop(rid)
+        policy.seconds += time.perf_counter() - t0
     return steps
 
 

@@ -2,7 +2,7 @@
 
 ``AdaptivePolicy`` runs the engine's own ``DraftPlanner`` (the same acceptance
 statistics, engine-wide prior, probing and cost-curve objective as adaptive sizing)
-on a ``Request`` that the replay keeps in step with the AR answer; given the curve and
+through the engine's own step code (``step/core.py``); given the curve and
 the step overhead it is deterministic, so its steps are the engine's up to timing
 noise in the overhead the engine learns online (replay fixes it to the time model's).
 
@@ -23,97 +23,54 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from recallspec.bench.methods import method_spec
-from recallspec.bench.replay import (
-    FixedPolicy,
-    Known,
-    Policy,
-    ReplayConfig,
-    accepted_nodes,
-    drafter_view,
-)
+from recallspec.bench.replay import FixedPolicy, Policy, ReplayConfig, accepted_nodes
 from recallspec.drafters.base import Drafter, create_drafter
-from recallspec.engine.drafting import DraftPlanner
-from recallspec.engine.request import Request, RequestStatus
 from recallspec.errors import DataError
+from recallspec.params import MAX_DRAFT_NODES
 from recallspec.runtime.cost_curve import CostCurve
-from recallspec.runtime.modes import EMS
-from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree, limit_depth
+from recallspec.step.planner import DraftPlanner
 
 ORACLE = "oracle"
 ORACLE_DEFAULT = "pld+llma+sam"
 
 
-class AdaptivePolicy:
+class AdaptivePolicy(Policy):
     """Adaptive sizing: the engine's planner sizes the drafter's proposals."""
 
-    def __init__(self, name: str, drafter: Drafter, planner: DraftPlanner,
-                 max_new_tokens: int) -> None:
-        self.name = name
-        self.drafter = drafter
-        self.planner = planner
-        self.max_new_tokens = max_new_tokens
-        self._reqs: dict[int, Request] = {}
-
-    def start(self, rid: int, prompt: Sequence[int], first: int, known: Known | None = None,
-              ) -> None:
-        req = Request(rid, list(prompt), SamplingParams(max_new_tokens=self.max_new_tokens),
-                      self.drafter, EMS, None, sizing="adaptive")
-        req.status = RequestStatus.DECODING
-        req.prefilled = len(req.prompt)
-        self._reqs[rid] = req
-        self.drafter.start(rid, list(prompt))
-        req.generated.append(first)
-        self.drafter.observe(rid, [first], *drafter_view(self.drafter, DraftTree.empty(), known))
-
-    def draft(
-        self, rid: int, room: int, want: int, future: Sequence[int], final_any: frozenset[int]
-    ) -> DraftTree:
-        trees, failed = self.planner.plan([self._reqs[rid]], [room])
-        if failed:
-            raise failed[0][1]
-        return trees[0]
-
-    def observe(
-        self, rid: int, taken: Sequence[int], tree: DraftTree, accepted: Sequence[int],
-        known: Known | None = None,
-    ) -> None:
-        req = self._reqs[rid]
-        self.planner.observe(req, tree, accepted)  # the engine's order: sizing stats first
-        req.generated.extend(taken)
-        self.drafter.observe(rid, list(taken), *drafter_view(self.drafter, tree, known))
-
-    def stop(self, rid: int) -> None:
-        self._reqs.pop(rid, None)
-        self.drafter.stop(rid)
+    def __init__(self, name: str, drafter: Drafter, planner: DraftPlanner) -> None:
+        super().__init__(name, drafter, "adaptive", planner)
 
 
-class OraclePolicy:
-    """Drafts exactly the longest accepted path any of ``drafters`` proposes, when
-    ``(1 + n) / cost(1 + n)`` beats one token per ``cost(1)`` (see the module doc)."""
+class OracleDrafter(Drafter):
+    """Proposes exactly the longest accepted path any of ``drafters`` proposes, when
+    ``(1 + n) / cost(1 + n)`` beats one token per ``cost(1)`` (see the module doc);
+    ``OraclePolicy.foresee`` tells it the tokens each step will commit."""
 
-    def __init__(self, name: str, drafters: Sequence[Drafter],
-                 cost: Callable[[int, int], float]) -> None:
-        self.name = name
+    name = ORACLE
+
+    def __init__(self, drafters: Sequence[Drafter], cost: Callable[[int, int], float]) -> None:
         self.drafters = list(drafters)
+        self.needs_logits = any(d.needs_logits for d in self.drafters)
         self.cost = cost  # (rows, context) -> seconds
         self._ctx: dict[int, int] = {}
+        self.future: Sequence[int] = ()
+        self.final_any: frozenset[int] = frozenset()
+        self.depth = 0
 
-    def start(self, rid: int, prompt: Sequence[int], first: int, known: Known | None = None,
-              ) -> None:
-        self._ctx[rid] = len(prompt)
+    def start(self, rid: int, prompt: Sequence[int]) -> None:
+        self._ctx[rid] = len(prompt) - 1  # its first observe counts the prefill's token
         for d in self.drafters:
             d.start(rid, list(prompt))
-            d.observe(rid, [first], *drafter_view(d, DraftTree.empty(), known))
 
-    def draft(
-        self, rid: int, room: int, want: int, future: Sequence[int], final_any: frozenset[int]
-    ) -> DraftTree:
+    def propose(self, rid: int, max_nodes: int) -> DraftTree:
         best: list[int] = []
         for d in self.drafters:
-            tree = limit_depth(d.propose(rid, room).truncate(room), want)
-            path = accepted_nodes(tree, future, final_any)
+            tree = limit_depth(d.propose(rid, max_nodes).truncate(max_nodes), self.depth)
+            path = accepted_nodes(tree, self.future, self.final_any)
             if len(path) > len(best):
                 best = [int(tree.tokens[i]) for i in path]
         ctx = self._ctx[rid]
@@ -123,17 +80,33 @@ class OraclePolicy:
         return DraftTree.empty()
 
     def observe(
-        self, rid: int, taken: Sequence[int], tree: DraftTree, accepted: Sequence[int],
-        known: Known | None = None,
+        self, rid: int, accepted: Sequence[int], tree: DraftTree, logits: torch.Tensor | None,
     ) -> None:
-        self._ctx[rid] += len(taken)
+        """Each drafter learns as if it had drafted nothing (it did not draft this tree);
+        one that learns from logits gets the committed rows replay knows."""
+        self._ctx[rid] += len(accepted)
         for d in self.drafters:
-            d.observe(rid, list(taken), *drafter_view(d, DraftTree.empty(), known))
+            if d.needs_logits and logits is not None:
+                d.observe(rid, list(accepted), tree, logits)
+            else:
+                d.observe(rid, list(accepted), DraftTree.empty(), None)
 
     def stop(self, rid: int) -> None:
         self._ctx.pop(rid, None)
         for d in self.drafters:
             d.stop(rid)
+
+
+class OraclePolicy(Policy):
+    """The oracle's drafts, verified as proposed (the oracle sizes them itself)."""
+
+    def __init__(self, name: str, drafters: Sequence[Drafter],
+                 cost: Callable[[int, int], float]) -> None:
+        self.oracle = OracleDrafter(drafters, cost)
+        super().__init__(name, self.oracle, "fixed", DraftPlanner(MAX_DRAFT_NODES))
+
+    def foresee(self, future: Sequence[int], final_any: frozenset[int], depth: int) -> None:
+        self.oracle.future, self.oracle.final_any, self.oracle.depth = future, final_any, depth
 
 
 @dataclass(frozen=True)
@@ -173,8 +146,7 @@ def make_policy(
         def adaptive() -> Policy:
             planner = DraftPlanner(cfg.max_draft_nodes, lambda: curve)
             planner.step_overhead = step_overhead
-            return AdaptivePolicy(method, create_drafter(name, **opts), planner,
-                                  cfg.max_new_tokens)
+            return AdaptivePolicy(method, create_drafter(name, **opts), planner)
 
         return PolicySpec(method, adaptive, probe_d.needs_logits)
 

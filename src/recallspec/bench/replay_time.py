@@ -35,7 +35,6 @@ question's tokens / seconds.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import count
@@ -95,34 +94,6 @@ def _turns(rec: dict[str, Any]) -> list[tuple[list[int], list[int], bool]]:
             for p, t, f in zip(c["prompt_ids"], c["token_ids"], c["finish_reason"], strict=True)]
 
 
-class _Timed:
-    """Wraps a policy, summing the seconds spent in its calls."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self.name = policy.name
-        self.seconds = 0.0
-
-    def _time(self, fn: Any, *args: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def start(self, *a: Any) -> None:
-        self._time(self.policy.start, *a)
-
-    def draft(self, *a: Any) -> Any:
-        return self._time(self.policy.draft, *a)
-
-    def observe(self, *a: Any) -> None:
-        self._time(self.policy.observe, *a)
-
-    def stop(self, *a: Any) -> None:
-        self._time(self.policy.stop, *a)
-
-
 def simulate(
     records: Sequence[dict[str, Any]], policy: Policy, cfg: ReplayConfig, *,
     warmup: int = 16, topk: dict[str, list[TurnTopk]] | None = None, vocab: int = 0,
@@ -134,7 +105,6 @@ def simulate(
     cut to ``warmup`` tokens (0: none), as it too teaches the planner. ``topk``/``vocab``:
     the model's top-k along the answers (``bench/replay_logits.py``)."""
     rids = count()
-    timed = _Timed(policy)
     eos = records[0].get("eos_token_ids") or [] if records else []
     if warmup and records:
         prompt, toks, _ = _turns(records[0])[0]
@@ -146,11 +116,11 @@ def simulate(
         sims = []
         qid = str(rec["question_id"])
         for t, (prompt, toks, hit) in enumerate(_turns(rec)):
-            timed.seconds = 0.0
+            policy.seconds = 0.0  # (``replay_steps`` sums the policy's time)
             tk = None if topk is None else topk[qid][t]
-            steps = replay_steps(timed, next(rids), prompt, toks, hit,
+            steps = replay_steps(policy, next(rids), prompt, toks, hit,
                                  rec.get("eos_token_ids") or [], cfg, tk, vocab)
-            sims.append(TurnSim(len(prompt), len(toks), tuple(steps), timed.seconds))
+            sims.append(TurnSim(len(prompt), len(toks), tuple(steps), policy.seconds))
         out[str(rec["question_id"])] = sims
     return out
 

@@ -1,4 +1,4 @@
-"""The drafter interface and its registry.
+"""The drafter base class and its registry.
 
 A drafter proposes a draft tree for each active request every step. Lifecycle of a
 request, all calls keyed by a request id the engine chooses:
@@ -12,19 +12,25 @@ request, all calls keyed by a request id the engine chooses:
                                 verification logits of the root and every node
   stop(rid)                     once, when the request ends (free its state)
 
-Optional: ``bind(ctx)`` with a ``DrafterContext``: called once when an engine creates
-the drafter, before any request, with the narrow things a drafter may need from it
-(drafters never see the engine itself).
-Optional: ``propose_batch(rids, max_nodes_list)`` returns the drafts of several
-requests at once; the engine calls it instead of ``propose`` when a drafter has it
-(the draft model uses it to run one batched forward per draft position).
-Optional: ``costly_proposals = True`` says a proposal's cost grows with max_nodes (a
-model forward per draft position); adaptive sizing then sizes each request's
-draft before proposing, and asks for nothing where drafting does not pay.
-Optional: ``contexts`` (an int) and ``context(rid)`` (in ``[0, contexts)``): the kind
-of draft the next ``propose`` for rid will make (say, its source and match-length
-bucket); adaptive sizing keeps acceptance statistics per context. ``context`` must not
-change the drafter's state and must be valid right after ``start`` and each ``observe``.
+Every drafter subclasses ``Drafter``, which gives each optional hook a default (the
+step core reads them directly, never by probing attributes):
+- ``bind(ctx)`` with a ``DrafterContext``: called once when an engine creates the
+  drafter, before any request, with the narrow things a drafter may need from it
+  (drafters never see the engine itself). Default: nothing.
+- ``propose_batch(rids, max_nodes_list)``: the drafts of several requests at once. The
+  default proposes one by one and returns, in place of a draft, the exception a
+  ``propose`` raised (that request alone fails); an override (the draft model: one
+  batched forward per draft position) raises to fail them all.
+- ``costly_proposals`` (False): a proposal's cost grows with max_nodes (a model forward
+  per draft position); adaptive sizing then sizes each request's draft before
+  proposing, and asks for nothing where drafting does not pay.
+- ``contexts`` (1) and ``context(rid)`` (0, in ``[0, contexts)``): the kind of draft the
+  next ``propose`` for rid will make (say, its source and match-length bucket); adaptive
+  sizing keeps acceptance statistics per context. ``context`` must not change the
+  drafter's state and must be valid right after ``start`` and each ``observe``.
+- ``offers_candidates`` (False) and ``candidates(rid, max_nodes)``: several drafts,
+  each with its context, of which adaptive sizing verifies the one worth most (the
+  portfolio).
 
 Invariant: after start and each observe, the drafter's view of request rid is
 exactly prompt + all committed tokens, the same text the engine holds.
@@ -34,11 +40,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
-from recallspec.errors import UnknownNameError
+from recallspec.errors import DataError, UnknownNameError
 from recallspec.index.recall import RecallView
 from recallspec.runtime.kv_cache import KVPrefix
 from recallspec.spec.tree import DraftTree
@@ -67,14 +73,35 @@ class DrafterContext:
     recall: Callable[[int], RecallView] = no_recall
 
 
-@runtime_checkable
-class Drafter(Protocol):
-    name: str
-    needs_logits: bool  # observe() wants the verification logits of every tree node
+class Drafter:
+    """Base class of every drafter (see the module docstring)."""
 
-    def start(self, rid: int, prompt: Sequence[int]) -> None: ...
+    name: str = ""
+    needs_logits: bool = False  # observe() wants the verification logits of every node
+    costly_proposals: bool = False
+    contexts: int = 1
+    offers_candidates: bool = False
 
-    def propose(self, rid: int, max_nodes: int) -> DraftTree: ...
+    def bind(self, ctx: DrafterContext) -> None:
+        """Called once by an engine that creates this drafter, before any request."""
+
+    def start(self, rid: int, prompt: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def propose(self, rid: int, max_nodes: int) -> DraftTree:
+        raise NotImplementedError
+
+    def propose_batch(
+        self, rids: Sequence[int], max_nodes: Sequence[int]
+    ) -> list[DraftTree | Exception]:
+        """Each request's draft; the default proposes one by one (module docstring)."""
+        out: list[DraftTree | Exception] = []
+        for rid, k in zip(rids, max_nodes, strict=True):
+            try:
+                out.append(self.propose(rid, k))
+            except Exception as e:
+                out.append(e)
+        return out
 
     def observe(
         self,
@@ -82,27 +109,28 @@ class Drafter(Protocol):
         accepted: Sequence[int],
         tree: DraftTree,
         logits: torch.Tensor | None,  # [len(tree) + 1, vocab]: root row first, then nodes
-    ) -> None: ...
+    ) -> None:
+        raise NotImplementedError
 
-    def stop(self, rid: int) -> None: ...
+    def stop(self, rid: int) -> None:
+        raise NotImplementedError
 
+    def context(self, rid: int) -> int:
+        """The context of rid's next draft (in ``[0, contexts)``)."""
+        return 0
 
-def has_costly_proposals(d: Drafter) -> bool:
-    """Whether a drafter's proposals cost a model forward per draft position (its
-    optional ``costly_proposals`` attribute; absent means cheap)."""
-    return bool(getattr(d, "costly_proposals", False))
-
-
-def draft_contexts(d: Drafter) -> int:
-    """How many draft contexts a drafter distinguishes (1 without ``context``)."""
-    n = getattr(d, "contexts", 1)
-    return int(n) if callable(getattr(d, "context", None)) else 1
+    def candidates(self, rid: int, max_nodes: int) -> list[tuple[int, DraftTree]]:
+        """(context, draft) pairs to choose from (only with ``offers_candidates``)."""
+        raise NotImplementedError
 
 
-def draft_context(d: Drafter, rid: int) -> int:
-    """The context of rid's next draft (0 for a drafter without contexts)."""
-    fn = getattr(d, "context", None)
-    return int(fn(rid)) if callable(fn) else 0
+def checked_instance(d: object) -> Drafter:
+    """A drafter instance given by a caller, checked to be one (the step core reads the
+    base class's hooks)."""
+    if not isinstance(d, Drafter):
+        raise DataError(f"a drafter instance must subclass recallspec.drafters.Drafter; "
+                        f"got {type(d).__name__}")
+    return d
 
 
 DrafterFactory = Callable[..., Drafter]

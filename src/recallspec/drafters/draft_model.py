@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from recallspec.drafters.base import DrafterContext, register_drafter
+from recallspec.drafters.base import Drafter, DrafterContext, register_drafter
 from recallspec.drafters.sam import MODEL, SamDrafter, SamOptions, _options
 from recallspec.errors import DataError
 from recallspec.index import StaticIndex
@@ -273,7 +273,7 @@ def _num_layers(model: Any) -> int:
     return int(getattr(model.config, "num_layers", 0))
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """``draft-model``: a chain of ``gamma`` greedy tokens from an auxiliary model."""
 
     name = "draft-model"
@@ -292,9 +292,11 @@ class DraftModelDrafter:
     def propose(self, rid: int, max_nodes: int) -> DraftTree:
         return DraftTree.chain(self.draft.propose(rid, max_nodes))
 
-    def propose_batch(self, rids: Sequence[int], max_nodes: Sequence[int]) -> list[DraftTree]:
-        """All requests' drafts with one forward per draft position (the engine calls
-        this instead of ``propose`` when a drafter has it)."""
+    def propose_batch(
+        self, rids: Sequence[int], max_nodes: Sequence[int]
+    ) -> list[DraftTree | Exception]:
+        """All requests' drafts with one forward per draft position (a failure fails
+        them all)."""
         return [DraftTree.chain(t) for t in self.draft.propose_many(rids, max_nodes)]
 
     def observe(

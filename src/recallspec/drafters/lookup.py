@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from recallspec.drafters.base import register_drafter
+from recallspec.drafters.base import Drafter, register_drafter
 from recallspec.spec.tree import DraftTree
 
 
 @register_drafter("none")
-class NoDrafter:
+class NoDrafter(Drafter):
     """Plain autoregressive decoding: never drafts."""
 
     name = "none"
@@ -46,7 +46,7 @@ class _LookupState:
     last_end: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
 
 
-class LookupDrafter:
+class LookupDrafter(Drafter):
     """n-gram lookup over the request's own text; O(n_max) per committed token."""
 
     needs_logits = False

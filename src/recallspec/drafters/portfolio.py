@@ -54,6 +54,7 @@ class PortfolioDrafter(SamDrafter):
 
     name = "portfolio"
     contexts = (len(SOURCES) + len(KINDS)) * N_BUCKETS
+    offers_candidates = True
 
     def __init__(
         self, options: SamOptions, *, ngram: int = 4, recycling: bool = False,

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from recallspec.drafters.base import register_drafter
+from recallspec.drafters.base import Drafter, register_drafter
 from recallspec.spec.tree import DraftTree
 
 TOPK = 8  # successors kept per token; ranks in templates are < TOPK
@@ -163,7 +163,7 @@ class AdjacencyTable:
         return DraftTree(tokens[keep], par.astype(np.int64))
 
 
-class RecyclingDrafter:
+class RecyclingDrafter(Drafter):
     """Token Recycling; per request it only remembers the last committed token."""
 
     name = "recycling"

@@ -22,7 +22,7 @@ import torch
 
 from recallspec.datastore.rest import RestDatastore, RetrievalConfig
 from recallspec.datastore.store import DEFAULT_TABLE, TreeStore, open_tree_store
-from recallspec.drafters.base import DrafterContext, register_drafter
+from recallspec.drafters.base import Drafter, DrafterContext, register_drafter
 from recallspec.spec.tree import DraftTree
 
 
@@ -34,7 +34,7 @@ class RetrievalStep:
     draft_nodes: int
 
 
-class _RetrievalBase:
+class _RetrievalBase(Drafter):
     needs_logits = False
     context_len: int  # tokens of text kept per request
 

@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from recallspec.drafters.base import DrafterContext, no_recall, register_drafter
+from recallspec.drafters.base import Drafter, DrafterContext, no_recall, register_drafter
 from recallspec.drafters.recall import RecallCursors
 from recallspec.drafters.recycling import TOPK, RecyclingDrafter
 from recallspec.index import DynamicAutomaton, MatchCursor, StaticIndex
@@ -112,7 +112,7 @@ class _State:
     last: SamStep
 
 
-class SamDrafter:
+class SamDrafter(Drafter):
     """Suffix-automaton drafts (see the module docstring)."""
 
     name = "sam"
@@ -304,6 +304,7 @@ class SamRecyclingDrafter(SamDrafter):
 
     name = "sam+recycling"
     needs_logits = True  # the recycling table learns from every verification
+    offers_candidates = True  # the automaton's draft or the recycling tree
     auxiliary = RECYCLING
 
     def __init__(

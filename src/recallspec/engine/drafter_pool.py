@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from recallspec.drafters.base import Drafter, DrafterContext, create_drafter
+from recallspec.drafters.base import Drafter, DrafterContext, checked_instance, create_drafter
 from recallspec.drafters.spec import DrafterSpec, Options, effective_sizing
 from recallspec.engine.config import EngineConfig, split_mode
 from recallspec.errors import UnknownNameError
@@ -75,9 +75,7 @@ class DrafterPool:
             d = create_drafter(spec.name, **spec.kwargs)
             # Drafters that run (part of) the target model or check its tokenizer
             # (draft-model, a static SAM index, datastores) take what they need.
-            bind = getattr(d, "bind", None)
-            if callable(bind):
-                bind(self._context())
+            d.bind(self._context())
         except ValueError as e:
             raise UnknownNameError(f"bad options for drafter {spec.name!r}: {e}") from None
         self._pool[key] = d
@@ -101,7 +99,7 @@ class DrafterPool:
         """A drafter instance: by name or spec (plus options), as given, or the default."""
         if drafter is None or isinstance(drafter, str | DrafterSpec):
             return self.get(self.spec(drafter, options))
-        return drafter
+        return checked_instance(drafter)
 
     def drafting(self, drafter: DrafterArg = None, options: Mapping[str, Any] | None = None,
                  mode: str | BatchMode | None = None, sizing: Sizing | None = None) -> Drafting:
@@ -126,7 +124,7 @@ class DrafterPool:
             else:
                 stated = (sizing, mode_sizing, spec.sizing, cfg_sizing)
         else:
-            d = drafter
+            d = checked_instance(drafter)
             stated = (sizing, mode_sizing, cfg_sizing)
         chosen: Sizing = DEFAULT_SIZING
         for s in stated:  # the first stated, else the default

@@ -36,7 +36,6 @@ from recallspec.drafters.spec import DrafterSpec
 from recallspec.engine import offline, prompts
 from recallspec.engine.config import EngineConfig
 from recallspec.engine.drafter_pool import DrafterArg, DrafterPool
-from recallspec.engine.drafting import DraftPlanner
 from recallspec.engine.outputs import (
     GenerationResult,
     RequestOutput,
@@ -48,7 +47,7 @@ from recallspec.engine.outputs import (
 from recallspec.engine.prompts import Prompt
 from recallspec.engine.recall import RecallSources
 from recallspec.engine.request import Request, RequestStatus
-from recallspec.engine.runner import Runner
+from recallspec.engine.runner import NativeVerifier, Runner
 from recallspec.engine.scheduler import Scheduler, StepPlan
 from recallspec.errors import DataError, ResourceError
 from recallspec.index.recall import RecallView
@@ -60,6 +59,8 @@ from recallspec.spec.draft_sizing import Sizing, draft_room
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
 from recallspec.spec.verify import sample
+from recallspec.step.core import speculative_step, tell_drafter
+from recallspec.step.planner import DraftPlanner
 
 
 def _say(message: str) -> None:
@@ -312,57 +313,47 @@ class Engine:
 
     # ---- the step --------------------------------------------------------------------
     def _execute(self, plan: StepPlan) -> None:
+        """One step through the step core (``step/core.py``), verified by the native
+        forward, which also carries the plan's prompt chunks."""
         t_step = time.perf_counter()
         new_before = self.stats.new_tokens
         decoding = list(plan.decoding)
-        trees: list[DraftTree] = []
-        if decoding:
-            rooms = [draft_room(self.max_len, self.cache.length(r.slot),
-                                self.config.max_draft_nodes) for r in decoding]
-            trees, failed = self.planner.plan(decoding, rooms)
-            for req, e in failed:
-                req.fail(e)
-            kept = [(r, t) for r, t in zip(decoding, trees, strict=True) if not r.is_finished]
-            decoding, trees = [r for r, _ in kept], [t for _, t in kept]
-        t_drafted = time.perf_counter() - t_step
-        self.stats.draft_s += t_drafted
+        rooms = [draft_room(self.max_len, self.cache.length(r.slot), self.config.max_draft_nodes)
+                 for r in decoding]
         forward_before = self.stats.forward_s
-        res = self.runner.run(decoding, trees, plan.prefill, self.stats)
-        for req, e in res.failed:
-            req.fail(e)
-        for v in res.verified:
-            req = v.request
-            self.planner.observe(req, v.tree, v.verdict.accepted_nodes)
-            before = len(req.generated)
-            self._commit(req, list(v.verdict.tokens), v.tree,
-                         v.logits if req.drafter.needs_logits else None)
-            n_new = len(req.generated) - before
-            req.accept_lengths.append(n_new)
-            req.spec.add(n_new, len(v.tree), len(v.verdict.accepted_nodes))
+        native = NativeVerifier(self.runner, plan.prefill, self.stats)
+        out = speculative_step(self.planner, decoding, rooms, native, self._commit)
+        self.stats.draft_s += out.draft_s
+        for c in out.committed:
+            n_new = len(c.taken)
+            c.seq.accept_lengths.append(n_new)
+            c.seq.spec.add(n_new, len(c.tree), len(c.verdict.accepted_nodes))
             self.stats.new_tokens += n_new
-        for req in self.runner.pad_kv(res.verified, self.stats):
+        for req, e in out.failed:
+            req.fail(e)
+        for req in self.runner.pad_kv(native.result.verified, self.stats):
             self._stop_if_cache_full(req)
         if decoding and not plan.prefill:
             elapsed = time.perf_counter() - t_step
             self.stats.decode_only_s += elapsed
-            self.planner.note_step(decoding, res.num_rows, elapsed, t_drafted, self._cost_curve,
-                                   self.stats.forward_s - forward_before)
+            self.planner.note_step(decoding, native.result.num_rows, elapsed, out.draft_s,
+                                   self._cost_curve, self.stats.forward_s - forward_before)
             self.stats.decode_only_tokens += self.stats.new_tokens - new_before
-        for req, row in res.first_rows:
+        for req, row in native.result.first_rows:
             try:
                 first = sample(row, req.params, req.generator)
             except Exception as e:
                 req.fail(e)
                 continue
-            self._commit(req, [first], DraftTree.empty(),
-                         row[None] if req.drafter.needs_logits else None)
+            taken = self._commit(req, [first])
+            err = tell_drafter(req, taken, DraftTree.empty(), row[None])
+            if err is not None:
+                req.fail(err)
             req.prefill_time = time.perf_counter() - req.t_start
             req.status = RequestStatus.DECODING
 
-    def _commit(
-        self, req: Request, tokens: list[int], tree: DraftTree, logits: torch.Tensor | None
-    ) -> None:
-        """Append committed tokens, applying stop conditions, and tell the drafter."""
+    def _commit(self, req: Request, tokens: list[int]) -> list[int]:
+        """Append committed tokens, applying stop conditions; the tokens taken."""
         eos = self.tokenizer.eos_token_ids
         taken: list[int] = []
         for t in tokens:
@@ -379,10 +370,7 @@ class Engine:
         if hit_stop(req, before):
             req.finish_reason = "stop"
         self._stop_if_cache_full(req)
-        try:
-            req.drafter.observe(req.rid, taken, tree, logits)
-        except Exception as e:
-            req.fail(e)
+        return taken
 
     def _stop_if_cache_full(self, req: Request) -> None:
         """End a request whose slot has no room left for its next root row."""

@@ -1,5 +1,7 @@
 """A request's state inside the engine: data, derived properties and a status.
 
+A decoding ``Request`` is the engine's ``step.sequence.StepSequence``.
+
 Invariant while a request holds a KV slot: the slot holds prompt + ``generated[:-1]``;
 ``generated[-1]`` (the step's *root*) is committed but not yet cached (the next step
 feeds it). ``generated`` includes a trailing EOS when one ended the request.
@@ -15,8 +17,9 @@ import numpy as np
 from recallspec.drafters.base import Drafter
 from recallspec.errors import RecallspecError
 from recallspec.runtime.modes import BatchMode
-from recallspec.spec.draft_sizing import AcceptanceStats, Sizing
+from recallspec.spec.draft_sizing import Sizing
 from recallspec.spec.sampling import SamplingParams
+from recallspec.step.sequence import DraftState
 
 # Why a request ended. The server maps them to OpenAI's: eos/stop -> "stop",
 # length/context -> "length".
@@ -28,15 +31,6 @@ class RequestStatus(enum.Enum):
     PREFILLING = "prefilling"  # holds a slot; prompt chunks still to feed
     DECODING = "decoding"  # prompt cached; each step drafts, verifies, commits
     FINISHED = "finished"  # ended (finish_reason set); slot released
-
-
-@dataclass
-class DraftState:
-    """Adaptive sizing's per-request state (``DraftPlanner``)."""
-
-    stats: AcceptanceStats | None = None  # this request's acceptance statistics
-    idle_steps: int = 0  # steps since this request last drafted
-    probing: bool = False  # this step's draft is a forced 1-node probe
 
 
 @dataclass
@@ -109,6 +103,18 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def depth_limit(self) -> int:
+        """The deepest draft worth verifying (``StepSequence``): the tokens still
+        wanted, less the bonus token."""
+        return self.params.max_new_tokens - len(self.generated) - 1
+
+    @property
+    def cached_length(self) -> int:
+        """Tokens in its KV slot while decoding (``StepSequence``): prompt +
+        generated[:-1]."""
+        return len(self.prompt) + len(self.generated) - 1
 
     @property
     def is_prefilled(self) -> bool:

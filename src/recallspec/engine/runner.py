@@ -1,4 +1,7 @@
-"""One step's forward, verification and KV commit.
+"""One step's forward, verification and KV commit: the engine's ``Verifier``.
+
+``NativeVerifier`` is what the step core (``step/core.py``) verifies through in the
+engine: one call of ``Runner.run`` per step, which also carries the step's prompt chunks.
 
 Every decoding request feeds its root (the last committed token) and its draft tree;
 the plan's prompt chunks follow; all in ONE ragged forward with no padding of inputs or
@@ -22,7 +25,6 @@ from typing import Any
 
 import torch
 
-from recallspec.engine.drafting import Failure
 from recallspec.engine.outputs import StepStats
 from recallspec.engine.request import Request
 from recallspec.engine.scheduler import PrefillChunk
@@ -30,23 +32,17 @@ from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.kv_cache import KVCache
 from recallspec.runtime.linear import forward_threads
 from recallspec.spec.tree import DraftTree
-from recallspec.spec.verify import Verdict, verify_greedy, verify_greedy_argmax, verify_sampling
+from recallspec.spec.verify import verify_greedy, verify_greedy_argmax, verify_sampling
+from recallspec.step.core import Verified
 
-
-@dataclass(frozen=True)
-class Verified:
-    request: Request
-    tree: DraftTree
-    verdict: Verdict
-    # [1 + len(tree), V]: the root's row, then each node's; None where nothing read them
-    # (greedy verification by the forward's argmax, for a drafter without needs_logits).
-    logits: torch.Tensor | None
-    num_kv: int  # KV entries committed: the root + the accepted nodes
+Failure = tuple[Request, Exception]
 
 
 @dataclass(frozen=True)
 class StepResult:
-    verified: list[Verified]  # decoding requests, in plan order
+    # Decoding requests, in plan order. Logits: None where nothing read them (greedy
+    # verification by the forward's argmax, for a drafter without needs_logits).
+    verified: list[Verified[Request]]
     failed: list[Failure]  # decoding requests whose verification raised
     first_rows: list[tuple[Request, torch.Tensor]]  # prompt completed: its last row, [V]
     num_rows: int  # rows fed, padding included
@@ -94,7 +90,7 @@ class Runner:
             stats.forward_s += time.perf_counter() - t_fwd
             stats.steps += 1
             stats.rows += meta.num_tokens
-        verified: list[Verified] = []
+        verified: list[Verified[Request]] = []
         failed: list[Failure] = []
         # Each logits row's argmax, when the forward computed them (-1: it did not).
         argmax = meta.argmax_list() if decoding else []
@@ -118,7 +114,7 @@ class Runner:
                 continue
             keep = [0, *(n + 1 for n in verdict.accepted_nodes)]
             cache.commit(req.slot, meta.cache_lens[b], keep)
-            verified.append(Verified(req, tree, verdict, rows, len(keep)))
+            verified.append(Verified(req, tree, verdict, rows))
         first_rows: list[tuple[Request, torch.Tensor]] = []
         for c in prefill:
             stats.prefill_rows += c.num_tokens
@@ -129,17 +125,34 @@ class Runner:
                 off += 1
         return StepResult(verified, failed, first_rows, meta.num_tokens)
 
-    def pad_kv(self, verified: Sequence[Verified], stats: StepStats) -> list[Request]:
+    def pad_kv(self, verified: Sequence[Verified[Request]], stats: StepStats) -> list[Request]:
         """Advance every ``pad_kv`` request's slot to the largest count committed among
-        them; returns the requests padded."""
-        padded = [v for v in verified if v.request.mode.pad_kv]
-        most = max((v.num_kv for v in padded), default=0)
+        them (the root + its accepted nodes); returns the requests padded."""
+        padded = [(v.seq, 1 + len(v.verdict.accepted_nodes)) for v in verified
+                  if v.seq.mode.pad_kv]
+        most = max((n_kv for _, n_kv in padded), default=0)
         out = []
-        for v in padded:
-            slot = v.request.slot
-            n = max(min(most - v.num_kv, self.max_len - self.cache.length(slot) - 1), 0)
+        for req, n_kv in padded:
+            n = max(min(most - n_kv, self.max_len - self.cache.length(req.slot) - 1), 0)
             if n:
-                self.cache.pad(slot, n)
+                self.cache.pad(req.slot, n)
                 stats.kv_padding += n
-                out.append(v.request)
+                out.append(req)
         return out
+
+
+class NativeVerifier:
+    """The engine's ``Verifier`` for one step: ``Runner.run`` over the decoding
+    requests and the step's prompt chunks; ``result`` keeps the rest of what it returns
+    (the prompt chunks' last rows, the rows fed)."""
+
+    def __init__(self, runner: Runner, prefill: Sequence[PrefillChunk], stats: StepStats,
+                 ) -> None:
+        self.runner, self.prefill, self.stats = runner, prefill, stats
+        self.result = StepResult([], [], [], 0)
+
+    def verify(
+        self, seqs: Sequence[Request], trees: Sequence[DraftTree]
+    ) -> tuple[list[Verified[Request]], list[Failure]]:
+        self.result = self.runner.run(seqs, trees, self.prefill, self.stats)
+        return self.result.verified, self.result.failed

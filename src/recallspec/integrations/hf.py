@@ -46,20 +46,23 @@ attentions or hidden states in the output; no streamer. Drafters run on the host
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from recallspec.drafters import create_drafter
-from recallspec.drafters.base import Drafter
+from recallspec.drafters.base import Drafter, checked_instance
 from recallspec.integrations import _hf_logits as hl
 from recallspec.integrations import _hf_tree as ht
 from recallspec.integrations._fingerprint import tokenizer_fingerprint
-from recallspec.params import MAX_DRAFT_NODES
+from recallspec.params import MAX_DRAFT_NODES, Sizing
 from recallspec.spec.sampling import SamplingParams
-from recallspec.spec.tree import DraftTree, limit_depth
+from recallspec.spec.tree import DraftTree
 from recallspec.spec.verify import Verdict, verify_greedy, verify_sampling
+from recallspec.step.core import Verified, speculative_step
+from recallspec.step.planner import DraftPlanner
+from recallspec.step.sequence import DraftState
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -78,16 +81,29 @@ _HANDLED = ("attention_mask", "position_ids", "past_key_values", "use_cache",
 
 @dataclass
 class _Row:
-    """One batch row. Invariant: the drafter's text for request ``index`` (the row's
-    index in the input batch and the output) is ``text``, the prompt without padding +
-    the committed tokens; the cache holds all of it but ``text[-1]``."""
+    """One batch row, a ``StepSequence`` of the step core. Invariant: the drafter's text
+    for request ``index`` (the row's index in the input batch and the output) is
+    ``text``, the prompt without padding + the committed tokens; the cache holds all of
+    it but ``text[-1]``."""
 
     index: int
     text: list[int]
+    drafter: Drafter
     done: bool = False
+    sizing: Sizing = "fixed"  # no cost curve for a transformers model: fixed sizes
+    draft: DraftState = field(default_factory=DraftState)
+    depth_limit: int = 0  # set before each step: tokens the row may still take, - 1
+
+    @property
+    def rid(self) -> int:
+        return self.index
 
     @property
     def root_pos(self) -> int:
+        return len(self.text) - 1
+
+    @property
+    def cached_length(self) -> int:
         return len(self.text) - 1
 
 
@@ -172,7 +188,7 @@ def _make_drafter(drafter: str | Drafter, options: Mapping[str, Any] | None) -> 
     if not isinstance(drafter, str):
         if options:
             raise ValueError("drafter_options apply to a drafter given by name")
-        return drafter
+        return checked_instance(drafter)
     if drafter in _ENGINE_ONLY:
         raise ValueError(f"drafter {drafter!r} runs our own model; it needs recallspec's Engine")
     return create_drafter(drafter, **dict(options or {}))
@@ -188,6 +204,7 @@ class _Runner:
         self.model, self.drafter, self.processor = model, drafter, processor
         self.row_procs: list[Any] = []
         self.stops, self.do_sample, self.max_nodes = stops, do_sample, max_nodes
+        self.planner = DraftPlanner(max_nodes)  # fixed sizing: no cost curve
         self.windows = _windows(model.config)
         # The additive mask's dtype: the model's compute dtype (quantized weights aside).
         dtype = getattr(model, "dtype", torch.float32)
@@ -218,7 +235,7 @@ class _Runner:
             text = input_ids[r][keep[r]].tolist()
             self.drafter.start(r, text)
             self.started.append(r)
-            self.rows.append(_Row(r, text))
+            self.rows.append(_Row(r, text, self.drafter))
         # The cache: one full-attention DynamicLayer per layer (sliding windows are masks).
         self.cache = DynamicCache()
         # inference_mode for the whole loop: the cache is edited in place between forwards.
@@ -269,28 +286,19 @@ class _Runner:
         return ht.Layout(keep[:, :-1].clone(), pos[:, :-1].clone().to(device))
 
     def _step(self, active: list[_Row], layout: ht.Layout) -> ht.Layout:
-        trees = []
-        for row in active:
-            room = self.limit - self.length[row.index]  # tokens still allowed
-            tree = self.drafter.propose(row.index, self.max_nodes) if self.max_nodes else None
-            tree = tree.truncate(self.max_nodes) if tree is not None else DraftTree.empty()
-            trees.append(limit_depth(tree, room - 1))  # a deeper path would be cut anyway
-        inp = ht.step_inputs([r.text[-1] for r in active], trees, [r.root_pos for r in active],
-                             layout, self.dtype, self.windows)
-        out = self.model(input_ids=inp.input_ids, position_ids=inp.position_ids,
-                         attention_mask=inp.attention_mask, past_key_values=self.cache,
-                         use_cache=True)
-        logits = out.logits.float()
-        keep: list[list[int]] = []
-        for i, (row, tree) in enumerate(zip(active, trees, strict=True)):
-            row_logits = logits[i, : len(tree) + 1]
-            verdict = self._verify(row, tree, row_logits)
-            taken = self._commit(row, verdict.tokens)
-            # Cached now: the root and the accepted nodes whose successors were taken.
-            keep.append([0] + [n + 1 for n in verdict.accepted_nodes[: len(taken) - 1]])
-            self.drafter.observe(row.index, taken, tree,
-                                 row_logits.cpu() if self.drafter.needs_logits else None)
-        return ht.keep_accepted(self.cache, layout, inp.qpos, keep)
+        """One step through the step core (``step/core.py``), verified by one forward
+        of the whole batch; then the cache keeps each row's accepted entries."""
+        for row in active:  # a deeper path would be cut anyway
+            row.depth_limit = self.limit - self.length[row.index] - 1
+        verifier = _TreeForward(self, layout)
+        out = speculative_step(self.planner, active, [self.max_nodes] * len(active),
+                               verifier, self._commit)
+        if out.failed:  # no per-row failure here: the call fails
+            raise out.failed[0][1]
+        # Cached now: the root and the accepted nodes whose successors were taken.
+        keep = [[0] + [n + 1 for n in c.verdict.accepted_nodes[: len(c.taken) - 1]]
+                for c in out.committed]
+        return ht.keep_accepted(self.cache, layout, verifier.qpos, keep)
 
     def _verify(self, row: _Row, tree: DraftTree, logits: torch.Tensor) -> Verdict:
         o, n = row.index, self.length[row.index]
@@ -299,7 +307,7 @@ class _Runner:
             return verify_sampling(tree, scores, _SAMPLE)
         return verify_greedy(tree, scores)
 
-    def _commit(self, row: _Row, tokens: Sequence[int]) -> list[int]:
+    def _commit(self, row: _Row, tokens: list[int]) -> list[int]:
         """Append tokens one by one until the row ends; the taken ones. A row ends when
         a stopping criterion first holds if there is an eos criterion (``generate``
         then pads it), else at ``limit`` (``_settle_limit``)."""
@@ -330,3 +338,30 @@ class _Runner:
                            device=self.out.device)
         wider[:, :have] = self.out
         self.out = wider
+
+
+class _TreeForward:
+    """The ``Verifier`` of one step: one forward of every row's root and tree under a
+    4D tree mask, each row's logits processed and verified as ``generate`` would."""
+
+    def __init__(self, runner: _Runner, layout: ht.Layout) -> None:
+        self.runner, self.layout = runner, layout
+        self.qpos: Any = None  # the step's query positions (``ht.keep_accepted``)
+
+    def verify(
+        self, rows: Sequence[_Row], trees: Sequence[DraftTree]
+    ) -> tuple[list[Verified[_Row]], list[tuple[_Row, Exception]]]:
+        r = self.runner
+        inp = ht.step_inputs([row.text[-1] for row in rows], list(trees),
+                             [row.root_pos for row in rows], self.layout, r.dtype, r.windows)
+        self.qpos = inp.qpos
+        out = r.model(input_ids=inp.input_ids, position_ids=inp.position_ids,
+                      attention_mask=inp.attention_mask, past_key_values=r.cache,
+                      use_cache=True)
+        logits = out.logits.float()
+        verified = []
+        for i, (row, tree) in enumerate(zip(rows, trees, strict=True)):
+            row_logits = logits[i, : len(tree) + 1]
+            rows_out = row_logits.cpu() if row.drafter.needs_logits else None
+            verified.append(Verified(row, tree, r._verify(row, tree, row_logits), rows_out))
+        return verified, []

@@ -1,9 +1,11 @@
-"""Each decoding request's draft tree for a step: proposal and sizing.
+"""Each decoding sequence's draft tree for a step: proposal and sizing.
 
-Every request drafts with its own drafter, so one step may mix drafters; requests
-sharing a drafter propose together (``propose_batch`` where the drafter has it). A tree
-is cut to the room left in the request's slot (and ``max_draft_nodes``) and to no more
-depth than the tokens still wanted. With adaptive sizing (``Request.sizing``) each
+The planner works on any ``StepSequence`` (an engine request, a transformers row, a
+replayed answer; "request" below). Every request drafts with its own drafter, so one
+step may mix drafters; requests sharing a drafter propose together
+(``Drafter.propose_batch``). A tree is cut to the room left in the request's slot (and
+``max_draft_nodes``) and to no more depth than the tokens still wanted
+(``StepSequence.depth_limit``). With adaptive sizing (``StepSequence.sizing``) each
 request's draft size, zero included, maximises the batch's expected tokens per second
 from the cost curve and online acceptance statistics (``spec/draft_sizing.py``): cheap
 drafters are sized after proposing (the actual tree); drafters whose proposals cost a
@@ -25,36 +27,37 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from recallspec.drafters.base import (
-    Drafter,
-    draft_context,
-    draft_contexts,
-    has_costly_proposals,
-)
-from recallspec.engine.request import Request
+from recallspec.drafters.base import Drafter
+from recallspec.errors import DataError
 from recallspec.runtime.cost_curve import CostCurve
 from recallspec.spec.draft_sizing import AcceptanceStats, choose_draft_sizes, running_min
 from recallspec.spec.tree import DraftTree, limit_depth
+from recallspec.step.sequence import StepSequence
 
 PROBE_EVERY = 8
 PROBE_MAX = 128
 CONTEXT_STEP = 32  # cached tokens per step of the cost tables' context
 OVERHEAD_WINDOW = 31  # decode steps the step overhead is the median of
 
-Failure = tuple[Request, Exception]
+S = TypeVar("S", bound=StepSequence)
 # A request's draft tree and, where ``_choose`` already priced it, its per-node gains
 # (``AcceptanceStats.key_node_rates``, running minimum) in the context it was chosen in.
 Proposal = tuple[int, DraftTree, list[float] | None]
 
 
 class DraftPlanner:
-    def __init__(self, max_draft_nodes: int, curve: Callable[[], CostCurve]) -> None:
+    def __init__(
+        self, max_draft_nodes: int, curve: Callable[[], CostCurve] | None = None
+    ) -> None:
         self.max_draft_nodes = max_draft_nodes
-        self._curve = curve  # the cost curve, measured on first use
+        # The cost curve, measured on first use; None: fixed sizing only (no cost model,
+        # e.g. a transformers model).
+        self._get_curve = curve
         self.priors: dict[str, AcceptanceStats] = {}  # per drafter: the engine-wide stats
         # A decode step's time outside its forward (drafting, verification, bookkeeping)
         # in the curve's seconds (``note_step``): the median of the last OVERHEAD_WINDOW
@@ -67,7 +70,13 @@ class DraftPlanner:
         self.probe_wait: dict[str, int] = {}  # per drafter: idle steps before a probe
         self._cost_tables: dict[tuple[int, ...], list[float]] = {}
 
-    def _stats(self, req: Request) -> AcceptanceStats:
+    def _curve(self) -> CostCurve:
+        if self._get_curve is None:
+            raise DataError("adaptive draft sizing needs a cost curve, and this "
+                                   "loop has none: use fixed sizing")
+        return self._get_curve()
+
+    def _stats(self, req: StepSequence) -> AcceptanceStats:
         """The request's acceptance statistics (rows as its drafter's engine-wide prior)."""
         if req.draft.stats is None:
             req.draft.stats = AcceptanceStats(self.max_draft_nodes,
@@ -78,24 +87,24 @@ class DraftPlanner:
         """Engine-wide acceptance statistics of a drafter (the prior of new requests)."""
         if d.name not in self.priors:
             self.priors[d.name] = AcceptanceStats(
-                self.max_draft_nodes, decay=0.99, contexts=draft_contexts(d))
+                self.max_draft_nodes, decay=0.99, contexts=d.contexts)
         return self.priors[d.name]
 
     # ---- proposing ---------------------------------------------------------------
     def plan(
-        self, decoding: Sequence[Request], rooms: Sequence[int]
-    ) -> tuple[list[DraftTree], list[Failure]]:
+        self, decoding: Sequence[S], rooms: Sequence[int]
+    ) -> tuple[list[DraftTree], list[tuple[S, Exception]]]:
         """Each request's tree (``rooms[i]``: nodes its slot has room for) and the
         requests whose drafter raised (their tree is empty; they must not be fed)."""
         trees: list[DraftTree | None] = [None] * len(decoding)
-        failed: list[Failure] = []
+        failed: list[tuple[S, Exception]] = []
         fixed: list[int] = []
         presize: list[int] = []
         post: list[int] = []
         for i, r in enumerate(decoding):
             adaptive = r.sizing == "adaptive"
             kind = post if adaptive else fixed
-            if adaptive and has_costly_proposals(r.drafter):
+            if adaptive and r.drafter.costly_proposals:
                 kind = presize
             kind.append(i)
         placed = 0  # draft rows already placed by other groups
@@ -120,7 +129,7 @@ class DraftPlanner:
                 placed += len(tree)
         proposed: list[Proposal] = []
         for d, idx in _by_drafter(decoding, post):
-            if callable(getattr(d, "candidates", None)):
+            if d.offers_candidates:
                 proposed += self._choose(d, decoding, idx, rooms, failed)
             else:
                 got = self._propose(d, decoding, idx, [rooms[i] for i in idx], failed)
@@ -134,38 +143,28 @@ class DraftPlanner:
         return [DraftTree.empty() if t is None else t for t in trees], failed  # None: failed
 
     def _propose(
-        self, d: Drafter, decoding: Sequence[Request], idx: list[int], sizes: list[int],
-        failed: list[Failure],
+        self, d: Drafter, decoding: Sequence[S], idx: list[int], sizes: list[int],
+        failed: list[tuple[S, Exception]],
     ) -> list[tuple[int, DraftTree]]:
         """(index, tree cut to its size and wanted depth) for each request of ``idx``
         whose proposal succeeded; the others go to ``failed``."""
         reqs = [decoding[i] for i in idx]
-        batched = getattr(d, "propose_batch", None)
-        got: list[DraftTree | None]
-        if callable(batched):
-            try:
-                got = list(batched([r.rid for r in reqs], sizes))
-            except Exception as e:  # one batched call: its requests fail together
-                failed.extend((r, e) for r in reqs)
-                return []
-        else:
-            got = []
-            for r, k in zip(reqs, sizes, strict=True):
-                try:
-                    got.append(d.propose(r.rid, k))
-                except Exception as e:
-                    failed.append((r, e))
-                    got.append(None)
+        try:
+            got = d.propose_batch([r.rid for r in reqs], sizes)
+        except Exception as e:  # one batched call: its requests fail together
+            failed.extend((r, e) for r in reqs)
+            return []
         out = []
         for i, r, k, tree in zip(idx, reqs, sizes, got, strict=True):
-            if tree is not None:
-                want = r.params.max_new_tokens - len(r.generated) - 1
-                out.append((i, limit_depth(tree.truncate(k), want)))
+            if isinstance(tree, Exception):  # (the default propose_batch: this one only)
+                failed.append((r, tree))
+            else:
+                out.append((i, limit_depth(tree.truncate(k), r.depth_limit)))
         return out
 
     def _choose(
-        self, d: Drafter, decoding: Sequence[Request], idx: list[int], rooms: Sequence[int],
-        failed: list[Failure],
+        self, d: Drafter, decoding: Sequence[S], idx: list[int], rooms: Sequence[int],
+        failed: list[tuple[S, Exception]],
     ) -> list[Proposal]:
         """(index, tree, gains) for requests whose drafter offers ``candidates``: each
         request's candidate whose best size promises the most tokens per second, judged
@@ -178,11 +177,11 @@ class DraftPlanner:
         for i in idx:
             req = decoding[i]
             try:
-                cands = list(d.candidates(req.rid, rooms[i]))  # type: ignore[attr-defined]
+                cands = list(d.candidates(req.rid, rooms[i]))
             except Exception as e:
                 failed.append((req, e))
                 continue
-            want = req.params.max_new_tokens - len(req.generated) - 1
+            want = req.depth_limit
             st, prior = self._stats(req), self.prior(req.drafter)
             costs = self._cost_table(curve, 1, rooms[i], 1, cached_context([req]))
             best: tuple[float, int, DraftTree, list[float]] | None = None
@@ -210,7 +209,7 @@ class DraftPlanner:
 
     # ---- adaptive sizing ---------------------------------------------------------
     def _sizes(
-        self, reqs: Sequence[Request], parents: Sequence[npt.NDArray[np.int64]],
+        self, reqs: Sequence[StepSequence], parents: Sequence[npt.NDArray[np.int64]],
         base_rows: int, node_cost: float = 0.0,
         known: Sequence[list[float] | None] | None = None,
     ) -> list[int]:
@@ -224,7 +223,7 @@ class DraftPlanner:
             g = None if known is None else known[n]
             if g is None:
                 st = self._stats(req)
-                st.context = draft_context(req.drafter, req.rid)
+                st.context = req.drafter.context(req.rid)
                 # Only the request's current row is needed: computing every row of every
                 # context (a hundred for the SAM drafters) each step cost more than the rest.
                 g = st.key_node_rates(par.tolist(), self.prior(req.drafter))
@@ -275,7 +274,9 @@ class DraftPlanner:
         return table
 
     # ---- learning from the step ----------------------------------------------------
-    def observe(self, req: Request, tree: DraftTree, accepted_nodes: Sequence[int]) -> None:
+    def observe(
+        self, req: StepSequence, tree: DraftTree, accepted_nodes: Sequence[int]
+    ) -> None:
         """After verification: update the request's and its drafter's statistics."""
         st = req.draft.stats
         if st is None:
@@ -289,7 +290,7 @@ class DraftPlanner:
         self.prior(req.drafter).update(tree.parents, accepted_nodes, key=key)
 
     def note_step(
-        self, decoding: Sequence[Request], rows: int, elapsed: float, t_drafted: float,
+        self, decoding: Sequence[StepSequence], rows: int, elapsed: float, t_drafted: float,
         curve: CostCurve | None, t_forward: float,
     ) -> None:
         """A decode-only step took ``elapsed`` seconds for ``rows`` rows, ``t_forward`` of
@@ -311,7 +312,7 @@ class DraftPlanner:
             extra = (elapsed - t_forward) * min(max(priced / t_forward, 0.5), 2.0)
         else:  # no forward time measured: everything beyond the curve counts
             extra = elapsed - priced
-        if any(has_costly_proposals(r.drafter) for r in adaptive):
+        if any(r.drafter.costly_proposals for r in adaptive):
             extra -= t_drafted  # priced per draft position instead
         self._extras.append(extra)
         self.step_overhead = max(statistics.median(self._extras), 0.0)
@@ -355,15 +356,15 @@ def _price(
     return gains, best
 
 
-def cached_context(reqs: Sequence[Request]) -> int:
-    """Mean tokens cached per request before this step (prompt + generated[:-1])."""
+def cached_context(reqs: Sequence[StepSequence]) -> int:
+    """Mean tokens cached per request before this step."""
     if not reqs:
         return 0
-    return sum(len(r.prompt) + len(r.generated) - 1 for r in reqs) // len(reqs)
+    return sum(r.cached_length for r in reqs) // len(reqs)
 
 
 def _by_drafter(
-    decoding: Sequence[Request], idx: list[int]
+    decoding: Sequence[StepSequence], idx: list[int]
 ) -> list[tuple[Drafter, list[int]]]:
     """``idx`` grouped by drafter instance, groups in order of first appearance."""
     if not idx:
