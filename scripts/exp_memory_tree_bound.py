@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from recallspec.bench.repeat import GSM8K_INSTRUCTION
+from recallspec.bench.repeat_workloads import GSM8K_INSTRUCTION
 from recallspec.bench.suites import SuiteSelection, load_suite
 from recallspec.drafters.lookup import LookupDrafter
 from recallspec.drafters.sam import SamDrafter, SamOptions

@@ -25,7 +25,7 @@ import torch
 
 from recallspec.engine import Engine
 from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.runtime.cost_curve import random_prefix
+from recallspec.runtime.cost_calibration import random_prefix
 from recallspec.runtime.linear import forward_threads
 from recallspec.runtime.threads import decode_threads
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from availability import data_dir_or_unavailable
 
-from recallspec.bench.repeat import FOLLOW_UPS, Record, RepeatConfig, load_workloads
+from recallspec.bench.repeat import Record
 from recallspec.bench.repeat_report import comparisons, render_markdown, summaries, write_plot
+from recallspec.bench.repeat_workloads import FOLLOW_UPS, RepeatConfig, load_workloads
 from recallspec.errors import DataError
 
 

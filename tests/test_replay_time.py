@@ -79,7 +79,7 @@ def test_cost_curve_json_round_trip_and_format() -> None:
 def test_a_curve_measured_while_busy_stands_in_but_is_never_cached(tmp_path: Path) -> None:
     """Busy: measured once, kept in a provisional file that later busy calls reuse (no
     new measurement per engine); quiet: measured again and cached for good."""
-    from recallspec.runtime import cost_curve as cc
+    from recallspec.runtime import cost_calibration as cc
 
     calls = []
 

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from recallspec.bench.repeat_workloads import GREEDY_WORKLOADS, WORKLOADS
+
 # The bar for the speedup of the memory arm (Spec-Bench: must not lose).
 TARGETS = {"self_consistency": 1.2, "code_edit": 1.5, "spec_bench": 0.98}
-GREEDY = ("code_edit", "spec_bench")  # reask too when its records say T = 0
-ORDER = ("self_consistency", "code_edit", "reask", "spec_bench")
 
 
 def _rate(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -85,7 +85,8 @@ def comparisons(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             c["resend_speedup"] = _ratio(
                 _rate([r for r in on if r["sample"] > 0])["tok_per_s"],
                 _rate([r for r in off if r["sample"] > 0])["tok_per_s"])
-        if workload in GREEDY or all(r.get("temperature") == 0.0 for r in off + on):
+        # reask too is greedy when its records say T = 0
+        if workload in GREEDY_WORKLOADS or all(r.get("temperature") == 0.0 for r in off + on):
             key = ("conversation", "turn", "sample")
             ref = {tuple(r[k] for k in key): r for r in off if r["ok"]}
             pairs = [(ref[t], r) for r in on if r["ok"]
@@ -144,7 +145,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
                 f"{c['drafter']} {c[key]:.2f}x" for c in part) + "."]
     lines += ["", "| server | workload | requests | errors | tokens | seconds | tok/s "
               "| acc/step |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-    order = {w: i for i, w in enumerate(ORDER)}
+    order = {w: i for i, w in enumerate(WORKLOADS)}
     for s in sorted(rep["summaries"], key=lambda s: (order.get(s["workload"], 9), s["drafter"],
                                                      s["memory"])):
         lines.append(f"| {s['server']} | {s['workload']} | {s['requests']} | {s['errors']} "

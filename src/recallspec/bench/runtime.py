@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from recallspec.errors import DataError
-from recallspec.runtime.cost_curve import median_time as _median_time
+from recallspec.runtime.cost_calibration import median_time as _median_time
 
 KS = (1, 2, 4, 8, 16, 32, 64, 128)
 CACHED = 512
@@ -127,7 +127,10 @@ def quantized_bytes_per_token(model: Any) -> dict[str, int]:
 # ---- our model ----------------------------------------------------------------------
 
 
-def _prompt_ids(tokenizer: Any) -> list[int]:
+def prompt_ids(tokenizer: Any) -> list[int]:
+    """The bench's prompt (``_PROMPT_TEXT`` repeated to at least ``PROMPT_TOKENS``
+    tokens) as chat-template token ids: what AR decoding is timed after (here and in
+    ``bench/scale_ours.py``)."""
     from recallspec.bench.prompting import conversation_ids
 
     ids: list[int] = []
@@ -138,7 +141,10 @@ def _prompt_ids(tokenizer: Any) -> list[int]:
     return ids
 
 
-def _engine_ar(engine: Any, ids: list[int], n: int, repeats: int) -> dict[str, float]:
+def engine_ar(engine: Any, ids: list[int], n: int, repeats: int) -> dict[str, float]:
+    """AR decoding of ``engine``, end to end and decode only (seconds, tok/s, ms/token):
+    ``n`` greedy tokens after ``ids``, EOS ignored, no drafter; each the median of
+    ``repeats`` runs of n and of 1 token."""
     from recallspec.spec.sampling import SamplingParams
 
     def gen(k: int) -> Callable[[], Any]:
@@ -157,7 +163,7 @@ def _rates(t_n: float, t_1: float, n: int) -> dict[str, float]:
 
 
 def _our_cost_curve(engine: Any, cfg: RuntimeConfig) -> dict[str, float]:
-    from recallspec.runtime.cost_curve import forward_times
+    from recallspec.runtime.cost_calibration import forward_times
 
     t = forward_times(engine.model, engine.cache, engine.threads, cfg.ks, cached=cfg.cached,
                       repeats=cfg.repeats, warmup=2)
@@ -227,11 +233,11 @@ def run_runtime_bench(
         say(f"[{dt}] loading our model")
         # The KV cache must hold the 512 cached tokens plus the longest chain.
         engine = Engine.load(cfg.model, dtype=dt, max_len=max(1024, cfg.cached + max(cfg.ks) + 8))
-        ids = _prompt_ids(engine.tokenizer)
+        ids = prompt_ids(engine.tokenizer)
         mc = engine.model.config
         r: dict[str, Any] = {"prompt_tokens": len(ids), "new_tokens": cfg.new_tokens}
         say(f"[{dt}] our AR decoding")
-        r["ours"] = _engine_ar(engine, ids, cfg.new_tokens, cfg.repeats)
+        r["ours"] = engine_ar(engine, ids, cfg.new_tokens, cfg.repeats)
         say(f"[{dt}] our verification cost curve")
         curve = _our_cost_curve(engine, cfg)
         r["cost_ms"] = curve

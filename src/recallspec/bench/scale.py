@@ -22,6 +22,7 @@ stopped), ``scale.md`` and ``scale.png`` (``bench/scale_report.py``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -75,6 +76,19 @@ class ScaleConfig:
             raise DataError(f"ks must be positive and include 1 (the ratios' base): {self.ks}")
         if self.answers is not None and "ar" not in self.methods:
             raise DataError("the predicted speedups need 'ar' among the methods")
+
+
+def positive_ints(s: str) -> tuple[int, ...]:
+    """``1,2,4``: the comma-separated positive integers of ``--ks`` and ``--contexts``, as
+    an argparse ``type`` (``recallspec bench scale`` and its child ``bench/scale_ours.py``
+    parse the same format, which ``_ours`` writes)."""
+    try:
+        vals = tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {s!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"need positive integers: {s!r}")
+    return vals
 
 
 def parse_entries(shapes: str | None, quants: str | None) -> tuple[tuple[str, str], ...]:

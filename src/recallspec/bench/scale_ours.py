@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from recallspec.bench.scale import positive_ints
+
 # Prefill grid (chunk sizes 128 and --prefill x start positions): the span Spec-Bench
 # prompts (about 100-700 tokens) are priced over by the curve written with --curve-out.
 PREFILL_SMALL = 128
@@ -61,9 +63,10 @@ def _status_mb(field: str) -> float:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from recallspec.bench.runtime import _engine_ar, _prompt_ids, quantized_bytes_per_token
+    from recallspec.bench.runtime import engine_ar, prompt_ids, quantized_bytes_per_token
     from recallspec.engine import Engine
-    from recallspec.runtime.cost_curve import CostCurve, CostGrid, grid_times
+    from recallspec.runtime.cost_calibration import grid_times
+    from recallspec.runtime.cost_curve import CostCurve, CostGrid
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,10 +77,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                          threads=args.threads)
     load_s = time.perf_counter() - t0
     model, threads = engine.model, engine.threads
-    ids = _prompt_ids(engine.tokenizer)
+    ids = prompt_ids(engine.tokenizer)
     out: dict[str, Any] = {"load_s": load_s, "threads": threads,
                            "baseline_rss_mb": baseline, "prompt_tokens": len(ids)}
-    out["ar"] = _engine_ar(engine, ids, args.new_tokens, args.repeats)
+    out["ar"] = engine_ar(engine, ids, args.new_tokens, args.repeats)
     # Prefill: chunks of 128 and P rows (last row's logits) at positions 0 and 512, the
     # engine's prefill forward (its prefill_chunk is 512); P at 0 is the reported rate.
     sizes = tuple(sorted({PREFILL_SMALL, args.prefill}))
@@ -109,16 +112,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _ints(s: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(x) for x in s.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of integers: {s!r}") from None
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"need positive integers: {s!r}")
-    return vals
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m recallspec.bench.scale_ours")
     p.add_argument("gguf")
@@ -126,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--prefill", type=int, default=512)
-    p.add_argument("--ks", type=_ints, default=(1, 2, 4, 8, 16, 32))
+    p.add_argument("--ks", type=positive_ints, default=(1, 2, 4, 8, 16, 32))
     p.add_argument("--cached", type=int, default=512)
-    p.add_argument("--contexts", type=_ints, default=(128, 512, 1024))
+    p.add_argument("--contexts", type=positive_ints, default=(128, 512, 1024))
     p.add_argument("--curve-out", default=None)
     args = p.parse_args(argv)
     res = measure(args)

@@ -18,16 +18,22 @@ like a top-level command module.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from recallspec.errors import DataError
 from recallspec.params import DEFAULT_WEIGHT_FORMAT, MAX_DRAFT_NODES, WEIGHT_FORMATS
 from recallspec.policy import POLICY
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    Settings = TypeVar("Settings", bound=DataclassInstance)
 
 # Modules adding `recallspec bench <name>` sub-commands, in the order the help lists them.
 _EXTRA_SUBCOMMAND_MODULES: tuple[str, ...] = ("recallspec.cli.bench_serve",
@@ -150,6 +156,15 @@ def csv_list(s: str | None) -> tuple[str, ...] | None:
     return items
 
 
+def config_from_args(cls: type[Settings], args: argparse.Namespace, **given: Any) -> Settings:
+    """``cls`` (a bench's settings, a dataclass) with every field taken from the option of
+    the same name (``--max-tokens``: ``max_tokens``), except those in ``given`` (options
+    that need parsing or another name); a field no option names keeps its default. The
+    sub-command modules share it, so an option added to both sides needs no third edit."""
+    names = {f.name for f in dataclasses.fields(cls)} - given.keys()
+    return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)}, **given)
+
+
 def run_suite(args: argparse.Namespace) -> int:
     from recallspec.bench.report import render_markdown, write_report
     from recallspec.bench.runner import BenchConfig, run_bench
@@ -269,7 +284,7 @@ def _predict(args: argparse.Namespace, recs: list[dict[str, Any]], settings: dic
     if args.model_topk:
         from recallspec.bench.replay_logits import cached_answer_topk
         from recallspec.models.loader import cache_dir
-        from recallspec.runtime.cost_curve import curve_key
+        from recallspec.runtime.cost_calibration import curve_key
 
         key = curve_key(engine.model, getattr(engine.tokenizer, "fingerprint", ""), 1)
         topk = cached_answer_topk(engine.model, recs, Path(args.answers), key, cache_dir())

@@ -12,18 +12,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from recallspec.errors import DataError
-
-
-def _ints(s: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in s.split(",") if x.strip())
-    except ValueError:
-        raise DataError(f"not a list of integers: {s!r}") from None
-
 
 def register_bench(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from recallspec.bench.scale import PREDICT_METHODS, ScaleConfig
+    from recallspec.bench.scale import PREDICT_METHODS, ScaleConfig, positive_ints
 
     d = ScaleConfig()
     sc = bsub.add_parser(
@@ -37,7 +28,8 @@ def register_bench(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sc.add_argument("--repeats", type=int, default=d.repeats)
     sc.add_argument("--new-tokens", type=int, default=d.new_tokens, help="decode tokens")
     sc.add_argument("--prefill", type=int, default=d.prefill, help="prompt tokens of prefill")
-    sc.add_argument("--ks", default=",".join(map(str, d.ks)), help="verification rows")
+    sc.add_argument("--ks", type=positive_ints, default=",".join(map(str, d.ks)),
+                    help="verification rows")
     sc.add_argument("--cached", type=int, default=d.cached,
                     help="cached tokens under the verification curve")
     sc.add_argument("--threads", type=int, default=None, help="both engines (default: all CPUs)")
@@ -59,7 +51,7 @@ def run_scale_cmd(args: argparse.Namespace) -> int:
 
     cfg = ScaleConfig(
         entries=parse_entries(args.shapes, args.quants), repeats=args.repeats,
-        new_tokens=args.new_tokens, prefill=args.prefill, ks=_ints(args.ks),
+        new_tokens=args.new_tokens, prefill=args.prefill, ks=args.ks,
         cached=args.cached, threads=args.threads, llamacpp=not args.no_llamacpp,
         answers=args.answers, methods=tuple(m.strip() for m in args.methods.split(",")
                                             if m.strip()),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from recallspec.cli.bench import csv_list, print_report
+from recallspec.cli.bench import config_from_args, csv_list, print_report
 from recallspec.errors import DataError
 from recallspec.params import DEFAULT_WEIGHT_FORMAT, WEIGHT_FORMATS
 
@@ -57,48 +57,59 @@ def _register_serve(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _register_repeat(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from recallspec.bench.repeat import WORKLOADS
+    from recallspec.bench.repeat_workloads import WORKLOADS, RepeatConfig
+
+    d = RepeatConfig()
 
     rp = bsub.add_parser("repeat", help="repeating workloads (self-consistency, multi-turn "
                          "code editing, re-asked prompts; Spec-Bench as control) through the "
                          "server, with and without response memory")
-    rp.add_argument("--workloads", default=",".join(WORKLOADS),
+    rp.add_argument("--workloads", default=",".join(d.workloads),
                     help=f"comma-separated: {', '.join(WORKLOADS)}")
-    rp.add_argument("--drafters", default="sam+recycling,sam",
+    rp.add_argument("--drafters", default=",".join(d.drafters),
                     help="comma-separated drafters, each run without and with memory")
-    rp.add_argument("--mode", default="adaptive",
+    rp.add_argument("--mode", default=d.mode,
                     help="the servers' --mode (default adaptive: cost-aware draft sizing)")
-    rp.add_argument("--memory-tokens", type=int, default=200_000,
+    rp.add_argument("--memory-tokens", type=int, default=d.memory_tokens,
                     help="--memory-tokens of the memory arm (per tenant)")
-    rp.add_argument("--questions", type=int, default=8, help="self_consistency: GSM8K questions")
-    rp.add_argument("--samples", type=int, default=8, help="self_consistency: samples each")
-    rp.add_argument("--temperature", type=float, default=0.7, help="self_consistency")
-    rp.add_argument("--tenancy", choices=["question", "shared"], default="question",
+    rp.add_argument("--questions", type=int, default=d.questions,
+                    help="self_consistency: GSM8K questions")
+    rp.add_argument("--samples", type=int, default=d.samples,
+                    help="self_consistency: samples each")
+    rp.add_argument("--temperature", type=float, default=d.temperature, help="self_consistency")
+    rp.add_argument("--tenancy", choices=["question", "shared"], default=d.tenancy,
                     help="self_consistency: a tenant per question, or one for all")
-    rp.add_argument("--tasks", type=int, default=8, help="code_edit: HumanEval + MBPP tasks")
-    rp.add_argument("--follow-ups", type=int, default=3, help="code_edit: turns after the first")
-    rp.add_argument("--code-edit-history", action=argparse.BooleanOptionalAction, default=True,
+    rp.add_argument("--tasks", type=int, default=d.tasks,
+                    help="code_edit: HumanEval + MBPP tasks")
+    rp.add_argument("--follow-ups", type=int, default=d.follow_ups,
+                    help="code_edit: turns after the first")
+    rp.add_argument("--code-edit-history", action=argparse.BooleanOptionalAction,
+                    default=d.code_edit_history,
                     help="code_edit: follow-ups with the conversation so far (default, as a "
                     "chat client sends them) or, --no-code-edit-history, each a fresh "
                     "conversation restating the task (the previous answer only in memory)")
-    rp.add_argument("--reask-prompts", type=int, default=8,
+    rp.add_argument("--reask-prompts", type=int, default=d.reask_prompts,
                     help="reask: Spec-Bench first turns, each re-sent in a fresh conversation")
-    rp.add_argument("--reask-times", type=int, default=2,
+    rp.add_argument("--reask-times", type=int, default=d.reask_times,
                     help="reask: sends of each prompt (the first and the re-sends)")
-    rp.add_argument("--reask-temperature", type=float, default=0.0,
+    rp.add_argument("--reask-temperature", type=float, default=d.reask_temperature,
                     help="reask: sampling temperature (default 0: greedy)")
-    rp.add_argument("--prompts", type=int, default=12, help="spec_bench: first turns")
-    rp.add_argument("--max-tokens", type=int, default=None,
+    rp.add_argument("--prompts", type=int, default=d.prompts, help="spec_bench: first turns")
+    rp.add_argument("--max-tokens", type=int, default=d.max_tokens,
                     help="per request (default: 128 self_consistency and spec_bench, 192 "
                     "code_edit)")
-    rp.add_argument("--seed", type=int, default=0, help="self_consistency: sampling seeds")
-    rp.add_argument("--model", default=None, help="GGUF file, HF directory or alias")
+    rp.add_argument("--seed", type=int, default=d.seed, help="self_consistency: sampling seeds")
+    rp.add_argument("--model", default=d.model, help="GGUF file, HF directory or alias")
     rp.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS)
-    rp.add_argument("--threads", type=int, default=None, help="per server (default: all CPUs)")
-    rp.add_argument("--context", type=int, default=2048, help="the servers' --max-len")
-    rp.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
-    rp.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server start")
-    rp.add_argument("--data-dir", default=None, help="benchmark data (default: ../shared/data)")
+    rp.add_argument("--threads", type=int, default=d.threads,
+                    help="per server (default: all CPUs)")
+    rp.add_argument("--context", type=int, default=d.context, help="the servers' --max-len")
+    rp.add_argument("--request-timeout", type=float, default=d.request_timeout,
+                    help="seconds per request")
+    rp.add_argument("--start-timeout", type=float, default=d.start_timeout,
+                    help="seconds per server start")
+    rp.add_argument("--data-dir", default=d.data_dir,
+                    help="benchmark data (default: ../shared/data)")
     rp.add_argument("--out", default="bench_out/repeat", help="output directory")
     rp.set_defaults(handler=run_repeat)
 
@@ -112,16 +123,9 @@ def run_serve(args: argparse.Namespace) -> int:
         rates = tuple(float(r) for r in csv_list(args.rates) or ())
     except ValueError:
         raise DataError(f"--rates: not numbers: {args.rates!r}") from None
-    cfg = ServeBenchConfig(
-        targets=csv_list(args.targets) or (), rates=rates,
-        selection=SuiteSelection(args.per_category, args.limit, csv_list(args.categories)),
-        max_tokens=args.max_tokens, seed=args.seed, url=args.url, model=args.model,
-        dtype=args.dtype, threads=args.threads, max_batch_size=args.max_batch_size,
-        context=args.context, fixed_drafter=args.fixed_drafter,
-        adaptive_drafter=args.adaptive_drafter, request_timeout=args.request_timeout,
-        start_timeout=args.start_timeout, vllm_python=args.vllm_python,
-        vllm_model=args.vllm_model, data_dir=args.data_dir,
-    )
+    cfg = config_from_args(
+        ServeBenchConfig, args, targets=csv_list(args.targets) or (), rates=rates,
+        selection=SuiteSelection(args.per_category, args.limit, csv_list(args.categories)))
     out = Path(args.out)
     rep = run_serve_bench(cfg, out)
     print_report(render_markdown(rep), rep["machine"],
@@ -130,20 +134,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_repeat(args: argparse.Namespace) -> int:
-    from recallspec.bench.repeat import RepeatConfig, run_repeat_bench
+    from recallspec.bench.repeat import run_repeat_bench
     from recallspec.bench.repeat_report import render_markdown
+    from recallspec.bench.repeat_workloads import RepeatConfig
 
-    cfg = RepeatConfig(
-        workloads=csv_list(args.workloads) or (), drafters=csv_list(args.drafters) or (),
-        mode=args.mode, memory_tokens=args.memory_tokens, questions=args.questions,
-        samples=args.samples, temperature=args.temperature, tenancy=args.tenancy,
-        tasks=args.tasks, follow_ups=args.follow_ups, prompts=args.prompts,
-        code_edit_history=args.code_edit_history, reask_prompts=args.reask_prompts,
-        reask_times=args.reask_times, reask_temperature=args.reask_temperature,
-        max_tokens=args.max_tokens, seed=args.seed, model=args.model, dtype=args.dtype,
-        threads=args.threads, context=args.context, request_timeout=args.request_timeout,
-        start_timeout=args.start_timeout, data_dir=args.data_dir,
-    )
+    cfg = config_from_args(RepeatConfig, args, workloads=csv_list(args.workloads) or (),
+                           drafters=csv_list(args.drafters) or ())
     out = Path(args.out)
     rep = run_repeat_bench(cfg, out)
     print_report(render_markdown(rep), rep["machine"],

@@ -51,7 +51,8 @@ from recallspec.engine.runner import NativeVerifier, Runner
 from recallspec.engine.scheduler import Scheduler, StepPlan
 from recallspec.errors import DataError, ResourceError
 from recallspec.index.recall import RecallView
-from recallspec.runtime.cost_curve import CostCurve, calibrate, curve_key
+from recallspec.runtime.cost_calibration import calibrate, curve_key
+from recallspec.runtime.cost_curve import CostCurve
 from recallspec.runtime.kv_cache import KVCache, KVPrefix
 from recallspec.runtime.modes import BatchMode
 from recallspec.runtime.threads import decode_threads
