@@ -12,7 +12,7 @@ import pytest
 
 from recallspec.drafters.sam import _BUCKET_EDGES, length_bucket
 from recallspec.engine.drafting import _best_rate, _price
-from recallspec.index._arrays import as_tokens
+from recallspec.recall.automata._arrays import as_tokens
 from recallspec.spec.draft_sizing import (
     AcceptanceStats,
     _row_rates,

@@ -41,7 +41,7 @@ from recallspec.drafters.sam import (
     _options,
     length_bucket,
 )
-from recallspec.index import StaticIndex
+from recallspec.recall.automata import StaticIndex
 from recallspec.spec.tree import DraftTree
 
 # Candidate kinds beyond SAM's sources; their contexts follow SAM's.
