@@ -43,7 +43,7 @@ def real_tokens(cache: Path) -> tuple[np.ndarray, np.ndarray, int, str]:
     if f.is_file():
         z = np.load(f)
         return z["tokens"], z["offsets"], int(z["vocab"]), str(z["fp"])
-    from recallspec.data.corpus import iter_documents
+    from recallspec.data.corpus_files import iter_documents
     from recallspec.data.paths import data_dir
     from recallspec.models import load_tokenizer
 
@@ -128,7 +128,7 @@ def peak_rss_bytes() -> int:
 
 # -- workers (each in a fresh process) --------------------------------------------------
 def worker_build(kind: str, n: int, path: str, cache: Path) -> dict[str, Any]:
-    from recallspec.index import IndexBuilder
+    from recallspec.recall.automata import IndexBuilder
 
     toks, offs, vocab = make_corpus(kind, n, cache)
     rss0 = rss_bytes()
@@ -157,7 +157,7 @@ def worker_build(kind: str, n: int, path: str, cache: Path) -> dict[str, Any]:
 
 
 def worker_query(kind: str, n: int, path: str, cache: Path) -> dict[str, Any]:
-    from recallspec.index import StaticIndex
+    from recallspec.recall.automata import StaticIndex
 
     toks, _, _ = make_corpus(kind, min(n, 1 << 21), cache) if kind == "text" else (None, 0, 0)
     q = query_stream(kind, toks if toks is not None else np.zeros(1, np.uint32), 1 << 20)

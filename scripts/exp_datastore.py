@@ -51,12 +51,12 @@ import numpy as np
 
 from recallspec.bench.replay import ReplayConfig, load_ar_answers, replay_turn
 from recallspec.data.paths import data_dir
-from recallspec.datastore.crest import CrestConfig, build_crest, compute_rows, measure_codecs
-from recallspec.datastore.rest import RestDatastore, RetrievalConfig, build_rest
-from recallspec.datastore.tokenize import tokenize_corpus
 from recallspec.drafters.base import Drafter, create_drafter
-from recallspec.index import StaticIndex
 from recallspec.models import load_tokenizer
+from recallspec.recall.automata import StaticIndex
+from recallspec.recall.datastore.crest import CrestConfig, build_crest, compute_rows, measure_codecs
+from recallspec.recall.datastore.rest import RestDatastore, RetrievalConfig, build_rest
+from recallspec.recall.datastore.tokenize import tokenize_corpus
 from recallspec.spec.tree import DraftTree
 
 CORPORA = {

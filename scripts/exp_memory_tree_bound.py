@@ -43,7 +43,7 @@ from recallspec.bench.suites import SuiteSelection, load_suite
 from recallspec.drafters.lookup import LookupDrafter
 from recallspec.drafters.sam import SamDrafter, SamOptions
 from recallspec.engine import Engine
-from recallspec.index.recall import MEMORY
+from recallspec.recall.view import MEMORY
 from recallspec.spec.sampling import SamplingParams, probabilities
 from recallspec.spec.tree import DraftTree
 

@@ -161,8 +161,8 @@ def test_replay_cli_checks_a_corpus_index_against_the_recorded_model(
 ) -> None:
     """``sam:index=...`` replays with the recorded model's tokenizer fingerprint; an index
     of another tokenizer is refused with a clear error (not a traceback)."""
-    from recallspec.index import StaticIndex
     from recallspec.models import load_tokenizer
+    from recallspec.recall.automata import StaticIndex
 
     eng = Engine(CycleModel(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
     run_bench(BenchConfig(suite="demo", methods=("ar",), max_new_tokens=30), tmp_path,

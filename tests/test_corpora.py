@@ -14,10 +14,10 @@ from conftest import TEST_DTYPE
 from helpers import BigramModel, ByteTokenizer
 
 from recallspec.drafters.sam import CORPUS, SamDrafter
-from recallspec.engine import CorpusInfo, Engine, EngineConfig, GenerationResult
-from recallspec.engine.corpora import is_within
+from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import DataError, IndexFileError
-from recallspec.index import StaticIndex
+from recallspec.recall.automata import StaticIndex
+from recallspec.recall.live_corpora import CorpusInfo, is_within
 from recallspec.spec.sampling import SamplingParams
 
 NEW_TOKENS = 32

@@ -20,17 +20,17 @@ from hypothesis import strategies as st
 from test_drafters_sam import FP, PROMPTS, make_engine
 
 from recallspec.cli import main as cli_main
-from recallspec.datastore.codec import CODECS, TreeCodec
-from recallspec.datastore.crest import CrestConfig, build_crest, measure_codecs, top_ngrams
-from recallspec.datastore.errors import DatastoreFormatError
-from recallspec.datastore.rest import RestDatastore, RetrievalConfig, build_rest
-from recallspec.datastore.store import open_tree_store
-from recallspec.datastore.store_sqlite import SqliteTreeStore
-from recallspec.datastore.suffix_array import match_range, suffix_array
-from recallspec.datastore.trie import top_k_trie
 from recallspec.drafters import create_drafter
 from recallspec.engine import GenerationResult
 from recallspec.errors import IndexFileError
+from recallspec.recall.datastore.codec import CODECS, TreeCodec
+from recallspec.recall.datastore.crest import CrestConfig, build_crest, measure_codecs, top_ngrams
+from recallspec.recall.datastore.errors import DatastoreFormatError
+from recallspec.recall.datastore.rest import RestDatastore, RetrievalConfig, build_rest
+from recallspec.recall.datastore.store import open_tree_store
+from recallspec.recall.datastore.store_sqlite import SqliteTreeStore
+from recallspec.recall.datastore.suffix_array import match_range, suffix_array
+from recallspec.recall.datastore.trie import top_k_trie
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
 

@@ -15,15 +15,15 @@ from test_datastore import DOCS, build, paths
 from test_drafters_sam import FP, PROMPTS, make_engine
 
 from recallspec.cli import main as cli_main
-from recallspec.datastore.crest import CrestConfig, build_crest, compute_rows, top_ngrams
-from recallspec.datastore.errors import (
+from recallspec.engine import GenerationResult
+from recallspec.recall.datastore.crest import CrestConfig, build_crest, compute_rows, top_ngrams
+from recallspec.recall.datastore.errors import (
     DatastoreFormatError,
     DatastoreUnreachableError,
     DatastoreWriteError,
 )
-from recallspec.datastore.store import open_tree_store
-from recallspec.datastore.store_postgres import PostgresTreeStore, connect, write_postgres
-from recallspec.engine import GenerationResult
+from recallspec.recall.datastore.store import open_tree_store
+from recallspec.recall.datastore.store_postgres import PostgresTreeStore, connect, write_postgres
 from recallspec.spec.sampling import SamplingParams
 
 

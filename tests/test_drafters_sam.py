@@ -28,7 +28,7 @@ from recallspec.drafters.sam import (
 )
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import IndexFileError
-from recallspec.index import StaticIndex
+from recallspec.recall.automata import StaticIndex
 from recallspec.spec.draft_sizing import N_STATES
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree

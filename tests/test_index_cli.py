@@ -10,7 +10,7 @@ import pytest
 from availability import data_dir_or_unavailable, unavailable
 
 from recallspec.cli import main
-from recallspec.data.corpus import iter_corpus, iter_documents
+from recallspec.data.corpus_files import iter_corpus, iter_documents
 from recallspec.errors import DataError
 
 
@@ -55,7 +55,7 @@ def test_index_build_and_info(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert info["metadata"]["corpus"] == ["spec.jsonl", "share.json"]
 
     # The index answers: a sentence from the corpus is matched in full.
-    from recallspec.index import StaticIndex
+    from recallspec.recall.automata import StaticIndex
 
     idx = StaticIndex.open(out, expected_fingerprint=tok.fingerprint)  # type: ignore[attr-defined]
     first = json.loads(spec.read_text().splitlines()[0])["turns"][0]

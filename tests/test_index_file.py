@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from recallspec.errors import DataError, IndexFileError
-from recallspec.index import DynamicAutomaton, IndexBuilder, MatchCursor, StaticIndex
+from recallspec.recall.automata import DynamicAutomaton, IndexBuilder, MatchCursor, StaticIndex
 
 FP = "ab" * 32
 DOCS = [[1, 2, 3, 1, 2, 4], [2, 3, 1, 2], [5, 5, 5, 5, 6]]

@@ -10,8 +10,8 @@ from availability import unavailable
 
 from recallspec.cli import main
 from recallspec.errors import DataError
-from recallspec.index import StaticIndex
 from recallspec.integrations.sglang import documents, export_sglang
+from recallspec.recall.automata import StaticIndex
 
 
 def _tokenizer_or_skip() -> object:

@@ -29,8 +29,8 @@ import pytest
 from availability import unavailable
 
 from recallspec.drafters.sam import SamDrafter, SamOptions
-from recallspec.index import StaticIndex
 from recallspec.integrations.vllm import SuffixProposer
+from recallspec.recall.automata import StaticIndex
 
 ROOT = Path(__file__).resolve().parent.parent
 K = 6

@@ -16,13 +16,13 @@ from test_verify import chi2_pvalue
 
 from recallspec.drafters.base import create_drafter
 from recallspec.drafters.portfolio import PortfolioDrafter
-from recallspec.drafters.recall import WARM_TOKENS, RecallCursors
 from recallspec.drafters.sam import MEMORY, N_BUCKETS, SOURCES, SamDrafter
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import IndexFileError
-from recallspec.index.memory import ResponseMemory
-from recallspec.index.memory_snapshot import load_snapshot
-from recallspec.index.recall import RecallSource
+from recallspec.recall.memory.response_memory import ResponseMemory
+from recallspec.recall.memory.snapshot import load_snapshot
+from recallspec.recall.request_cursors import WARM_TOKENS, RecallCursors
+from recallspec.recall.view import RecallSource
 from recallspec.spec.sampling import SamplingParams
 
 NEW_TOKENS = 32

@@ -13,7 +13,6 @@ import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer
 
-from recallspec.drafters.recall import RecallCursors
 from recallspec.drafters.sam import (
     CORPUS,
     DYNAMIC,
@@ -27,8 +26,9 @@ from recallspec.drafters.sam import (
     SamRecyclingDrafter,
 )
 from recallspec.engine import Engine, EngineConfig
-from recallspec.index.memory import ResponseMemory
-from recallspec.index.recall import RecallSource, RecallView, ScratchDir, flatten
+from recallspec.recall.memory.response_memory import ResponseMemory
+from recallspec.recall.request_cursors import RecallCursors
+from recallspec.recall.view import RecallSource, RecallView, ScratchDir, flatten
 from recallspec.spec.sampling import SamplingParams
 
 VOCAB = 100
@@ -152,7 +152,7 @@ def test_prompt_tail_anchors_the_earlier_answer() -> None:
 EXIT_SCRIPT = """
 import time
 import numpy as np
-from recallspec.index.memory import ResponseMemory
+from recallspec.recall.memory.response_memory import ResponseMemory
 m = ResponseMemory(2_000_000, 50_000, "fp", segments=1)
 m.add("t", np.random.default_rng(0).integers(0, 50_000, 1_500_000, dtype=np.uint32))
 time.sleep(0.2)  # the worker has taken the job

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from recallspec.drafters.sam import _BUCKET_EDGES, length_bucket
-from recallspec.index._arrays import as_tokens
+from recallspec.recall.automata._arrays import as_tokens
 from recallspec.spec.draft_sizing import (
     AcceptanceStats,
     _row_rates,

@@ -24,7 +24,7 @@ from sam_bruteforce import (
     to_str,
 )
 
-from recallspec.index import DynamicAutomaton, MatchCursor, StaticIndex
+from recallspec.recall.automata import DynamicAutomaton, MatchCursor, StaticIndex
 
 _TMP = tempfile.TemporaryDirectory(prefix="recallspec-sam-test-")
 _SETTINGS: dict[str, Any] = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}

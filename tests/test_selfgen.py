@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_engine_fake import make_engine
 
-from recallspec.data.corpus import iter_documents
+from recallspec.data.corpus_files import iter_documents
 from recallspec.data.selfgen import SelfGenConfig, generate_corpus, iter_prompts, read_done
 from recallspec.errors import DataError
 

@@ -49,7 +49,7 @@ def _docs(n: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory: pytest.TempPathFactory, engine: Any) -> Path:
-    from recallspec.index import StaticIndex
+    from recallspec.recall.automata import StaticIndex
 
     root = tmp_path_factory.mktemp("corpora")
     d = root / "allowed"
@@ -265,7 +265,7 @@ def test_add_and_remove_corpora_while_16_streams_decode(server: Server) -> None:
     results = asyncio.run(run())
     assert all(s.error is None and s.done and len(s.ids) == 480 for s in results), [
         (s.error, len(s.ids)) for s in results]
-    # The loader runs at idle priority (index/recall.py), so it takes what decoding
+    # The loader runs at idle priority (recall/view.py), so it takes what decoding
     # leaves: streams may end before it does; each must have decoded during the load
     # (``during`` below), which is what a stall test needs.
     assert ev["posted"] - ev["t0"] < 2.0  # the adds answered at once (202), not after loading

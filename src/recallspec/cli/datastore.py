@@ -73,7 +73,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from recallspec.datastore.rest import RestDatastore, RetrievalConfig, build_rest
+    from recallspec.recall.datastore.rest import RestDatastore, RetrievalConfig, build_rest
 
     _check_args(args)
     t0 = time.perf_counter()
@@ -111,9 +111,9 @@ def run_build(args: argparse.Namespace) -> int:
 def _build_rest_from_corpus(
     args: argparse.Namespace, path: str, progress: bool, build_rest: Any
 ) -> Any:
-    from recallspec.data.corpus import chat_template_of
-    from recallspec.datastore.tokenize import tokenize_corpus
+    from recallspec.data.corpus_files import chat_template_of
     from recallspec.models import load_tokenizer
+    from recallspec.recall.datastore.tokenize import tokenize_corpus
 
     tok = load_tokenizer(args.model)
     template = chat_template_of(tok, args.chat_template)
@@ -144,8 +144,8 @@ def _build_rest_from_corpus(
 def _build_crest(
     args: argparse.Namespace, rest: Any, retrieval: Any, progress: bool, t0: float
 ) -> dict[str, Any]:
-    from recallspec.datastore.crest import DEFAULT_CODEC, CrestConfig, build_crest
-    from recallspec.datastore.store import DEFAULT_TABLE
+    from recallspec.recall.datastore.crest import DEFAULT_CODEC, CrestConfig, build_crest
+    from recallspec.recall.datastore.store import DEFAULT_TABLE
 
     try:
         cfg = CrestConfig(max_n=args.max_n, top_t=args.top_t, single_n=args.single_n,
@@ -166,13 +166,13 @@ def _build_crest(
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from recallspec.datastore.store import DEFAULT_TABLE, is_dsn, open_tree_store
+    from recallspec.recall.datastore.store import DEFAULT_TABLE, is_dsn, open_tree_store
 
     loc = args.location
     t0 = time.perf_counter()
     d: dict[str, Any]
     if not is_dsn(loc) and _magic(loc) == b"RSPCREST":
-        from recallspec.datastore.rest import RestDatastore
+        from recallspec.recall.datastore.rest import RestDatastore
 
         d = RestDatastore.open(loc, verify=args.verify).info().to_dict()
     else:

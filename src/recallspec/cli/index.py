@@ -52,9 +52,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_build(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from recallspec.data.corpus import chat_template_of, iter_corpus
-    from recallspec.index import IndexBuilder, StaticIndex
+    from recallspec.data.corpus_files import chat_template_of, iter_corpus
     from recallspec.models import load_tokenizer
+    from recallspec.recall.automata import IndexBuilder, StaticIndex
 
     t0 = time.perf_counter()
     tok = load_tokenizer(args.model)
@@ -119,7 +119,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from recallspec.index import StaticIndex
+    from recallspec.recall.automata import StaticIndex
 
     t0 = time.perf_counter()
     info = StaticIndex.open(args.path, verify=args.verify).info()
@@ -137,9 +137,9 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from recallspec.index import StaticIndex
     from recallspec.integrations.sglang import export_sglang
     from recallspec.models import load_tokenizer
+    from recallspec.recall.automata import StaticIndex
 
     index = StaticIndex.open(args.path)
     summary = export_sglang(index, load_tokenizer(args.model), args.out, check=args.check)

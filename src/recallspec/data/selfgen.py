@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recallspec.data.corpus import iter_records, record_messages
+from recallspec.data.corpus_files import iter_records, record_messages
 from recallspec.errors import DataError
 from recallspec.spec.sampling import SamplingParams
 

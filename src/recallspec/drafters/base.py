@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from recallspec.errors import DataError, UnknownNameError
-from recallspec.index.recall import RecallView
+from recallspec.recall.view import RecallView
 from recallspec.runtime.kv_cache import KVPrefix
 from recallspec.spec.tree import DraftTree
 
@@ -67,7 +67,7 @@ class DrafterContext:
     # Running request rid's committed KV entries in the target's cache (read-only: a
     # self-draft feeds rows past them without committing; verification overwrites them).
     kv_prefix: Callable[[int], KVPrefix]
-    # Running request rid's recall sources (``index/recall.py``): its tenant's response
+    # Running request rid's recall sources (``recall/view.py``): its tenant's response
     # memory and the ready live corpora, as immutable groups swapped whole when they
     # change. Cheap (a few lookups): the SAM drafters call it after every commit.
     recall: Callable[[int], RecallView] = no_recall

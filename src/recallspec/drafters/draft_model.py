@@ -51,7 +51,7 @@ import torch
 from recallspec.drafters.base import Drafter, DrafterContext, register_drafter
 from recallspec.drafters.sam import MODEL, SamDrafter, SamOptions, _options
 from recallspec.errors import DataError
-from recallspec.index import StaticIndex
+from recallspec.recall.automata import StaticIndex
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.kv_cache import KVCache, KVCacheFullError, KVPrefix
 from recallspec.runtime.linear import forward_threads

@@ -1,7 +1,7 @@
 """``portfolio``: several recalled drafts each step; cost-aware sizing drafts the best.
 
 Each step the drafter offers candidates (``candidates(rid, max_nodes)``, which the
-adaptive planner reads, ``engine/drafting.py``), each with its own draft context (its
+adaptive planner reads, ``step/planner.py``), each with its own draft context (its
 kind and the bucket of the request's longest match ``l_d``), so the planner learns each
 kind's acceptance separately and drafts the one promising the most tokens per second:
 
@@ -41,7 +41,7 @@ from recallspec.drafters.sam import (
     _options,
     length_bucket,
 )
-from recallspec.index import StaticIndex
+from recallspec.recall.automata import StaticIndex
 from recallspec.spec.tree import DraftTree
 
 # Candidate kinds beyond SAM's sources; their contexts follow SAM's.

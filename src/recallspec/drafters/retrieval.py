@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from recallspec.datastore.rest import RestDatastore, RetrievalConfig
-from recallspec.datastore.store import DEFAULT_TABLE, TreeStore, open_tree_store
 from recallspec.drafters.base import Drafter, DrafterContext, register_drafter
+from recallspec.recall.datastore.rest import RestDatastore, RetrievalConfig
+from recallspec.recall.datastore.store import DEFAULT_TABLE, TreeStore, open_tree_store
 from recallspec.spec.tree import DraftTree
 
 

@@ -12,7 +12,7 @@ A third kind of source comes from the engine, not the options: the request's *re
 view* (``DrafterContext.recall``): its tenant's response memory (past outputs, source
 ``memory``) and the live corpora (source ``corpus``), static automata that appear and
 disappear while the request runs. One cursor per source follows the committed text
-(``drafters/recall.py``); ``l_m`` is the match of the best of them. The external
+(``recall/request_cursors.py``); ``l_m`` is the match of the best of them. The external
 match ``l_x`` is ``l_s`` or ``l_m``, whichever exceeds its delta (below) more.
 
 ``sam`` drafts from that external automaton only when ``l_x > l_d + delta_x``, else
@@ -53,11 +53,11 @@ from typing import Any
 import torch
 
 from recallspec.drafters.base import Drafter, DrafterContext, no_recall, register_drafter
-from recallspec.drafters.recall import RecallCursors
 from recallspec.drafters.recycling import TOPK, RecyclingDrafter
-from recallspec.index import DynamicAutomaton, MatchCursor, StaticIndex
-from recallspec.index._arrays import as_tokens
-from recallspec.index.recall import CORPUS, MEMORY, RecallView
+from recallspec.recall.automata import DynamicAutomaton, MatchCursor, StaticIndex
+from recallspec.recall.automata._arrays import as_tokens
+from recallspec.recall.request_cursors import RecallCursors
+from recallspec.recall.view import CORPUS, MEMORY, RecallView
 from recallspec.spec.tree import DraftTree
 
 # Where a proposal came from.
@@ -183,7 +183,7 @@ class SamDrafter(Drafter):
         if st.cursor is not None:
             st.cursor.advance(ids)
         st.recall.advance(ids)
-        # Sources that appeared meanwhile start from the text's tail (drafters/recall.py).
+        # Sources that appeared meanwhile start from the text's tail (recall/request_cursors.py).
         st.recall.refresh(self._recall(rid), lambda: st.dyn.tokens)
 
     def stop(self, rid: int) -> None:
@@ -326,7 +326,7 @@ class SamRecyclingDrafter(SamDrafter):
         return self._automaton_or(rid, max_nodes, lambda: self.recycling.propose(rid, n))
 
     def candidates(self, rid: int, max_nodes: int) -> list[tuple[int, DraftTree]]:
-        """Cost-aware sizing (``engine/drafting.py``): the automaton's draft and the
+        """Cost-aware sizing (``step/planner.py``): the automaton's draft and the
         recycling tree, each with its draft context, for the planner to pick by expected
         tokens per second instead of the fixed ``tau`` switch (which keeps matches of 1-4
         tokens from the automaton even where they pay; the sizing can always draft 0).

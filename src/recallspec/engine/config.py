@@ -29,6 +29,7 @@ from recallspec.params import (
     Sizing,
     WeightFormat,
 )
+from recallspec.recall.service import RecallConfig
 from recallspec.runtime.modes import BATCH_MODES, EMS, BatchMode
 
 _SIZING_MODES: dict[str, Sizing] = {s: s for s in SIZINGS}
@@ -68,7 +69,7 @@ class EngineConfig:
     # ``default_mode``). None: the ems layout, and each request's sizing is what its
     # drafter spec states, else DEFAULT_SIZING (cost-aware: ``engine/drafter_pool.py``).
     mode: str | None = None
-    # Response memory (``index/memory.py``): finished requests' outputs (and, with
+    # Response memory (``recall/memory/``): finished requests' outputs (and, with
     # ``memory_prompts``, their prompts) become drafts for later requests of the same
     # tenant. Without ``memory_prompts`` an output is kept behind the last
     # ``memory_prompt_tail`` tokens of its prompt: a request whose prompt ends the same
@@ -90,6 +91,8 @@ class EngineConfig:
     default_drafter: DrafterSpec = field(init=False, repr=False, compare=False)
     default_mode: tuple[BatchMode, Sizing] | None = field(init=False, repr=False,
                                                           compare=False)
+    # Derived from the memory_* fields (and validated there): what the recall service reads.
+    recall: RecallConfig = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in WEIGHT_FORMATS:
@@ -102,12 +105,10 @@ class EngineConfig:
             raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_draft_nodes >= 0")
         if self.max_len is not None and self.max_len < 2:
             raise ValueError("max_len must be >= 2")
-        if (self.memory_tokens < 0 or self.memory_prompt_tail < 0 or self.memory_segments < 1
-                or self.memory_max_tenants < 1):
-            raise ValueError("memory_tokens and memory_prompt_tail must be >= 0, "
-                             "memory_segments and memory_max_tenants >= 1")
-        if self.memory_snapshot is not None and not self.memory_tokens:
-            raise ValueError("memory_snapshot needs the response memory (memory_tokens > 0)")
+        object.__setattr__(self, "recall", RecallConfig(
+            memory_tokens=self.memory_tokens, memory_prompts=self.memory_prompts,
+            memory_prompt_tail=self.memory_prompt_tail, memory_segments=self.memory_segments,
+            memory_max_tenants=self.memory_max_tenants, memory_snapshot=self.memory_snapshot))
         spec = (self.drafter if isinstance(self.drafter, DrafterSpec)
                 else DrafterSpec.parse(self.drafter))
         object.__setattr__(self, "default_drafter", spec)

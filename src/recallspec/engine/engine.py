@@ -8,10 +8,10 @@ loop over these (``offline.py``). Invariant per running request: its KV slot hol
 prompt + generated[:-1]; ``generated[-1]`` (the root) is committed but not yet cached.
 
 Recall: with ``memory_tokens`` the outputs of requests that end normally (not aborted
-or failed) feed their tenant's response memory (``index/memory.py``); ``corpora``
-holds live corpora (``engine/corpora.py``). Both are built in background threads; the
-SAM drafters see them through ``recall_view`` (``DrafterContext.recall``), a read of
-immutable snapshots, so a step never waits for a build.
+or failed) feed their tenant's response memory; ``corpora`` holds live corpora. Both
+belong to the recall service (``recall/service.py``) and are built in background
+threads; the SAM drafters see them through ``recall_view`` (``DrafterContext.recall``),
+a read of immutable snapshots, so a step never waits for a build.
 
 Faults: an exception inside one request's own calls (its drafter, its verification or
 sampling) fails that request only; one in the shared forward fails the step's
@@ -45,12 +45,12 @@ from recallspec.engine.outputs import (
     take_output,
 )
 from recallspec.engine.prompts import Prompt
-from recallspec.engine.recall import RecallSources
 from recallspec.engine.request import Request, RequestStatus
 from recallspec.engine.runner import NativeVerifier, Runner
 from recallspec.engine.scheduler import Scheduler, StepPlan
 from recallspec.errors import DataError, ResourceError
-from recallspec.index.recall import RecallView
+from recallspec.recall.service import RecallSources
+from recallspec.recall.view import RecallView
 from recallspec.runtime.cost_calibration import calibrate, curve_key
 from recallspec.runtime.cost_curve import CostCurve
 from recallspec.runtime.kv_cache import KVCache, KVPrefix
@@ -93,8 +93,8 @@ class Engine:
         self.drafters = DrafterPool(self.drafter_context, self.config, lambda: {
             id(r.drafter) for r in chain(self.scheduler.waiting, self.scheduler.running.values())})
         self._rids = count()
-        self._recall = RecallSources(self.config, tokenizer, int(model.config.vocab_size))
-        self.corpora = self._recall.corpora  # live corpora (``engine/corpora.py``)
+        self._recall = RecallSources(self.config.recall, tokenizer, int(model.config.vocab_size))
+        self.corpora = self._recall.corpora  # live corpora (``recall/live_corpora.py``)
         self.memory = self._recall.memory  # response memory, None when off
 
     @classmethod

@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from recallspec.errors import DataError
-from recallspec.index import StaticIndex
+from recallspec.recall.automata import StaticIndex
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,8 @@ import numpy as np
 import numpy.typing as npt
 
 from recallspec.drafters.sam import SamDrafter, SamOptions
-from recallspec.index import StaticIndex
 from recallspec.integrations._fingerprint import fingerprint_of_dir
+from recallspec.recall.automata import StaticIndex
 from recallspec.spec.tree import DraftTree
 
 if TYPE_CHECKING:

@@ -1,15 +1,17 @@
 """Live corpora over HTTP: ``/v1/corpora`` adds, lists, shows and removes the corpora
-the ``sam`` drafters draft from, while the server decodes.
+the ``sam`` drafters draft from, while the server decodes. Only the HTTP side lives
+here (the request shape, file-name confinement, status codes, JSON); the registry is
+``recall/live_corpora.py: CorpusRegistry`` (``engine.corpora``).
 
 ``POST /v1/corpora`` takes ``{"name", "documents": [text, ...]}`` or ``{"name", "file"}``,
 a file inside the directory the server was started with (``--corpus-dir``): documents
-(``.txt``, ``.json``, ``.jsonl``, optionally ``.gz``; ``data/corpus.py`` reads them) or
-an index file built offline (``recallspec index build``; any other name). A client
-never names a path outside that directory: absolute paths, ``..`` and symlinks leading
-out are refused (400), as is a file whose text or index header does not load (400 with
-the loader's message, the server's directories left out: unreadable, empty, truncated,
-another tokenizer's index). The answer is 202 with the corpus as the engine's registry
-(``engine/corpora.py``) reports it, ``status`` "loading": tokenizing and building (and
+(``.txt``, ``.json``, ``.jsonl``, optionally ``.gz``) or an index file built offline
+(``recallspec index build``; any other name), as ``CorpusRegistry.add_file`` tells them
+apart. A client never names a path outside that directory: absolute paths, ``..`` and
+symlinks leading out are refused (400), as is a file whose text or index header does
+not load (400 with the loader's message, the server's directories left out:
+unreadable, empty, truncated, another tokenizer's index). The answer is 202 with the
+corpus as the registry reports it, ``status`` "loading": tokenizing and building (and
 an index payload's checksum: a mismatch turns the corpus "failed") run in the
 registry's background thread, never in the engine's step.
 
@@ -35,8 +37,6 @@ from recallspec.engine import Engine
 from recallspec.errors import RecallspecError
 from recallspec.server.errors import ApiError, parse
 
-# Files read as documents; any other name is taken as an index file.
-DOCUMENT_SUFFIXES = (".txt", ".json", ".jsonl")
 Name = Annotated[str, Field(strict=True, min_length=1, max_length=200)]
 
 
@@ -89,26 +89,6 @@ def resolve_file(corpus_dir: Path | None, name: str) -> Path:
     return path
 
 
-def is_document_file(path: Path) -> bool:
-    return path.name.lower().removesuffix(".gz").endswith(DOCUMENT_SUFFIXES)
-
-
-def read_documents(path: Path) -> list[str]:
-    """The documents of a corpus file (worker thread); ``ApiError`` 400 when they do
-    not read or hold no text."""
-    from recallspec.data.corpus import iter_documents
-
-    try:
-        docs = [d for d in iter_documents(path) if d.strip()]
-    except RecallspecError as e:
-        raise ApiError(400, f"file: {_relative(e, path)}", "file") from None
-    except (UnicodeDecodeError, OSError, EOFError) as e:
-        raise ApiError(400, f"file: {path.name}: cannot read ({e})", "file") from None
-    if not docs:
-        raise ApiError(400, f"file: {path.name}: no text in the file", "file")
-    return docs
-
-
 def _relative(e: Exception, path: Path) -> str:
     """The loader's message without the server's directory layout in it."""
     return str(e).replace(str(path), path.name)
@@ -159,12 +139,8 @@ def add_corpus_routes(app: FastAPI, engine: Engine, authorize: Callable[[Request
         else:
             assert req.file is not None
             path = resolve_file(corpus_dir, req.file)
-            try:
-                if is_document_file(path):
-                    docs = await asyncio.to_thread(read_documents, path)
-                    info = await asyncio.to_thread(reg.add_documents, req.name, docs)
-                else:  # the header is checked at once: O(1), the payload is not read
-                    info = await asyncio.to_thread(reg.add_index, req.name, path)
+            try:  # documents are read, an index's header checked (O(1)), off the loop
+                info = await asyncio.to_thread(reg.add_file, req.name, path)
             except RecallspecError as e:
                 raise ApiError(400, f"file: {_relative(e, path)}", "file") from None
         body = as_json(info)

@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from recallspec import _core
-from recallspec.index._arrays import as_tokens, check_out
-from recallspec.index.cursor import DraftSource, MatchCursor
+from recallspec.recall.automata._arrays import as_tokens, check_out
+from recallspec.recall.automata.cursor import DraftSource, MatchCursor
 
 
 class DynamicAutomaton(DraftSource):

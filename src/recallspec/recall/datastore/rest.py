@@ -5,7 +5,7 @@ File layout (little-endian)::
     [header: 4096 bytes][text: int32 x n_text][pad to 64][sa: int32 x n_sa]
 
 ``text`` is the corpus with -1 after every document; ``sa`` its suffix array (see
-:mod:`recallspec.datastore.suffix_array`). The header carries magic, format version,
+:mod:`recallspec.recall.datastore.suffix_array`). The header carries magic, format version,
 vocabulary size, tokenizer fingerprint, build metadata (JSON), the section offsets,
 the file size and two 64-bit BLAKE2b checksums: ``header_hash`` over the header (with
 itself zeroed), checked on every open, and ``payload_hash`` over everything after the
@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from recallspec.datastore.errors import DatastoreFormatError
-from recallspec.datastore.fileio import atomic_path
-from recallspec.datastore.suffix_array import SEPARATOR, match_range, suffix_array
-from recallspec.datastore.trie import top_k_trie
 from recallspec.errors import DataError
+from recallspec.recall.datastore.errors import DatastoreFormatError
+from recallspec.recall.datastore.suffix_array import SEPARATOR, match_range, suffix_array
+from recallspec.recall.datastore.trie import top_k_trie
+from recallspec.recall.fileio import atomic_path
 from recallspec.spec.tree import DraftTree
 
 PathLike = str | os.PathLike[str]

@@ -1,7 +1,7 @@
 """The CREST key-value store interface and what both backends share.
 
 A store maps an n-gram (key: its int32 tokens packed little-endian) to a serialised
-draft tree (see :mod:`recallspec.datastore.codec`), plus store-wide metadata (format,
+draft tree (see :mod:`recallspec.recall.datastore.codec`), plus store-wide metadata (format,
 version, tokenizer fingerprint, vocabulary size, codec, the stored n values, ...).
 
 Backends: SQLite (one file; :mod:`.store_sqlite`) and PostgreSQL (one table pair;
@@ -15,8 +15,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from recallspec.datastore.codec import TreeCodec
-from recallspec.datastore.errors import DatastoreFormatError
+from recallspec.recall.datastore.codec import TreeCodec
+from recallspec.recall.datastore.errors import DatastoreFormatError
 from recallspec.spec.tree import DraftTree
 
 FORMAT = "recallspec-crest"
@@ -139,12 +139,12 @@ def open_tree_store(
 ) -> TreeStore:
     """Open a CREST store: a PostgreSQL DSN (with ``table``) or an SQLite file path."""
     if is_dsn(location):
-        from recallspec.datastore.store_postgres import PostgresTreeStore
+        from recallspec.recall.datastore.store_postgres import PostgresTreeStore
 
         return PostgresTreeStore.open(location, table=table,
                                       expected_fingerprint=expected_fingerprint,
                                       expected_vocab_size=expected_vocab_size, verify=verify)
-    from recallspec.datastore.store_sqlite import SqliteTreeStore
+    from recallspec.recall.datastore.store_sqlite import SqliteTreeStore
 
     return SqliteTreeStore.open(location, expected_fingerprint=expected_fingerprint,
                                 expected_vocab_size=expected_vocab_size, verify=verify)

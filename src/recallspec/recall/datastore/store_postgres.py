@@ -18,12 +18,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from recallspec.datastore.errors import (
+from recallspec.recall.datastore.errors import (
     DatastoreFormatError,
     DatastoreUnreachableError,
     DatastoreWriteError,
 )
-from recallspec.datastore.store import DEFAULT_TABLE, StoreBase, rows_hash
+from recallspec.recall.datastore.store import DEFAULT_TABLE, StoreBase, rows_hash
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 CONNECT_TIMEOUT_S = 5

@@ -38,15 +38,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from recallspec.index._arrays import as_tokens
-from recallspec.index.recall import (
-    MEMORY,
-    RecallSource,
-    ScratchDir,
-    documents,
-    ensure_worker,
-    flatten,
-)
+from recallspec.recall.automata._arrays import as_tokens
+from recallspec.recall.view import MEMORY, RecallSource, ScratchDir, documents, flatten
+from recallspec.recall.worker import ensure_worker
 
 Doc = npt.NDArray[np.uint32]
 
@@ -151,7 +145,7 @@ class ResponseMemory:
             self._cond.notify_all()
         self._scratch.close()
 
-    # ---- the worker (``index/recall.py``'s ``ensure_worker``) -------------------------------
+    # ---- the worker (``recall/worker.py``) -----------------------------------------------
     def _next_job(self) -> tuple[str, _Tenant, list[Doc], list[Doc]] | None:
         """Under the lock: the next tenant with queued text, its queue taken."""
         if not self._dirty:

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from recallspec.datastore.fileio import atomic_path
 from recallspec.errors import IndexFileError
-from recallspec.index.recall import flatten
+from recallspec.recall.fileio import atomic_path
+from recallspec.recall.view import flatten
 
 MAGIC = b"RSMEMORY"
 FORMAT = 1

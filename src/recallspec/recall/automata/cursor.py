@@ -22,12 +22,12 @@ import numpy as np
 import numpy.typing as npt
 
 from recallspec import _core
-from recallspec.index._arrays import as_tokens, check_out
+from recallspec.recall.automata._arrays import as_tokens, check_out
 from recallspec.spec.tree import DraftTree
 
 if TYPE_CHECKING:
-    from recallspec.index.dynamic import DynamicAutomaton
-    from recallspec.index.static import StaticIndex
+    from recallspec.recall.automata.dynamic import DynamicAutomaton
+    from recallspec.recall.automata.static import StaticIndex
 
 
 class DraftSource:
@@ -69,8 +69,8 @@ class MatchCursor(DraftSource):
     """Longest-suffix match of a token stream against an automaton."""
 
     def __init__(self, automaton: StaticIndex | DynamicAutomaton) -> None:
-        from recallspec.index.dynamic import DynamicAutomaton
-        from recallspec.index.static import StaticIndex
+        from recallspec.recall.automata.dynamic import DynamicAutomaton
+        from recallspec.recall.automata.static import StaticIndex
 
         self._vocab: int | None
         if isinstance(automaton, StaticIndex):

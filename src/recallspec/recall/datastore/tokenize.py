@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from recallspec.data.corpus import iter_corpus
+from recallspec.data.corpus_files import iter_corpus
 
 BATCH_CHARS = 1 << 20
 

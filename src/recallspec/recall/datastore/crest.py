@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from recallspec.datastore.codec import CODECS, MAX_TREE_NODES, TreeCodec
-from recallspec.datastore.rest import RestDatastore, RetrievalConfig
-from recallspec.datastore.store import (
+from recallspec.recall.datastore.codec import CODECS, MAX_TREE_NODES, TreeCodec
+from recallspec.recall.datastore.rest import RestDatastore, RetrievalConfig
+from recallspec.recall.datastore.store import (
     DEFAULT_TABLE,
     FORMAT,
     FORMAT_VERSION,
@@ -31,8 +31,8 @@ from recallspec.datastore.store import (
     pack_key,
     rows_hash,
 )
-from recallspec.datastore.suffix_array import SEPARATOR
-from recallspec.datastore.trie import top_k_trie
+from recallspec.recall.datastore.suffix_array import SEPARATOR
+from recallspec.recall.datastore.trie import top_k_trie
 from recallspec.spec.tree import DraftTree
 
 DEFAULT_CODEC = "raw"  # measured in docs/DATASTORE.md: fastest decode at ~equal size
@@ -167,11 +167,11 @@ def build_crest(
     rows, per_n, mean_nodes = compute_rows(ds, cfg, progress)
     meta = crest_metadata(ds, cfg, rows, per_n, extra_metadata)
     if is_dsn(out):
-        from recallspec.datastore.store_postgres import write_postgres
+        from recallspec.recall.datastore.store_postgres import write_postgres
 
         size = write_postgres(out, rows, meta, table)
     else:
-        from recallspec.datastore.store_sqlite import write_sqlite
+        from recallspec.recall.datastore.store_sqlite import write_sqlite
 
         size = write_sqlite(out, rows, meta)
     return CrestBuild(out, size, len(rows), per_n, mean_nodes, time.perf_counter() - t0)

@@ -16,8 +16,8 @@ Example::
     req.draft_chain(8)
 """
 
-from recallspec.index.cursor import MatchCursor
-from recallspec.index.dynamic import DynamicAutomaton
-from recallspec.index.static import IndexBuilder, IndexInfo, StaticIndex
+from recallspec.recall.automata.cursor import MatchCursor
+from recallspec.recall.automata.dynamic import DynamicAutomaton
+from recallspec.recall.automata.static import IndexBuilder, IndexInfo, StaticIndex
 
 __all__ = ["DynamicAutomaton", "IndexBuilder", "IndexInfo", "MatchCursor", "StaticIndex"]

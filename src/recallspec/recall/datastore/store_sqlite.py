@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recallspec.datastore.errors import DatastoreFormatError
-from recallspec.datastore.fileio import atomic_path
-from recallspec.datastore.store import FORMAT_VERSION, StoreBase, rows_hash
+from recallspec.recall.datastore.errors import DatastoreFormatError
+from recallspec.recall.datastore.store import FORMAT_VERSION, StoreBase, rows_hash
+from recallspec.recall.fileio import atomic_path
 
 APPLICATION_ID = 0x52534352  # "RSCR"
 

@@ -1,4 +1,4 @@
-"""One request's match cursors over the recall sources it may see (``index/recall.py``).
+"""One request's match cursors over the recall sources it may see (``recall/view.py``).
 
 The SAM drafters keep, per request, one ``MatchCursor`` per source of the request's
 ``RecallView`` (its tenant's response memory, the live corpora), advanced on every
@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import numpy.typing as npt
 
-from recallspec.index.cursor import MatchCursor
-from recallspec.index.recall import RecallSource, RecallView
+from recallspec.recall.automata.cursor import MatchCursor
+from recallspec.recall.view import RecallSource, RecallView
 
 WARM_TOKENS = 256
 

@@ -1,19 +1,19 @@
 """Corpus datastores for retrieval drafts.
 
 * REST: a suffix array over the corpus tokens in one memory-mapped file
-  (:mod:`recallspec.datastore.rest`), queried with the context's longest matching suffix.
+  (:mod:`recallspec.recall.datastore.rest`), queried with the context's longest matching suffix.
 * CREST: the REST draft trees of the corpus's most frequent n-grams, precomputed and
   stored compressed in a key-value store with O(1) lookup (SQLite file or PostgreSQL
-  table, :mod:`recallspec.datastore.crest`).
+  table, :mod:`recallspec.recall.datastore.crest`).
 """
 
-from recallspec.datastore.errors import (
+from recallspec.recall.datastore.errors import (
     DatastoreFormatError,
     DatastoreUnreachableError,
     DatastoreWriteError,
 )
-from recallspec.datastore.rest import RestDatastore, RetrievalConfig, build_rest
-from recallspec.datastore.store import TreeStore, open_tree_store
+from recallspec.recall.datastore.rest import RestDatastore, RetrievalConfig, build_rest
+from recallspec.recall.datastore.store import TreeStore, open_tree_store
 
 __all__ = [
     "DatastoreFormatError",

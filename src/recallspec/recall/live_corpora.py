@@ -1,13 +1,15 @@
 """Live corpora: operator text added to and removed from a running engine.
 
 ``Engine.corpora`` is a ``CorpusRegistry``. A corpus is documents given as text (the
-registry tokenizes them and builds a static automaton) or an index file built offline
-by ``recallspec index build`` (checked against the engine's tokenizer at once - header,
-fingerprint, vocabulary: an O(1) read - and its payload checksum verified in the
-background). Loading runs in one background thread: the caller gets a ``CorpusInfo``
-with status "loading" at once, and the corpus turns "ready" (or "failed", with the
-reason) later. Every tenant's requests draft from every ready corpus (source
-``corpus``): corpora are operator data, not tenant data.
+registry tokenizes them and builds a static automaton), a file of documents
+(``add_file``: ``.txt``, ``.json``, ``.jsonl``, optionally ``.gz``, read by
+``data/corpus_files.py``) or an index file built offline by ``recallspec index build``
+(``add_index``, or ``add_file`` for any other name; checked against the engine's
+tokenizer at once - header, fingerprint, vocabulary: an O(1) read - and its payload
+checksum verified in the background). Loading runs in one background thread: the
+caller gets a ``CorpusInfo`` with status "loading" at once, and the corpus turns
+"ready" (or "failed", with the reason) later. Every tenant's requests draft from every
+ready corpus (source ``corpus``): corpora are operator data, not tenant data.
 
 Decoding never waits for a load: drafters read ``view()``, an immutable tuple of the
 ready corpora replaced as a whole (under the lock, read without it) when a corpus turns
@@ -32,14 +34,18 @@ from typing import Any
 
 import numpy as np
 
+from recallspec.data.corpus_files import iter_documents
 from recallspec.errors import DataError
-from recallspec.index import StaticIndex
-from recallspec.index.recall import CORPUS, RecallSource, ScratchDir, ensure_worker, flatten
+from recallspec.recall.automata import StaticIndex
+from recallspec.recall.view import CORPUS, RecallSource, ScratchDir, flatten
+from recallspec.recall.worker import ensure_worker
 
 MAX_CORPORA = 32  # each ready corpus costs every running request a cursor advance per step
 ENCODE_BATCH = 64  # documents per tokenizer call (a removal is noticed between batches)
 KINDS = ("documents", "index")
 STATUSES = ("loading", "ready", "failed")
+# Files read as documents by ``add_file``; any other name is taken as an index file.
+DOCUMENT_SUFFIXES = (".txt", ".json", ".jsonl")
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,16 @@ class CorpusRegistry:
                                     expected_vocab_size=self._vocab)
 
         return self._submit(name, "index", index.n_tokens, load)
+
+    def add_file(self, name: str, path: str | os.PathLike[str]) -> CorpusInfo:
+        """A corpus from a file: a file of documents (``is_document_file``) is read here,
+        at once, then tokenized and built like ``add_documents``; any other file is an
+        index (``add_index``). A ``RecallspecError`` naming the file when it does not
+        read, holds no text or is not a usable index."""
+        p = Path(path)
+        if is_document_file(p):
+            return self.add_documents(name, read_documents(p))
+        return self.add_index(name, p)
 
     def _submit(self, name: str, kind: str, tokens: int, load: Loader) -> CorpusInfo:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
@@ -175,7 +191,7 @@ class CorpusRegistry:
             self._jobs.clear()
             self._cond.notify_all()
 
-    # ---- the loader thread (``index/recall.py``'s ``ensure_worker``) ----------------------
+    # ---- the loader thread (``recall/worker.py``) ------------------------------------------
     def _next_job(self) -> tuple[str, Loader] | None:
         while self._jobs:
             cid, load = self._jobs.popleft()
@@ -232,6 +248,23 @@ class CorpusRegistry:
             raise DataError("the engine's tokenizer has no fingerprint: an index file "
                             "cannot be checked against it")
         return str(fp)
+
+
+def is_document_file(path: Path) -> bool:
+    """Whether ``add_file`` reads ``path`` as documents (else as an index file)."""
+    return path.name.lower().removesuffix(".gz").endswith(DOCUMENT_SUFFIXES)
+
+
+def read_documents(path: Path) -> list[str]:
+    """The non-blank documents of a corpus file; a ``RecallspecError`` naming the file
+    when they do not read or hold no text."""
+    try:
+        docs = [d for d in iter_documents(path) if d.strip()]
+    except (UnicodeDecodeError, OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot read ({e})") from None
+    if not docs:
+        raise DataError(f"{path}: no text in the file")
+    return docs
 
 
 def is_within(path: str | os.PathLike[str], directory: str | os.PathLike[str]) -> bool:

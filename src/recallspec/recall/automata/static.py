@@ -21,8 +21,8 @@ import numpy.typing as npt
 
 from recallspec import _core
 from recallspec.errors import DataError, IndexFileError
-from recallspec.index._arrays import as_tokens
-from recallspec.index.cursor import MatchCursor
+from recallspec.recall.automata._arrays import as_tokens
+from recallspec.recall.automata.cursor import MatchCursor
 
 PathLike = str | os.PathLike[str]
 
