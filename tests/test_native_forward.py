@@ -1,4 +1,4 @@
-"""The native forward (runtime/native.py, csrc/native_*.cpp) against the Python reference
+"""The native forward (runtime/native.py, csrc/native/) against the Python reference
 forward, and its batch invariance.
 
 Parity, two oracles:
