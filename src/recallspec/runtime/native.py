@@ -17,7 +17,7 @@ around it (given its own visible keys), the thread count and the instruction-set
 the weight products are the batch-invariant quantized kernels, and attention, norms and
 activations follow one fixed float order per output (csrc/native/native_ops.h). Against the
 reference the logits differ only by that float order (and the activation roundings it
-moves), within the bound tests/test_native_forward.py states.
+moves), within the bound tests/runtime/test_native_forward.py states.
 
 ``RECALLSPEC_NATIVE=0`` makes quantized models use the Python forward (for debugging).
 """

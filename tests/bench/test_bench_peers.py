@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from fake_llama_server import install
-from test_bench_suite import fake_engine
 
 from recallspec.bench.answers import answers_path, read_answers
 from recallspec.bench.llamacpp import BIN_ENV, ServerConfig
@@ -24,6 +23,7 @@ from recallspec.bench.peers import ChildMethod, PeerCrashed, ServerMethod
 from recallspec.bench.report import write_report
 from recallspec.bench.runner import BenchConfig, run_bench
 from recallspec.bench.suites import load_suite
+from tests.bench.test_bench_suite import fake_engine
 
 WORKER = """
 import ctypes, json, sys

@@ -17,7 +17,6 @@ import pytest
 from helpers import needs_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_drafters_sam import FP, PROMPTS, make_engine
 
 from recallspec.cli import main as cli_main
 from recallspec.datastore.codec import CODECS, TreeCodec
@@ -33,6 +32,7 @@ from recallspec.engine import GenerationResult
 from recallspec.errors import IndexFileError
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
+from tests.drafters.test_drafters_sam import FP, PROMPTS, make_engine
 
 DOCS = [list(b"the quick brown fox jumps over the lazy dog"), list(b"the quick red fox"),
         list(b"lorem ipsum dolor sit amet, the quick"), list(b"abcabcabcabc")]

@@ -10,9 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TEST_DTYPE
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
-from test_verify import chi2_pvalue
 
 from recallspec.drafters.base import create_drafter
 from recallspec.drafters.portfolio import PortfolioDrafter
@@ -24,6 +22,8 @@ from recallspec.index.memory import ResponseMemory
 from recallspec.index.memory_snapshot import load_snapshot
 from recallspec.index.recall import RecallSource
 from recallspec.spec.sampling import SamplingParams
+from tests.conftest import TEST_DTYPE
+from tests.spec.test_verify import chi2_pvalue
 
 NEW_TOKENS = 32
 Real = tuple[Any, list[list[int]], list[GenerationResult]]

@@ -10,7 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_native_forward import (
+
+from recallspec import _kernels
+from recallspec.engine import Engine
+from recallspec.models import CausalLM
+from recallspec.runtime import isa
+from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.runtime.kv_cache import KVCache
+from recallspec.spec.sampling import SamplingParams
+from tests.runtime.test_native_forward import (
     _check,
     _forward_with,
     _fresh,
@@ -20,14 +28,6 @@ from test_native_forward import (
     smol,
     smol_dense,
 )
-
-from recallspec import _kernels
-from recallspec.engine import Engine
-from recallspec.models import CausalLM
-from recallspec.runtime import isa
-from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.runtime.kv_cache import KVCache
-from recallspec.spec.sampling import SamplingParams
 
 __all__ = ["prompt_ids", "smol", "smol_dense"]  # (fixtures shared with test_native_forward)
 F16 = torch.float16

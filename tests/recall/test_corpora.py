@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_DTYPE
 from helpers import BigramModel, ByteTokenizer
 
 from recallspec.drafters.sam import CORPUS, SamDrafter
@@ -19,6 +18,7 @@ from recallspec.engine.corpora import is_within
 from recallspec.errors import DataError, IndexFileError
 from recallspec.index import StaticIndex
 from recallspec.spec.sampling import SamplingParams
+from tests.conftest import TEST_DTYPE
 
 NEW_TOKENS = 32
 SUBMIT_BOUND_S = 0.05  # adding a corpus returns at once: the work is in the background

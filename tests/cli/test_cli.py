@@ -74,7 +74,7 @@ def test_prompt_longer_than_context() -> None:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
 def test_readme_commands_exist() -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert "make demo" in readme and "make test" in readme
-    ci = (Path(__file__).parents[1] / ".ci" / "run").read_text()
+    ci = (Path(__file__).parents[2] / ".ci" / "run").read_text()
     assert "make test" in ci

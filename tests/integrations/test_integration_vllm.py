@@ -32,7 +32,7 @@ from recallspec.drafters.sam import SamDrafter, SamOptions
 from recallspec.index import StaticIndex
 from recallspec.integrations.vllm import SuffixProposer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 K = 6
 
 

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 from pg_server import postgres_dsn, unavailable
-from test_datastore import DOCS, build, paths
-from test_drafters_sam import FP, PROMPTS, make_engine
 
 from recallspec.cli import main as cli_main
 from recallspec.datastore.crest import CrestConfig, build_crest, compute_rows, top_ngrams
@@ -25,6 +23,8 @@ from recallspec.datastore.store import open_tree_store
 from recallspec.datastore.store_postgres import PostgresTreeStore, connect, write_postgres
 from recallspec.engine import GenerationResult
 from recallspec.spec.sampling import SamplingParams
+from tests.drafters.test_drafters_sam import FP, PROMPTS, make_engine
+from tests.recall.test_datastore import DOCS, build, paths
 
 
 @pytest.fixture(scope="module")

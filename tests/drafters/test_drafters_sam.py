@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
-from test_verify import chi2_pvalue
 
 from recallspec.drafters import create_drafter
 from recallspec.drafters.draft_model import DraftModelDrafter, SamDraftModelDrafter
@@ -32,6 +31,7 @@ from recallspec.index import StaticIndex
 from recallspec.spec.draft_sizing import N_STATES
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
+from tests.spec.test_verify import chi2_pvalue
 
 PROMPTS = [b"abcabcabcab", b"hello hello hello", b"xyz", b"the cat sat on the mat; the cat"]
 FP = "byte-tokenizer-test"

@@ -7,11 +7,11 @@ import time
 import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
-from test_verify import chi2_pvalue
 
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import ContextLengthError, DataError, UnknownNameError
 from recallspec.spec.sampling import SamplingParams
+from tests.spec.test_verify import chi2_pvalue
 
 
 def make_engine(v: int = 256, seed: int = 0, **cfg: object) -> Engine:
