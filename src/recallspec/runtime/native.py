@@ -5,7 +5,7 @@ the weight segments' kernel handles and the norm vectors, whose memory the model
 a float32 model's dense weights work too, through a plain kernel with the fp32
 reference's own product arithmetic: the tight parity oracle of the tests, not tuned);
 ``forward(meta, cache, num_layers, rope)`` then runs the whole model over a ragged batch
-(``runtime.batch``) in ``recallspec._kernels`` (csrc/native_forward.cpp), writing the
+(``runtime.batch``) in ``recallspec._kernels`` (csrc/native/native_forward.cpp), writing the
 KV cache and returning float32 logits for ``meta.logits_indices``, like
 ``CausalLM.forward_reference``, the Python forward it is checked against. It also writes
 each returned row's argmax into ``meta.argmax`` (exactly ``torch.argmax`` of the row,
@@ -15,9 +15,9 @@ verification reads no logits.
 Every output row is bit-identical whatever else is in the batch, whatever the tree
 around it (given its own visible keys), the thread count and the instruction-set path:
 the weight products are the batch-invariant quantized kernels, and attention, norms and
-activations follow one fixed float order per output (csrc/native_ops.h). Against the
+activations follow one fixed float order per output (csrc/native/native_ops.h). Against the
 reference the logits differ only by that float order (and the activation roundings it
-moves), within the bound tests/test_native_forward.py states.
+moves), within the bound tests/runtime/test_native_forward.py states.
 
 ``RECALLSPEC_NATIVE=0`` makes quantized models use the Python forward (for debugging).
 """

@@ -24,7 +24,7 @@ significant bits), and is what ``gguf.quants`` multiplies by; so dequantizing
 ``s * (u - z) (+ m)`` with one rounding after the product and one after the sum gives
 exactly ``gguf.quants.dequantize``'s floats (Q4_K's ``d*q - dm`` is ``d*q + (-dm)``).
 
-Packed layout (``pack``; the C++ side documents it in csrc/qkernels.h): rows in groups
+Packed layout (``pack``; the C++ side documents it in csrc/qgemm/qkernels.h): rows in groups
 of 16 (zero rows pad the last group), for each group and sub-block the 16 rows' u in
 64-byte vectors of 4 consecutive k per row; u4 vectors carry chunk v in the low nibbles
 and chunk v+4 in the high nibbles; scales and mins [G][k/sb][16]; z [G*16] int32.

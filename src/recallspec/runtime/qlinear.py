@@ -4,7 +4,7 @@
 quantized from fp32 at load) into the layout of the C++ kernels (``runtime.qformats``);
 ``qlinear(x, w)`` computes ``x @ W^T``. Activations are quantized per row to int8 in
 blocks of 32 (``d = max|x| / 127``, round half to even), integer block dot products
-are exact, and the float steps per output are fixed (csrc/qkernels.h): so row m of the
+are exact, and the float steps per output are fixed (csrc/qgemm/qkernels.h): so row m of the
 result is bit-identical whatever the number of rows, the thread count, and the
 instruction-set path (AVX-512 VNNI, AVX-512, AVX2, scalar).
 

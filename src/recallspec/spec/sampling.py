@@ -98,7 +98,7 @@ class Weights:
     (its mass set to 0, the rest implicitly renormalised), ``draw`` one token.
 
     Plain sampling (temperature only, a float32 CPU row) runs in the C++ kernels
-    (``csrc/sample_bind.cpp``): w = exp(x / t - max(x) / t) in the native forward's exp,
+    (``csrc/native/sample_bind.cpp``): w = exp(x / t - max(x) / t) in the native forward's exp,
     float64 sums by chunks of 64, so a removal re-adds one chunk and a draw walks the
     chunks then one chunk. That is three calls instead of ~8 torch operations over the
     vocabulary, which run cold after a forward has streamed the weights (~0.4 ms a

@@ -1,3 +1,0 @@
-// The native forward's float kernels (native_ops.h), avx512 path.
-#define NF_OPS ops_avx512
-#include "native_ops.inc"

@@ -1,3 +1,0 @@
-// The native forward's float kernels (native_ops.h), scalar path.
-#define NF_OPS ops_scalar
-#include "native_ops.inc"

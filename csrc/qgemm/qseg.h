@@ -1,0 +1,57 @@
+// One quantized weight segment as the Python side hands it to C++ (recallspec._kernels.QSeg):
+// the kernel view qk::QW of the tensors that runtime/qlinear.py keeps, validated once,
+// with the ndarray handles holding references so the memory stays alive (and no product
+// converts a weight array per call: a torch tensor's DLPack conversion costs ~3 us). Shared by the
+// per-product bindings (qbind.cpp) and the native forward (native_forward.cpp), which
+// both receive the same Python objects (a named, non-anonymous class, so that the two
+// translation units agree on its type).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include "qgemm/qkernels.h"
+
+namespace qk {
+
+class QSeg {
+ public:
+  template <class T>
+  using Vec = nanobind::ndarray<T, nanobind::ndim<1>, nanobind::c_contig, nanobind::device::cpu>;
+
+  QSeg(Vec<const uint8_t> qs, Vec<const uint8_t> scale, Vec<const uint8_t> mins,
+       Vec<const int32_t> zero, int64_t n, int64_t k, int sb, bool u4, bool f16)
+      : qs_(qs), scale_(scale), mins_(mins), zero_(zero) {
+    if (sb != 32 && sb != 16) throw std::invalid_argument("QSeg: sb must be 32 or 16");
+    if (u4 && sb != 32) throw std::invalid_argument("QSeg: u4 storage needs sb = 32");
+    if (n <= 0 || k <= 0 || k % 32 != 0) throw std::invalid_argument("QSeg: need n > 0 and K % 32 == 0");
+    w_ = QW{};
+    w_.n = n;
+    w_.k = k;
+    w_.groups = (n + 15) / 16;
+    w_.sb = sb;
+    w_.u4 = u4;
+    w_.f16 = f16;
+    const size_t scale_bytes = size_t(w_.groups * w_.nsb() * 16 * (f16 ? 2 : 4));
+    if (qs.size() != size_t(w_.groups * w_.nsb() * w_.sb_bytes()) || scale.size() != scale_bytes ||
+        (mins.size() != 0 && mins.size() != scale_bytes) ||
+        (zero.size() != 0 && zero.size() != size_t(w_.groups * 16)))
+      throw std::invalid_argument("QSeg: weight arrays do not match n, k, sb and the storage");
+    w_.qs = qs.data();
+    w_.scale = scale.data();
+    w_.mins = mins.size() ? mins.data() : nullptr;
+    w_.zero = zero.size() ? zero.data() : nullptr;
+  }
+  const QW& w() const { return w_; }
+
+ private:
+  Vec<const uint8_t> qs_, scale_, mins_;
+  Vec<const int32_t> zero_;
+  QW w_;
+};
+
+}  // namespace qk

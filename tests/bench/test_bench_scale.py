@@ -1,0 +1,132 @@
+"""`recallspec bench scale`: our side measured on a real GGUF in a child process, the
+prediction at another model's cost curve, the matrix and the report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import FoldedByteTokenizer, needs_model
+
+from recallspec.bench.replay import ReplayConfig, load_ar_answers
+from recallspec.bench.scale import DEFAULT_MATRIX, ScaleConfig, _derive, parse_entries
+from recallspec.bench.scale_predict import fitted_model, predict_at_curve
+from recallspec.bench.scale_report import render_scale_markdown
+from recallspec.engine import Engine, EngineConfig
+from recallspec.errors import DataError
+from recallspec.runtime.cost_curve import CostCurve
+from tests.bench.test_replay_time import V, cycle_model, grid_curve
+
+
+def test_matrix_and_config_are_checked() -> None:
+    assert parse_entries(None, None) == DEFAULT_MATRIX
+    assert len({s for s, q in DEFAULT_MATRIX if q == "Q4_K_M"}) == 7
+    assert parse_entries("smollm2-1.7b,llama-3.1-8b", "Q4_0,Q8_0") == (
+        ("smollm2-1.7b", "Q4_0"), ("smollm2-1.7b", "Q8_0"),
+        ("llama-3.1-8b", "Q4_0"), ("llama-3.1-8b", "Q8_0"))
+    with pytest.raises(DataError, match="unknown shape"):
+        ScaleConfig(entries=(("gpt-9", "Q4_K_M"),))
+    with pytest.raises(DataError, match="unknown quantization"):
+        ScaleConfig(entries=(("smollm2-1.7b", "Q3_K"),))
+    with pytest.raises(DataError, match="include 1"):
+        ScaleConfig(ks=(2, 4))
+    with pytest.raises(DataError, match="'ar'"):
+        ScaleConfig(answers="x", methods=("pld",))
+
+
+def _recorded_run(tmp_path: Path) -> tuple[list[dict[str, Any]], ReplayConfig]:
+    from recallspec.bench.answers import answers_path
+    from recallspec.bench.runner import BenchConfig, run_bench
+
+    eng = Engine(cycle_model(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
+    run_bench(BenchConfig(suite="demo", methods=("ar", "pld:mode=fixed"), max_new_tokens=30),
+              tmp_path, engine=eng, progress=False, log=lambda m: None)
+    recs, _ = load_ar_answers(answers_path(tmp_path, "ar"))
+    return recs, ReplayConfig(max_new_tokens=30, max_draft_nodes=16)
+
+
+def test_prediction_prices_the_recorded_answers_with_the_shapes_curve(tmp_path: Path) -> None:
+    """The overheads are fitted on the recorded run with its own curve; at a shape whose
+    draft rows are nearly free (a large model streaming its weights once per forward)
+    the sizing drafts more rows and speculation gains more than where rows are dear."""
+    recs, cfg = _recorded_run(tmp_path)
+    methods = ("ar", "pld:mode=fixed", "portfolio:mode=adaptive")
+    fit, check = fitted_model(recs, cfg, grid_curve(), methods, tmp_path, lambda m: None)
+    assert check["ar"]["recorded"] is not None and check["portfolio:mode=adaptive"][
+        "recorded"] is None  # a method the run did not record has no error to show
+    dear = predict_at_curve(recs, cfg, grid_curve(step=1.0, per_row=0.5), methods, fit)
+    cheap = predict_at_curve(recs, cfg, grid_curve(step=1.0, per_row=0.005), methods, fit)
+    pf = "portfolio:mode=adaptive"
+    assert cheap[pf]["drafted"] > dear[pf]["drafted"]
+    assert cheap[pf]["speedup_vs_ar"] > dear[pf]["speedup_vs_ar"]
+    assert cheap["ar"]["speedup_vs_ar"] == 1.0
+    # AR's forwards are one row: the row price does not change its prediction. (Not to
+    # the bit: the policy's own measured seconds, microseconds a question, are counted.)
+    assert cheap["ar"]["tokens_per_s"] == pytest.approx(dear["ar"]["tokens_per_s"], rel=1e-4)
+    slower = predict_at_curve(recs, cfg, grid_curve(step=2.0, per_row=0.005), ("ar",), fit)
+    assert slower["ar"]["tokens_per_s"] < cheap["ar"]["tokens_per_s"]
+
+
+def _result(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"machine": {"cpu": "test cpu", "cpus": 2, "kernels": "k", "loadavg_1m": 0.1},
+            "date": "2026-11-27", "config": ScaleConfig().__dict__ | {"ks": (1, 8, 16)},
+            "peer": {"llama_cpp_commit": "0c1e570", "cmake_args": ["-DGGML_NATIVE=ON"]},
+            "stream": {"read_gb_s": 40.0, "buffer_mib": 1024},
+            "entries": {"smollm2-1.7b:Q4_0": entry}}
+
+
+def test_ratios_and_report_of_one_entry() -> None:
+    entry: dict[str, Any] = {
+        "shape": "smollm2-1.7b", "quant": "Q4_0", "file_bytes": 1_000_000_000,
+        "ours": {"ar": {"decode_tok_s": 30.0}, "prefill_tok_s": 150.0, "achieved_gb_s": 30.0,
+                 "cost_ms": {"1": 30.0, "8": 45.0, "16": 90.0}, "rss_mb": 1100.0,
+                 "load_s": 2.0},
+        "llamacpp": {"tg_tok_s": 25.0, "pp_tok_s": 75.0, "cost_ms": {"1": 40.0, "8": 80.0},
+                     "rss_mb": 1050.0, "start_s": 0.5},
+    }
+    _derive(entry, {"read_gb_s": 40.0})
+    d = entry["derived"]
+    assert d["decode_vs_llamacpp"] == pytest.approx(1.2)
+    assert d["prefill_vs_llamacpp"] == pytest.approx(2.0)
+    assert d["cost_ratio"]["8"] == pytest.approx(1.5)
+    assert d["llamacpp_cost_ratio"]["8"] == pytest.approx(2.0)
+    assert d["bandwidth_fraction"] == pytest.approx(0.75)
+    assert d["rss_vs_file"] == pytest.approx(1.1)
+    md = render_scale_markdown(_result(entry))
+    row = next(line for line in md.splitlines() if line.startswith("| smollm2-1.7b | Q4_0"))
+    for cell in ("30.0 / 25.0", "1.20x", "150.0 / 75.0", "2.00x", "1.50x (2.00x)", "(75%)",
+                 "1.10x"):
+        assert cell in row, (cell, row)
+    assert "commit 0c1e570" in md and "-DGGML_NATIVE=ON" in md
+
+
+@needs_model
+def test_our_side_measures_a_real_gguf_in_a_child(tmp_path: Path) -> None:
+    """The child that measures one GGUF: every figure present and sane, and the curve it
+    writes is a cost curve the replay can price with (decode and prefill grids)."""
+    from recallspec.models import resolve_model
+
+    gguf = resolve_model(None)
+    curve_file = tmp_path / "curve.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recallspec.bench.scale_ours", str(gguf), "--repeats", "1",
+         "--new-tokens", "4", "--prefill", "32", "--ks", "1,2,4", "--cached", "64",
+         "--contexts", "16", "--curve-out", str(curve_file), "--threads", "1"],
+        capture_output=True, text=True, check=True, timeout=600)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["threads"] == 1
+    assert res["ar"]["decode_tok_s"] > 0 and res["prefill_tok_s"] > 0
+    assert set(res["cost_ms"]) == {"1", "2", "4"} and min(res["cost_ms"].values()) > 0
+    # RSS holds at least the weights the model keeps resident.
+    assert res["rss_mb"] >= res["resident_weight_mb"] > 0
+    assert res["peak_rss_mb"] >= res["rss_mb"]
+    assert res["achieved_gb_s"] > 0 and res["weight_bytes"]["total"] > 0
+    curve = CostCurve.from_json(json.loads(curve_file.read_text()))
+    assert curve.tokens == (1, 2, 4)
+    assert curve.decode is not None and curve.decode.contexts == (16, 64)
+    assert curve.prefill is not None and curve.prefill.rows == (32, 128)
+    assert curve(2, 1, 64) == pytest.approx(res["cost_ms"]["2"] / 1000)
