@@ -75,6 +75,8 @@ def test_the_config_ranks_below_the_request_and_above_the_default() -> None:
     eng = _engine(mode="fixed", drafter="llma:mode=adaptive")
     assert _sizing(eng, drafter="pld") == ("fixed", "ems")  # the config's mode
     assert _sizing(eng, drafter=DrafterSpec.parse("pld:mode=adaptive")) == ("adaptive", "ems")
+    # A spec's text given to the Python API is parsed as the command line parses it.
+    assert _sizing(eng, drafter="pld:mode=adaptive") == ("adaptive", "ems")
     assert _sizing(eng, drafter="pld", mode="adaptive") == ("adaptive", "ems")
     assert _sizing(eng) == ("fixed", "ems")  # the config's mode over its spec's sizing
     eng = _engine(drafter="llma:mode=fixed")

@@ -91,8 +91,8 @@ class DrafterPool:
         with ``options`` over its own."""
         if drafter is None:
             return self._config.default_drafter.with_options(options)
-        if isinstance(drafter, str):
-            return DrafterSpec.of(drafter, options)
+        if isinstance(drafter, str):  # a name, or a spec's text ("pld:mode=fixed")
+            return DrafterSpec.parse(drafter).with_options(options)
         return drafter.with_options(options)
 
     def resolve(self, drafter: DrafterArg, options: Mapping[str, Any] | None = None) -> Drafter:
