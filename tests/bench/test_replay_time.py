@@ -110,6 +110,23 @@ def test_a_curve_measured_while_busy_stands_in_but_is_never_cached(tmp_path: Pat
     assert cc.calibrate(model, 1, busy=lambda: True, **kw) == quiet and not calls
 
 
+def test_a_curve_whose_grid_disagrees_is_not_kept() -> None:
+    """A decode grid that disagrees with the reference forwards (the machine's speed
+    changed while measuring) is not cached for good, nor trusted when read back."""
+    from recallspec.runtime.cost_calibration import GRID_AGREEMENT, grid_agrees
+
+    sizes = (1, 2, 4, 8, 16)
+    ref = tuple(0.004 + 0.0005 * n for n in sizes)
+
+    def curve(scale: float) -> CostCurve:
+        rows = tuple(tuple(scale * t * (1 + c / 4096) for t in ref) for c in (128, 512, 2048))
+        return CostCurve(sizes, ref, 0.0, "k", CostGrid(sizes, (128, 512, 2048), rows))
+
+    assert grid_agrees(curve(1.0)) and grid_agrees(curve(0.8))
+    assert not grid_agrees(curve(GRID_AGREEMENT * 1.7))  # 2.5x: the curve of 2026-11-28
+    assert not grid_agrees(curve(1 / (GRID_AGREEMENT * 1.2)))
+
+
 # ---- the time model ------------------------------------------------------------------
 
 

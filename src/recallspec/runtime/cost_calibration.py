@@ -192,7 +192,7 @@ def calibrate(
     On a quiet machine the curve is measured again and cached for good."""
     is_busy = busy or _busy
     cached = _read_curve(cache_path, key)
-    if cached is not None:
+    if cached is not None and grid_agrees(cached):  # (else written before the check)
         return cached
     provisional = None if cache_path is None else cache_path.with_suffix(".busy.json")
     if provisional is not None and is_busy():
@@ -221,7 +221,7 @@ def calibrate(
                                repeats=repeats)
     curve = CostCurve(tuple(sorted(times)), tuple(times[k] for k in sorted(times)), per_seq, key,
                       decode, prefill)
-    if was_busy or is_busy():
+    if was_busy or is_busy() or not grid_agrees(curve):
         if say:
             say("the machine is busy: the cost curve is used for now, not cached for good")
         if provisional is not None:
@@ -231,6 +231,32 @@ def calibrate(
         if provisional is not None:
             provisional.unlink(missing_ok=True)
     return curve
+
+
+# How far the decode grid's forwards may be, as a median over the shared row counts, from
+# the same forwards measured first at REFERENCE_CONTEXT: measured a few seconds apart on a
+# quiet machine their ratio is 0.8-1.2 (eight curves of 2026-11-28); one curve measured
+# while a test suite ran beside it had 2.0-3.7 and priced 6 rows as 1 (the planner then
+# verified 10 rows a step at 1.4 accepted: 0.64-0.78x plain decoding). The load average
+# missed it (the burst came and went between its two reads).
+GRID_AGREEMENT = 1.5
+
+
+def grid_agrees(curve: CostCurve) -> bool:
+    """Whether the decode grid's rows at the contexts around REFERENCE_CONTEXT agree with
+    the reference forwards (``GRID_AGREEMENT``): a disagreement means the machine's speed
+    changed while measuring, and the curve is not cached for good."""
+    grid = curve.decode
+    if grid is None:
+        return True
+    ref = dict(zip(curve.tokens, curve.seconds, strict=True))
+    for j, ctx in enumerate(grid.contexts):
+        if ctx > 2 * REFERENCE_CONTEXT:
+            continue
+        ratios = [grid.seconds[j][i] / ref[n] for i, n in enumerate(grid.rows) if n in ref]
+        if ratios and not 1 / GRID_AGREEMENT <= statistics.median(ratios) <= GRID_AGREEMENT:
+            return False
+    return True
 
 
 def _read_curve(path: Path | None, key: str) -> CostCurve | None:
