@@ -19,7 +19,8 @@ from recallspec.spec.draft_sizing import (
     running_min,
 )
 from recallspec.spec.tree import DraftTree, limit_depth
-from recallspec.step.planner import _best_rate, _price
+from recallspec.step.pricing import best_rate as _best_rate
+from recallspec.step.pricing import price as _price
 
 
 def _random_tree(rng: random.Random, n: int) -> list[int]:

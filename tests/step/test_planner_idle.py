@@ -1,0 +1,71 @@
+"""The planner skips the proposals of idle requests whose drafter proposes slowly."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from recallspec.drafters import Drafter
+from recallspec.params import Sizing
+from recallspec.runtime.cost_curve import CostCurve
+from recallspec.spec.tree import DraftTree
+from recallspec.step.planner import PROBE_EVERY, DraftPlanner
+from recallspec.step.sequence import DraftState
+
+
+class Slow(Drafter):
+    """Proposes a chain that is never accepted, taking ``seconds`` per proposal."""
+
+    name = "slow"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.calls = seconds, 0
+
+    def start(self, rid: int, prompt: Sequence[int]) -> None: ...
+
+    def propose(self, rid: int, max_nodes: int) -> DraftTree:
+        self.calls += 1
+        time.sleep(self.seconds)
+        return DraftTree.chain([1, 2, 3][:max_nodes])
+
+    def observe(self, *a: Any) -> None: ...
+
+    def stop(self, rid: int) -> None: ...
+
+
+@dataclass
+class Seq:
+    drafter: Drafter
+    rid: int = 0
+    sizing: Sizing = "adaptive"
+    draft: DraftState = field(default_factory=DraftState)
+    depth_limit: int = 100
+    cached_length: int = 50
+
+
+def _run(seconds: float, steps: int) -> tuple[int, int]:
+    """(proposals, drafted steps) of a request whose drafts are always rejected."""
+    curve = CostCurve((1, 4), (0.01, 0.02), 0.0)  # a 1-row forward: 10 ms
+    d = Slow(seconds)
+    planner = DraftPlanner(16, lambda: curve)
+    seq = Seq(d)
+    drafted = 0
+    for _ in range(steps):
+        trees, failed = planner.plan([seq], [16])
+        assert not failed
+        drafted += bool(len(trees[0]))
+        planner.observe(seq, trees[0], [])  # rejected
+    return d.calls, drafted
+
+
+def test_idle_requests_of_slow_drafters_propose_only_to_probe() -> None:
+    fast_calls, fast_drafted = _run(0.0, 60)
+    slow_calls, slow_drafted = _run(0.002, 60)  # 20% of a forward per proposal
+    assert fast_calls == 60  # cheap proposals: every step, as before
+    # Slow: a few steps until it stops drafting, then a proposal per probe only (the
+    # probe wait doubles after each rejected probe).
+    assert slow_calls < 60 // PROBE_EVERY + 8
+    # The decisions are the same: it drafts (probes) as often either way.
+    assert slow_drafted == fast_drafted
