@@ -45,8 +45,9 @@ class Seq:
     cached_length: int = 50
 
 
-def _run(seconds: float, steps: int) -> tuple[int, int]:
-    """(proposals, drafted steps) of a request whose drafts are always rejected."""
+def _run(seconds: float, steps: int, accepted: bool = False) -> tuple[int, int]:
+    """(proposals, drafted steps) of a request whose drafts are always rejected (or
+    always accepted)."""
     curve = CostCurve((1, 4), (0.01, 0.02), 0.0)  # a 1-row forward: 10 ms
     d = Slow(seconds)
     planner = DraftPlanner(16, lambda: curve)
@@ -56,7 +57,7 @@ def _run(seconds: float, steps: int) -> tuple[int, int]:
         trees, failed = planner.plan([seq], [16])
         assert not failed
         drafted += bool(len(trees[0]))
-        planner.observe(seq, trees[0], [])  # rejected
+        planner.observe(seq, trees[0], list(range(len(trees[0]))) if accepted else [])
     return d.calls, drafted
 
 
@@ -67,5 +68,9 @@ def test_idle_requests_of_slow_drafters_propose_only_to_probe() -> None:
     # Slow: a few steps until it stops drafting, then a proposal per probe only (the
     # probe wait doubles after each rejected probe).
     assert slow_calls < 60 // PROBE_EVERY + 8
-    # The decisions are the same: it drafts (probes) as often either way.
-    assert slow_drafted == fast_drafted
+    # It still probes, and drafts no more than a cheap drafter would.
+    assert 0 < slow_drafted <= fast_drafted
+    # Drafts that are accepted pay for a slow proposal: once its statistics have learned
+    # that (at most one probe wait), it proposes and drafts every step.
+    calls, drafted = _run(0.002, 30, accepted=True)
+    assert calls == drafted >= 30 - PROBE_EVERY

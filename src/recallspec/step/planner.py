@@ -44,12 +44,11 @@ PROBE_EVERY = 8
 PROBE_MAX = 128
 CONTEXT_STEP = 32  # cached tokens per step of the cost tables' context
 OVERHEAD_WINDOW = 31  # decode steps the step overhead is the median of
-# An idle request (sized to nothing at its last step) of a drafter whose proposals take
-# more than this fraction of a 1-row forward skips proposing until its next probe. Its
-# decision would not change: a drafter without candidates is sized by its statistics,
-# which only drafted steps update. Measured: `rest` over a 1,000-document Alpaca store
-# spent 1.9 ms a step proposing (a 4.6 ms forward) and ran at 0.91x plain decoding while
-# drafting nothing; SAM proposals take ~1%.
+# A drafter whose proposals take more than this fraction of a 1-row forward is asked to
+# propose only where a draft is expected to pay for the proposal too (``_worth_proposing``;
+# probes aside). Measured: `rest` over a 1,000-document Alpaca store spent 1.4-1.9 ms a
+# step proposing (a 3.8 ms forward) and ran at 0.78-0.91x plain decoding, drafting one
+# node a step at 14% acceptance; SAM proposals take ~1% of a forward.
 IDLE_SKIP_FRACTION = 0.05
 
 S = TypeVar("S", bound=StepSequence)
@@ -141,7 +140,7 @@ class DraftPlanner:
             if d.offers_candidates:
                 proposed += self._choose(d, decoding, idx, rooms, failed)
                 continue
-            idx = self._without_idle(d, decoding, idx)
+            idx = self._worth_proposing(d, decoding, idx, rooms)
             if not idx:
                 continue
             t0 = time.perf_counter()
@@ -178,26 +177,36 @@ class DraftPlanner:
                 out.append((i, limit_depth(tree.truncate(k), r.depth_limit)))
         return out
 
-    def _without_idle(self, d: Drafter, decoding: Sequence[S], idx: list[int]) -> list[int]:
-        """``idx`` less the idle requests that skip proposing this step
-        (``IDLE_SKIP_FRACTION``); each skipped one counts an idle step (their trees stay
-        empty). A request proposes again at the step its probe is due."""
+    def _worth_proposing(
+        self, d: Drafter, decoding: Sequence[S], idx: list[int], rooms: Sequence[int],
+    ) -> list[int]:
+        """``idx`` less the requests that skip proposing this step: a drafter whose
+        proposals take more than IDLE_SKIP_FRACTION of a 1-row forward proposes only
+        where the best prospective chain (the request's statistics in its current
+        context) beats drafting nothing once the proposal's own time is counted, and
+        at every due probe. A skipped request counts an idle step (its tree is empty)."""
         cost = self.propose_cost.get(d.name, 0.0)
         if not cost:
             return idx
+        curve = self._curve()
         wait = self.probe_wait.get(d.name, PROBE_EVERY)
+        without = max(self.step_overhead - cost, 0.0)  # (the overhead counts proposals)
         keep = []
-        step_cost: float | None = None
         for i in idx:
-            ds = decoding[i].draft
-            if ds.idle_steps and ds.idle_steps + 1 < wait:
-                if step_cost is None:
-                    step_cost = self._curve()(1, 1, cached_context([decoding[i]]))
-                if cost > IDLE_SKIP_FRACTION * step_cost:
-                    ds.idle_steps += 1
-                    ds.probing = False
-                    continue
-            keep.append(i)
+            req = decoding[i]
+            n = min(rooms[i], req.depth_limit, self.max_draft_nodes)
+            costs = self._cost_table(curve, 1, max(n, 0), 1, cached_context([req]))
+            if cost <= IDLE_SKIP_FRACTION * costs[0] or req.draft.idle_steps + 1 >= wait:
+                keep.append(i)
+                continue
+            st = self._stats(req)
+            st.context = d.context(req.rid)
+            gains = running_min(st.key_node_rates(list(range(-1, n - 1)), self.prior(d)))
+            if n > 0 and best_rate(gains, costs, without + cost) > 1.0 / (costs[0] + without):
+                keep.append(i)
+                continue
+            req.draft.idle_steps += 1
+            req.draft.probing = False
         return keep
 
     def _choose(
