@@ -57,7 +57,7 @@ def main() -> None:
                 ref = ids
             for q, (x, y) in enumerate(zip(ids, ref, strict=True)):
                 if x != y:
-                    k = next((j for j, (s, t) in enumerate(zip(x, y)) if s != t),
+                    k = next((j for j, (s, t) in enumerate(zip(x, y, strict=False)) if s != t),
                              min(len(x), len(y)))
                     diffs.append({"process": i, "method": m, "question": q, "position": k})
             print(f"process {i} {m}: {sum(d['process'] == i and d['method'] == m for d in diffs)}"
