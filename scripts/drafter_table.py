@@ -13,11 +13,12 @@ Build the Alpaca stores first (the tokenizer is the default model's):
     recallspec datastore build --kind crest --from-rest R.rest --out C.crest
 
 Drift-robust by interleaving: one engine; for each question and repeat, plain decoding
-and then every drafter answer it in turn (a drafter's instance stays warm across
-questions, as in a server). A method's tok/s is its generated tokens over the sum of its
-per-question median times (prefill included); its ratio to plain decoding comes from
-the same questions, timed minutes apart at most. Greedy, chat template. Checks every
-answer against plain decoding's. Writes OUT.json and OUT.md. Run it alone.
+and every drafter answer it in turn, each round starting at another method (a drafter's
+instance stays warm across questions, as in a server). A method's tok/s is its
+generated tokens over the sum of its per-question median times (prefill included); its
+ratio to plain decoding comes from the same questions, timed minutes apart at most.
+Greedy, chat template. Checks every answer against plain decoding's. Writes OUT.json
+and OUT.md. Run it alone.
 """
 
 from __future__ import annotations
@@ -51,14 +52,18 @@ def run_suite(eng: Engine, suite: str, a: argparse.Namespace) -> dict[str, Any]:
     for i, p in enumerate(prompts):
         per: dict[str, list[float]] = {m: [] for m in methods}
         ref: list[int] | None = None
-        for _ in range(a.repeats):
-            for m in methods:
+        for rep in range(a.repeats):
+            # Each round starts at another method (no method always runs first, after
+            # another's cache footprint); plain decoding still answers first once, so
+            # every drafter's answer is checked against it.
+            shift = (i + rep) % len(methods) if rep else 0
+            for m in methods[shift:] + methods[:shift]:
                 t0 = time.perf_counter()
                 r = eng.generate(p, params, chat=True, drafter=m)
                 per[m].append(time.perf_counter() - t0)
-                if m == "none":
+                if m == "none" and ref is None:
                     ref = r.token_ids
-                elif r.token_ids == ref and len(per[m]) == 1:
+                elif m != "none" and r.token_ids == ref and len(per[m]) == 1:
                     same[m] += 1
         for m in methods:
             times[m].append(statistics.median(per[m]))

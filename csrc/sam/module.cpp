@@ -1,13 +1,17 @@
-// recallspec._core: the thin C++ core. Bindings only; algorithms live in their own files.
+// recallspec._core: the thin C++ core (suffix automata, index file, REST retrieval). Bindings only; algorithms live in their own files.
 // Array arguments are validated (dtype, 1-D, C-contiguous, CPU) by nanobind; the
 // Python wrapper (recallspec.index) adds friendly messages and value checks.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
+#include "datastore/suffix_search.h"
 #include "sam/index_file.h"
 #include "sam/sam_common.h"
 #include "sam/sam_dynamic.h"
@@ -19,6 +23,9 @@ using namespace recallspec;
 using U32In = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using I64In = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using I64Out = nb::ndarray<int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using I32In = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using I64In2 = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using I64Out2 = nb::ndarray<int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
 namespace {
 
@@ -72,6 +79,50 @@ void bind_cursor(nb::module_& m, const char* name) {
       .def("draft_tree", &BC::tree);
 }
 
+SaText sa_text(I32In text, I32In sa) {
+  return SaText{text.data(), int64_t(text.shape(0)), sa.data(), int64_t(sa.shape(0))};
+}
+
+void check_tree_out(I64Out tokens, I64Out parents) {
+  if (parents.shape(0) != tokens.shape(0))
+    throw std::invalid_argument("tokens and parents must have the same length");
+}
+
+// REST retrieval (csrc/datastore/suffix_search.h). The Python wrapper
+// (recallspec.recall.datastore) checks values; bounds that would read outside the
+// arrays are checked here.
+void bind_datastore(nb::module_& m) {
+  m.def("sa_match_range", [](I32In text, I32In sa, I32In query) {
+    int64_t lo, hi;
+    sa_match_range(sa_text(text, sa), query.data(), int64_t(query.shape(0)), &lo, &hi);
+    return std::make_pair(lo, hi);
+  });
+  m.def("sa_longest_match", [](I32In text, I32In sa, I32In context, int64_t min_q,
+                               int64_t max_q) {
+    if (min_q < 1 || max_q < min_q) throw std::invalid_argument("need 1 <= min_q <= max_q");
+    int64_t lo, hi;
+    const int64_t n = sa_longest_match(sa_text(text, sa), context.data(),
+                                       int64_t(context.shape(0)), min_q, max_q, &lo, &hi);
+    return std::make_tuple(n, lo, hi);
+  });
+  m.def("sa_continuations", [](I32In text, I32In sa, int64_t lo, int64_t hi, int64_t offset,
+                               int64_t max_matches, I64Out2 out) {
+    const int64_t n_sa = int64_t(sa.shape(0));
+    if (lo < 0 || hi > n_sa || lo > hi || offset < 0 || max_matches < 1)
+      throw std::invalid_argument("need 0 <= lo <= hi <= len(sa), offset >= 0, max_matches >= 1");
+    if (int64_t(out.shape(0)) < std::min(hi - lo, max_matches))
+      throw std::invalid_argument("out has fewer rows than matches");
+    return sa_continuations(sa_text(text, sa), lo, hi, offset, max_matches,
+                            int64_t(out.shape(1)), out.data());
+  });
+  m.def("top_k_trie", [](I64In2 conts, int64_t max_nodes, I64Out tokens, I64Out parents) {
+    check_tree_out(tokens, parents);
+    const int64_t n = std::min<int64_t>(max_nodes, int64_t(tokens.shape(0)));
+    return top_k_trie(conts.data(), int64_t(conts.shape(0)), int64_t(conts.shape(1)), n,
+                      tokens.data(), parents.data());
+  });
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -80,6 +131,7 @@ NB_MODULE(_core, m) {
   m.attr("INDEX_FORMAT_VERSION") = kIndexVersion;
   m.attr("HEADER_BYTES") = kHeaderBytes;
   nb::exception<IndexFormatError>(m, "IndexFormatError");
+  bind_datastore(m);
 
   nb::class_<StaticSamBuilder>(m, "StaticSamBuilder")
       .def(nb::init<uint32_t, uint64_t>(), nb::arg("vocab_size"), nb::arg("expected_tokens") = 0)

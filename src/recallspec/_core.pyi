@@ -72,3 +72,16 @@ class DynamicSam:
 
 class DynamicCursor(_Cursor):
     def __init__(self, sam: DynamicSam, /) -> None: ...
+
+# REST retrieval (csrc/datastore/suffix_search.h); text and sa are int32 arrays.
+I32 = NDArray[np.int32]
+I64_2D = NDArray[np.int64]
+
+def sa_match_range(text: I32, sa: I32, query: I32, /) -> tuple[int, int]: ...
+def sa_longest_match(
+    text: I32, sa: I32, context: I32, min_q: int, max_q: int, /
+) -> tuple[int, int, int]: ...
+def sa_continuations(
+    text: I32, sa: I32, lo: int, hi: int, offset: int, max_matches: int, out: I64_2D, /
+) -> int: ...
+def top_k_trie(conts: I64_2D, max_nodes: int, tokens: I64, parents: I64, /) -> int: ...

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from recallspec.data.corpus_files import iter_jsonl
 from recallspec.errors import DataError
 
 _CHOICE_LISTS = ("turns", "decoding_steps", "new_tokens", "wall_time", "token_ids")
@@ -65,13 +66,7 @@ def read_answers(path: Path) -> list[dict[str, Any]]:
         raise DataError(f"answer file {path} does not exist")
     out = []
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: corrupt answer line ({e.msg})") from None
+        for n, rec in iter_jsonl(f, path):
             problem = validate_record(rec)
             if problem:
                 raise DataError(f"{path}:{n}: bad answer record ({problem})")

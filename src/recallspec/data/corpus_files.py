@@ -23,7 +23,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -51,6 +51,18 @@ def _kind(path: Path) -> str:
     return "txt"
 
 
+def iter_jsonl(lines: Iterable[str], path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSON-lines file; a line that is
+    not JSON raises DataError naming the file and the line."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+
+
 def iter_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Yield the JSON records of a .jsonl / .json (array or {key: [records]}) file."""
     p = Path(path)
@@ -58,13 +70,7 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     try:
         with _open_text(p) as f:
             if kind == "jsonl":
-                for lineno, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise DataError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
+                for lineno, rec in iter_jsonl(f, p):
                     if not isinstance(rec, dict):
                         raise DataError(f"{p}:{lineno}: expected a JSON object per line")
                     yield rec

@@ -125,12 +125,11 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self.chat_template is not None
 
-    def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-        **kwargs: Any,
-    ) -> str:
-        if self.chat_template is None:
-            raise ModelLoadError("this model's tokenizer has no chat template")
+    @cached_property
+    def _chat_template(self) -> Any:
+        """The chat template compiled once (compiling took ~7 ms, a 135M model's decode
+        step, on every chat request). Rendering is stateless, so one compiled template
+        serves every request and thread."""
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -141,7 +140,15 @@ class Tokenizer:
             trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
         )
         env.globals["raise_exception"] = raise_exception
-        template = env.from_string(self.chat_template)
+        return env.from_string(self.chat_template or "")
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        if self.chat_template is None:
+            raise ModelLoadError("this model's tokenizer has no chat template")
+        template = self._chat_template
         return template.render(
             messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs,

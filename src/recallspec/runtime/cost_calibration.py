@@ -35,6 +35,9 @@ GRID_CONTEXTS = (128, 512, 1024, 2048)
 # Prompt chunks (the engine's prefill_chunk is 512) x the position they start at.
 PREFILL_SIZES = (32, 128, 256, 512)
 PREFILL_STARTS = (0, 512, 1024, 1536)
+# How the curve is measured, part of the cache key: a curve cached by an earlier method
+# is measured again (v2: sizes in interleaved rounds, non-decreasing in rows).
+CALIBRATION = "v2-interleaved-monotone"
 
 
 def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
@@ -90,18 +93,53 @@ def grid_times(
         ctx = random_prefix(model, cache, slot, max(contexts), max(sizes))
         with torch.inference_mode():
             for c in contexts:
-                out[c] = {}
-                for k in sizes:
-                    # Rows past the context are scratch: never committed, overwritten.
-                    meta = build_batch([SequenceInput(slot, c, ctx[c : c + k], logits=logits)])
+                # Rows past the context are scratch: never committed, overwritten.
+                metas = {k: build_batch([SequenceInput(slot, c, ctx[c : c + k], logits=logits)])
+                         for k in sizes}
 
-                    def fwd(m: Any = meta) -> Any:
+                def fwd(m: Any) -> Callable[[], None]:
+                    def run() -> None:
                         with decode_threads(threads), forward_threads(m.num_tokens, threads):
-                            return model(m, cache)
+                            model(m, cache)
+                    return run
 
-                    out[c][k] = median_time(fwd, repeats, warmup)
+                out[c] = monotone_in_rows(interleaved_times(
+                    {k: fwd(m) for k, m in metas.items()}, repeats, warmup))
     finally:
         cache.release(slot)
+    return out
+
+
+def interleaved_times(
+    fns: dict[int, Callable[[], Any]], repeats: int, warmup: int = 1
+) -> dict[int, float]:
+    """Median seconds of each function, timed in rounds that call every function once
+    (sizes in order), not one size's repeats after another: a shared VM's speed drifts
+    by 10-30% within seconds, and timed in blocks that drift made a 2-row forward look
+    cheaper than a 1-row one in 6 of 20 cached curves (the sizing then drafted a node a
+    step for a 14% chance of a token). Within a round, neighbouring sizes run
+    milliseconds apart, so the drift cancels from the comparisons the sizing makes."""
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    ts: dict[int, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            ts[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in ts.items()}
+
+
+def monotone_in_rows(times: dict[int, float]) -> dict[int, float]:
+    """Times over increasing row counts made non-decreasing (a running maximum): a
+    forward of more rows does all the work of one of fewer and more, so a measured dip
+    is noise, and a dip would price a draft's rows below nothing."""
+    out: dict[int, float] = {}
+    top = 0.0
+    for k in sorted(times):
+        top = max(top, times[k])
+        out[k] = top
     return out
 
 
@@ -138,8 +176,8 @@ def _per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int
                     return model(m, cache)
             return f
 
-        t_many = median_time(run(many), repeats)
-        t_one = median_time(run(one), repeats)
+        t = interleaved_times({0: run(many), 1: run(one)}, repeats)
+        t_many, t_one = t[0], t[1]
     return max(t_many - t_one, 0.0) / (seqs - 1)
 
 
@@ -155,10 +193,10 @@ def _busy() -> bool:
 def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
     """What a curve was measured for: the model (its tokenizer, shape, weight format and
     KV-cache dtype), the forward that runs it (native or Python, the kernel path, the
-    kernels' build), the thread count, the CPU (with its family and model numbers) and
-    torch. (The forward and the kernels count: the native forward takes half the Python
-    one's time on the same weights, and a faster 1-row product changes what a draft row
-    costs.)"""
+    kernels' build), the thread count, the CPU (with its family and model numbers), torch
+    and the measuring method (``CALIBRATION``). (The forward and the kernels count: the
+    native forward takes half the Python one's time on the same weights, and a faster
+    1-row product changes what a draft row costs.)"""
     from recallspec.runtime.isa import ISA, cpu_identity, kernels_build
 
     c = model.config
@@ -168,6 +206,7 @@ def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
     parts = [
         tokenizer_fingerprint, str(c.num_layers), str(c.hidden_size), str(c.vocab_size), fmt,
         str(threads), cpu_identity(), torch.__version__, forward, ISA, kernels_build(),
+        CALIBRATION,
     ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 

@@ -252,6 +252,7 @@ def choose_draft_sizes(
     base_rows: int,
     base_tokens: float | None = None,
     node_cost: float = 0.0,
+    proposal_cost: float = 0.0,
 ) -> list[int]:
     """Draft nodes per sequence that maximise expected committed tokens per second.
 
@@ -260,7 +261,9 @@ def choose_draft_sizes(
     (one root per sequence, plus any prefill rows). ``base_tokens``: tokens committed
     without drafts (default: one per sequence). ``cost(rows, seqs)``: seconds.
     ``node_cost``: seconds to propose each drafted node (drafters that run a model per
-    draft position; 0 when the proposal is already made).
+    draft position; 0 when the proposal is already made). ``proposal_cost``: seconds to
+    propose at all, paid once by each sequence that drafts (drafters whose lookup is
+    slow; 0 when the proposal is already made).
     """
     nseq = len(gains)
     if nseq == 0:
@@ -271,13 +274,14 @@ def choose_draft_sizes(
         # (gain descending, ties by node), unless it holds a NaN (unordered).
         run = running_min(gains[0])
         if not run or run[-1] == run[-1]:
-            return [_best_prefix(run, cost, base_rows, 1, tokens0, node_cost)]
+            return [_best_prefix(run, [0] * len(run), cost, base_rows, 1, tokens0, node_cost,
+                                 proposal_cost)]
     cand: list[tuple[float, int, int]] = []  # (-gain, seq, node)
     for i, g in enumerate(gains):
         cand.extend((-x, i, j) for j, x in enumerate(running_min(g)))
     cand.sort()
-    best_n = _best_prefix([-neg for neg, _, _ in cand], cost, base_rows, nseq, tokens0,
-                          node_cost)
+    best_n = _best_prefix([-neg for neg, _, _ in cand], [i for _, i, _ in cand], cost,
+                          base_rows, nseq, tokens0, node_cost, proposal_cost)
     sizes = [0] * nseq
     for _, i, _ in cand[:best_n]:
         sizes[i] += 1
@@ -285,19 +289,22 @@ def choose_draft_sizes(
 
 
 def _best_prefix(
-    ordered: Sequence[float], cost: Callable[[int, int], float], base_rows: int, nseq: int,
-    tokens0: float, node_cost: float,
+    ordered: Sequence[float], seqs: Sequence[int], cost: Callable[[int, int], float],
+    base_rows: int, nseq: int, tokens0: float, node_cost: float, proposal_cost: float,
 ) -> int:
-    """How many of the best-first node gains ``ordered`` to draft (``choose_draft_sizes``;
-    ties go to fewer rows)."""
+    """How many of the best-first node gains ``ordered`` (of sequences ``seqs``) to
+    draft (``choose_draft_sizes``; ties go to fewer rows)."""
     best_val = tokens0 / cost(base_rows, nseq)
     best_n = 0
     tokens = tokens0
-    for n, gain in enumerate(ordered, start=1):
+    proposing: set[int] = set()
+    for n, (gain, seq) in enumerate(zip(ordered, seqs, strict=True), start=1):
         if gain <= 0.0:
             break
         tokens += gain
-        val = tokens / (cost(base_rows + n, nseq) + n * node_cost)
+        proposing.add(seq)
+        val = tokens / (cost(base_rows + n, nseq) + n * node_cost
+                        + len(proposing) * proposal_cost)
         if val > best_val * (1 + 1e-9):
             best_val, best_n = val, n
     return best_n

@@ -10,8 +10,10 @@ request's draft size, zero included, maximises the batch's expected tokens per s
 from the cost curve and online acceptance statistics (``spec/draft_sizing.py``): cheap
 drafters are sized after proposing (the actual tree); drafters whose proposals cost a
 model forward per draft position (``costly_proposals``) before it (a prospective
-chain), so they are asked for nothing where drafting does not pay. A step that mixes
-kinds places fixed-size drafts first, then sizes each costly drafter's requests, then
+chain), so they are asked for nothing where drafting does not pay; so are drafters
+whose proposals are slow (``SLOW_PROPOSAL_FRACTION``), pricing the proposal's time
+once per request that drafts. A step that mixes
+kinds places fixed-size drafts first, then sizes each presized drafter's requests, then
 all cheap adaptive ones together, each counting the rows already placed; a step of one
 kind is sized as one batch.
 
@@ -44,12 +46,13 @@ PROBE_EVERY = 8
 PROBE_MAX = 128
 CONTEXT_STEP = 32  # cached tokens per step of the cost tables' context
 OVERHEAD_WINDOW = 31  # decode steps the step overhead is the median of
-# A drafter whose proposals take more than this fraction of a 1-row forward is asked to
-# propose only where a draft is expected to pay for the proposal too (``_worth_proposing``;
-# probes aside). Measured: `rest` over a 1,000-document Alpaca store spent 1.4-1.9 ms a
-# step proposing (a 3.8 ms forward) and ran at 0.78-0.91x plain decoding, drafting one
-# node a step at 14% acceptance; SAM proposals take ~1% of a forward.
-IDLE_SKIP_FRACTION = 0.05
+# A drafter whose proposals take more than this fraction of a 1-row forward is sized
+# before it proposes, on a prospective chain that pays for the proposal too (as drafters
+# running a model per position are), so a request whose drafts do not pay is not asked to
+# propose (probes aside). Measured: `rest` over a 1,000-document Alpaca store, when its
+# lookup was numpy (1.4-1.9 ms a step against a 3.8 ms forward), ran at 0.78-0.91x plain
+# decoding proposing every step for a 14% accept rate; SAM proposals take ~1% of a forward.
+SLOW_PROPOSAL_FRACTION = 0.05
 
 S = TypeVar("S", bound=StepSequence)
 # A request's draft tree and, where ``_choose`` already priced it, its per-node gains
@@ -74,7 +77,10 @@ class DraftPlanner:
         self.step_overhead = 0.0
         self._extras: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
         self.position_cost: dict[str, float] = {}  # costly drafters: seconds per position
-        self.propose_cost: dict[str, float] = {}  # cheap drafters: seconds per proposal
+        self.propose_cost: dict[str, float] = {}  # other drafters: seconds per proposal
+        # Seconds the last ``plan`` spent in presized proposals (priced per position or
+        # per proposal, so not part of the step overhead).
+        self.presized_s = 0.0
         self.probe_wait: dict[str, int] = {}  # per drafter: idle steps before a probe
         self._cost_tables: dict[tuple[int, ...], list[float]] = {}
 
@@ -106,13 +112,14 @@ class DraftPlanner:
         requests whose drafter raised (their tree is empty; they must not be fed)."""
         trees: list[DraftTree | None] = [None] * len(decoding)
         failed: list[tuple[S, Exception]] = []
+        self.presized_s = 0.0
         fixed: list[int] = []
         presize: list[int] = []
         post: list[int] = []
         for i, r in enumerate(decoding):
             adaptive = r.sizing == "adaptive"
             kind = post if adaptive else fixed
-            if adaptive and r.drafter.costly_proposals:
+            if adaptive and (r.drafter.costly_proposals or self._slow(r.drafter)):
                 kind = presize
             kind.append(i)
         placed = 0  # draft rows already placed by other groups
@@ -123,15 +130,24 @@ class DraftPlanner:
         for d, idx in _by_drafter(decoding, presize):
             reqs = [decoding[i] for i in idx]
             chains = [np.arange(-1, rooms[i] - 1, dtype=np.int64) for i in idx]
-            per_node = self.position_cost.get(d.name, 0.0) / len(idx)
-            sizes = self._sizes(reqs, chains, len(decoding) + placed, node_cost=per_node)
+            if d.costly_proposals:  # a forward of its own per draft position
+                per_node = self.position_cost.get(d.name, 0.0) / len(idx)
+                sizes = self._sizes(reqs, chains, len(decoding) + placed, node_cost=per_node)
+            else:  # a slow lookup per request
+                sizes = self._sizes(reqs, chains, len(decoding) + placed,
+                                    proposal_cost=self.propose_cost[d.name])
+                idx = [i for i, k in zip(idx, sizes, strict=True) if k]
+                sizes = [k for k in sizes if k]
             t0 = time.perf_counter()
-            got = self._propose(d, decoding, idx, sizes, failed)
+            got = self._propose(d, decoding, idx, sizes, failed) if idx else []
+            elapsed = time.perf_counter() - t0
+            self.presized_s += elapsed
             positions = max((t.depth() for _, t in got), default=0)
-            if positions:
-                per_position = (time.perf_counter() - t0) / positions
+            if d.costly_proposals and positions:
                 old = self.position_cost.get(d.name, 0.0)
-                self.position_cost[d.name] = 0.8 * old + 0.2 * per_position
+                self.position_cost[d.name] = 0.8 * old + 0.2 * elapsed / positions
+            elif not d.costly_proposals and idx:
+                self._note_propose_cost(d, elapsed / len(idx))
             for i, tree in got:
                 trees[i] = tree
                 placed += len(tree)
@@ -140,14 +156,9 @@ class DraftPlanner:
             if d.offers_candidates:
                 proposed += self._choose(d, decoding, idx, rooms, failed)
                 continue
-            idx = self._worth_proposing(d, decoding, idx, rooms)
-            if not idx:
-                continue
             t0 = time.perf_counter()
             got = self._propose(d, decoding, idx, [rooms[i] for i in idx], failed)
-            per_request = (time.perf_counter() - t0) / len(idx)
-            old = self.propose_cost.get(d.name, per_request)
-            self.propose_cost[d.name] = 0.8 * old + 0.2 * per_request
+            self._note_propose_cost(d, (time.perf_counter() - t0) / len(idx))
             proposed += [(i, tree, None) for i, tree in got]
         if proposed:
             reqs = [decoding[i] for i, _, _ in proposed]
@@ -177,37 +188,16 @@ class DraftPlanner:
                 out.append((i, limit_depth(tree.truncate(k), r.depth_limit)))
         return out
 
-    def _worth_proposing(
-        self, d: Drafter, decoding: Sequence[S], idx: list[int], rooms: Sequence[int],
-    ) -> list[int]:
-        """``idx`` less the requests that skip proposing this step: a drafter whose
-        proposals take more than IDLE_SKIP_FRACTION of a 1-row forward proposes only
-        where the best prospective chain (the request's statistics in its current
-        context) beats drafting nothing once the proposal's own time is counted, and
-        at every due probe. A skipped request counts an idle step (its tree is empty)."""
+    def _slow(self, d: Drafter) -> bool:
+        """Whether the drafter's proposals (as measured) take more than
+        SLOW_PROPOSAL_FRACTION of a 1-row forward: it is then sized before proposing."""
         cost = self.propose_cost.get(d.name, 0.0)
-        if not cost:
-            return idx
-        curve = self._curve()
-        wait = self.probe_wait.get(d.name, PROBE_EVERY)
-        without = max(self.step_overhead - cost, 0.0)  # (the overhead counts proposals)
-        keep = []
-        for i in idx:
-            req = decoding[i]
-            n = min(rooms[i], req.depth_limit, self.max_draft_nodes)
-            costs = self._cost_table(curve, 1, max(n, 0), 1, cached_context([req]))
-            if cost <= IDLE_SKIP_FRACTION * costs[0] or req.draft.idle_steps + 1 >= wait:
-                keep.append(i)
-                continue
-            st = self._stats(req)
-            st.context = d.context(req.rid)
-            gains = running_min(st.key_node_rates(list(range(-1, n - 1)), self.prior(d)))
-            if n > 0 and best_rate(gains, costs, without + cost) > 1.0 / (costs[0] + without):
-                keep.append(i)
-                continue
-            req.draft.idle_steps += 1
-            req.draft.probing = False
-        return keep
+        return (cost > 0.0 and not d.offers_candidates
+                and cost > SLOW_PROPOSAL_FRACTION * self._curve()(1))
+
+    def _note_propose_cost(self, d: Drafter, per_request: float) -> None:
+        old = self.propose_cost.get(d.name, per_request)
+        self.propose_cost[d.name] = 0.8 * old + 0.2 * per_request
 
     def _choose(
         self, d: Drafter, decoding: Sequence[S], idx: list[int], rooms: Sequence[int],
@@ -257,7 +247,7 @@ class DraftPlanner:
     # ---- adaptive sizing ---------------------------------------------------------
     def _sizes(
         self, reqs: Sequence[StepSequence], parents: Sequence[npt.NDArray[np.int64]],
-        base_rows: int, node_cost: float = 0.0,
+        base_rows: int, node_cost: float = 0.0, proposal_cost: float = 0.0,
         known: Sequence[list[float] | None] | None = None,
     ) -> list[int]:
         """How many nodes of each request's (actual or prospective) draft tree
@@ -288,7 +278,7 @@ class DraftPlanner:
         extra = self.step_overhead
         sizes = choose_draft_sizes(
             gains, lambda n_rows, seqs: table[n_rows - base_rows] + extra,
-            base_rows=base_rows, node_cost=node_cost,
+            base_rows=base_rows, node_cost=node_cost, proposal_cost=proposal_cost,
         )
         for i, (req, par) in enumerate(zip(reqs, parents, strict=True)):
             # Probe now and then: a request that stopped drafting would otherwise never
@@ -361,6 +351,8 @@ class DraftPlanner:
             extra = elapsed - priced
         if any(r.drafter.costly_proposals for r in adaptive):
             extra -= t_drafted  # priced per draft position instead
+        else:
+            extra -= self.presized_s  # slow proposals: priced per proposal instead
         self._extras.append(extra)
         self.step_overhead = max(statistics.median(self._extras), 0.0)
 

@@ -36,9 +36,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from recallspec import _core
 from recallspec.errors import DataError
 from recallspec.recall.datastore.errors import DatastoreFormatError
-from recallspec.recall.datastore.suffix_array import SEPARATOR, match_range, suffix_array
+from recallspec.recall.datastore.suffix_array import (
+    SEPARATOR,
+    as_int32,
+    match_range,
+    suffix_array,
+)
 from recallspec.recall.datastore.trie import top_k_trie
 from recallspec.recall.fileio import atomic_path
 from recallspec.spec.tree import DraftTree
@@ -241,19 +247,13 @@ class RestDatastore:
     def continuations(
         self, lo: int, hi: int, offset: int, cfg: RetrievalConfig
     ) -> npt.NDArray[np.int64]:
-        """[k, depth] tokens after up to max_matches entries of sa[lo:hi] (each entry's
-        suffix continues ``offset`` tokens past its start), -1 past a document end."""
-        if hi - lo > cfg.max_matches:
-            idx = lo + (np.arange(cfg.max_matches, dtype=np.int64) * (hi - lo)) // cfg.max_matches
-            pos = self.sa[idx].astype(np.int64)
-        else:
-            pos = self.sa[lo:hi].astype(np.int64)
-        at = pos[:, None] + offset + np.arange(cfg.depth, dtype=np.int64)[None, :]
-        n = self.text.shape[0]
-        c = self.text[np.minimum(at, n - 1)].astype(np.int64)
-        c[at >= n] = SEPARATOR
-        c[np.cumsum(c < 0, axis=1) > 0] = SEPARATOR  # nothing after a document end
-        return c
+        """[k, depth] tokens after up to max_matches entries of sa[lo:hi] (evenly spaced
+        over the run when it is longer, so the sample is not biased towards
+        lexicographically small continuations; each entry's suffix continues ``offset``
+        tokens past its start), -1 past a document end."""
+        out = np.empty((min(max(hi - lo, 0), cfg.max_matches), cfg.depth), np.int64)
+        _core.sa_continuations(self.text, self.sa, lo, hi, offset, cfg.max_matches, out)
+        return out
 
     def tree_for(self, query: Sequence[int], cfg: RetrievalConfig) -> DraftTree:
         """The draft tree of exactly ``query`` (empty if it does not occur)."""
@@ -266,19 +266,11 @@ class RestDatastore:
         """(length, lo, hi): the longest suffix of ``context`` with length in
         [min_query, max_query] occurring in the corpus (length 0 = none). Occurrence is
         monotone in the length (a suffix of an occurrence occurs), so a binary search
-        over lengths finds the same length as backing off one by one."""
-        ctx = [int(t) for t in context[-cfg.max_query:]]
-        best = (0, 0, 0)
-        lo_len, hi_len = cfg.min_query, len(ctx)
-        while lo_len <= hi_len:
-            mid = (lo_len + hi_len) // 2
-            lo, hi = match_range(self.text, self.sa, ctx[len(ctx) - mid:])
-            if hi > lo:
-                best = (mid, lo, hi)
-                lo_len = mid + 1
-            else:
-                hi_len = mid - 1
-        return best
+        over lengths finds the same length as backing off one by one (C core)."""
+        ctx = as_int32(context[-cfg.max_query:])
+        n, lo, hi = _core.sa_longest_match(self.text, self.sa, ctx, cfg.min_query,
+                                           cfg.max_query)
+        return int(n), int(lo), int(hi)
 
     def retrieve(self, context: Sequence[int], cfg: RetrievalConfig) -> tuple[int, DraftTree]:
         """(matched suffix length, draft tree) for the text ``context``."""

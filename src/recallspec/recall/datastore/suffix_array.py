@@ -1,4 +1,4 @@
-"""Suffix array construction (prefix doubling in numpy) and range search.
+"""Suffix array construction (prefix doubling in numpy) and range search (C core).
 
 The text is an int32 array of token ids with -1 after every document (the separator).
 The suffix array lists the start positions of all suffixes that begin with a token
@@ -14,9 +14,12 @@ array, found by two binary searches (``match_range``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from recallspec import _core
 
 SEPARATOR = -1
 
@@ -58,32 +61,15 @@ def suffix_array(
     return sa[keep].astype(np.int32)
 
 
-def _compare(text: npt.NDArray[np.int32], pos: int, query: Sequence[int]) -> int:
-    """Sign of (text[pos:pos+len(query)] vs query) as prefixes (-1, 0, 1)."""
-    window = text[pos : pos + len(query)].tolist()
-    if window == list(query):
-        return 0
-    return -1 if window < list(query) else 1
+def as_int32(a: Sequence[int] | npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.int32]:
+    """A 1-D C-contiguous int32 array of ``a`` (the C core's argument type)."""
+    return np.ascontiguousarray(np.asarray(a, dtype=np.int64).reshape(-1), dtype=np.int32)
 
 
 def match_range(
     text: npt.NDArray[np.int32], sa: npt.NDArray[np.int32], query: Sequence[int]
 ) -> tuple[int, int]:
-    """[lo, hi) of the suffix-array entries whose suffix starts with ``query``."""
-    q = [int(t) for t in query]
-    lo, hi = 0, int(sa.shape[0])
-    while lo < hi:  # first entry >= query
-        mid = (lo + hi) // 2
-        if _compare(text, int(sa[mid]), q) < 0:
-            lo = mid + 1
-        else:
-            hi = mid
-    first = lo
-    hi = int(sa.shape[0])
-    while lo < hi:  # first entry > query (as a prefix)
-        mid = (lo + hi) // 2
-        if _compare(text, int(sa[mid]), q) <= 0:
-            lo = mid + 1
-        else:
-            hi = mid
-    return first, lo
+    """[lo, hi) of the suffix-array entries whose suffix starts with ``query`` (two
+    binary searches, in the C core)."""
+    lo, hi = _core.sa_match_range(as_int32(text), as_int32(sa), as_int32(query))
+    return int(lo), int(hi)

@@ -1,4 +1,5 @@
-"""The planner skips the proposals of idle requests whose drafter proposes slowly."""
+"""The planner sizes slow proposers before they propose: idle requests of a drafter
+whose proposals are slow propose only to probe."""
 
 from __future__ import annotations
 
