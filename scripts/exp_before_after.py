@@ -1,0 +1,142 @@
+"""Two versions of recallspec timed question by question in one run (issue 36: "the
+same run before and after the change, our ar and default policy within 3% of each
+other's tok/s and every answer identical").
+
+    .venv/bin/python scripts/exp_before_after.py --before-python WT/.venv/bin/python \
+        --after-python .venv/bin/python
+        [--per-category 8] [--max-new-tokens 128] [--repeats 2] [--out bench_out/i36_ab]
+
+Each version runs in its own long-lived worker process (a Python whose ``recallspec``
+is that version, e.g. a light venv over a worktree of it: see the closing note), holding
+one engine. The driver asks them in turn to answer
+one question with one method and waits for the answer, so only one computes at a time
+and the two answers of a pair are timed seconds apart: a shared VM's drift (10-30%
+within minutes here) cancels from the per-question ratios, which block-wise runs could
+not show to 3%. The pair's order alternates. Methods: plain decoding (``ar``) and the
+default policy (``portfolio``, cost-aware sizing); both versions must read the same
+cost curve (copy one to the other's cache key first: see the closing note). Writes
+OUT.json (per question and method: both times, both answers) and OUT.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+WORKER = r"""
+import json, sys, time
+from recallspec import Engine, SamplingParams
+from recallspec.bench.suites import SuiteSelection, load_suite
+per_category, max_new = int(sys.argv[1]), int(sys.argv[2])
+qs = load_suite("spec_bench", SuiteSelection(per_category=per_category))
+eng = Engine.load(drafter="none")
+p = SamplingParams(max_new_tokens=max_new)
+KW = {"ar": {"drafter": "none"}, "portfolio": {"drafter": "portfolio", "mode": "adaptive"}}
+print(json.dumps(len(qs)), flush=True)
+for line in sys.stdin:
+    i, method = json.loads(line)
+    t0 = time.perf_counter()
+    r = eng.generate(qs[i].turns[0], p, chat=True, **KW[method])
+    print(json.dumps([time.perf_counter() - t0, r.token_ids]), flush=True)
+"""
+METHODS = ("ar", "portfolio")
+
+
+class Worker:
+    def __init__(self, python: str, per_category: int, max_new: int) -> None:
+        self.p = subprocess.Popen(
+            [python, "-c", WORKER, str(per_category), str(max_new)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.n = int(self._read())
+
+    def _read(self) -> Any:
+        assert self.p.stdout is not None
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker exited with {self.p.wait()}")
+        return json.loads(line)
+
+    def ask(self, i: int, method: str) -> tuple[float, list[int]]:
+        assert self.p.stdin is not None
+        self.p.stdin.write(json.dumps([i, method]) + "\n")
+        self.p.stdin.flush()
+        t, ids = self._read()
+        return float(t), list(ids)
+
+    def close(self) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.close()
+        self.p.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--before-python", required=True)
+    ap.add_argument("--after-python", default=sys.executable)
+    ap.add_argument("--per-category", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", default="bench_out/i36_ab")
+    a = ap.parse_args()
+    w = {"before": Worker(a.before_python, a.per_category, a.max_new_tokens),
+         "after": Worker(a.after_python, a.per_category, a.max_new_tokens)}
+    n = w["before"].n
+    for v in w.values():  # warm-up: each method once (curves, drafters' first use)
+        for m in METHODS:
+            v.ask(0, m)
+    rows: list[dict[str, Any]] = []
+    for i in range(n):
+        for m in METHODS:
+            times: dict[str, list[float]] = {"before": [], "after": []}
+            ids: dict[str, list[int]] = {}
+            for rep in range(a.repeats):
+                order = ("before", "after") if (i + rep) % 2 == 0 else ("after", "before")
+                for v in order:
+                    t, got = w[v].ask(i, m)
+                    times[v].append(t)
+                    ids.setdefault(v, got)
+            rows.append({"question": i, "method": m, "tokens": len(ids["after"]),
+                         "before_s": statistics.median(times["before"]),
+                         "after_s": statistics.median(times["after"]),
+                         "same_answer": ids["before"] == ids["after"],
+                         "before_ids": ids["before"], "after_ids": ids["after"]})
+        print(f"{i + 1}/{n}", flush=True)
+    for v in w.values():
+        v.close()
+    summary: dict[str, Any] = {}
+    for m in METHODS:
+        rs = [r for r in rows if r["method"] == m]
+        tok = sum(r["tokens"] for r in rs)
+        tb, ta = sum(r["before_s"] for r in rs), sum(r["after_s"] for r in rs)
+        summary[m] = {"before_tok_s": tok / tb, "after_tok_s": tok / ta, "after_vs_before": tb / ta,
+                      "median_question_ratio": statistics.median(r["before_s"] / r["after_s"]
+                                                                 for r in rs),
+                      "identical": sum(r["same_answer"] for r in rs), "questions": len(rs)}
+    ar = {v: [r[f"{v}_ids"] for r in rows if r["method"] == "ar"] for v in ("before", "after")}
+    for v in ("before", "after"):
+        port = [r[f"{v}_ids"] for r in rows if r["method"] == "portfolio"]
+        summary[f"portfolio_equals_ar_{v}"] = sum(x == y for x, y in zip(port, ar[v], strict=True))
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"args": vars(a), "summary": summary,
+                                                    "rows": rows}, indent=1))
+    lines = ["| method | before tok/s | after tok/s | after/before (sum) | median per question "
+             "| same answer |", "|---|---|---|---|---|---|"]
+    for m in METHODS:
+        s = summary[m]
+        lines.append(f"| {m} | {s['before_tok_s']:.1f} | {s['after_tok_s']:.1f} | "
+                     f"{s['after_vs_before']:.3f}x | {s['median_question_ratio']:.3f}x | "
+                     f"{s['identical']}/{s['questions']} |")
+    lines.append(f"\nportfolio answers equal to ar: before {summary['portfolio_equals_ar_before']}"
+                 f"/{n}, after {summary['portfolio_equals_ar_after']}/{n}")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

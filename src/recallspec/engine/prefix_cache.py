@@ -1,0 +1,116 @@
+"""Prefix KV reuse across requests: finished requests' KV stays in their slots.
+
+A request that ends well (not failed, not aborted) leaves its slot's KV in place: the
+slot returns to the free list *retaining* the token ids whose keys and values it holds
+(its prompt and the generated tokens whose rows were committed). A new request is given
+the free slot whose retained tokens share the longest prefix with its prompt, starts
+from that many positions and prefills only the rest; a chat's next turn, an agent's next
+step (the whole transcript plus one more message) or a request repeating a shared
+document finds the previous one's slot. Slots whose content matches nothing are reused
+least recently retained first (their content is then evicted), after the empty ones.
+
+Exact by construction: a slot's rows are bit-identical to what a prefill of the same
+tokens would write now (every kernel is row-local and batch-invariant, and a row's keys
+and values depend only on the tokens up to it), so starting from them changes no output
+(``tests/e2e/test_prefix_cache_real.py`` checks outputs with the cache on and off).
+
+Tenants: a retained prefix is reused only by requests of the tenant whose request
+computed it (the anonymous tenant ``""`` shares among anonymous requests). No row of one
+tenant's text is ever attended to by another tenant's request.
+
+This module only keeps the bookkeeping (which slot holds what, the counters); the
+scheduler asks it which slot to take, and the KV cache (``runtime/kv_cache.py``) keeps
+the rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class _Retained:
+    tokens: np.ndarray  # [n] int64: the token ids whose KV the slot holds, in order
+    tenant: str
+    stamp: int  # retention order (larger = more recent)
+
+
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """Counters since the engine started (named after vLLM's ``prefix_cache_*``)."""
+
+    queries: int  # prompt tokens looked up (every admitted prompt's length)
+    hits: int  # of them, tokens whose KV was reused (not prefilled)
+    evictions: int  # retained prefixes dropped when their slot went to another request
+    resident_tokens: int  # tokens retained in free slots now
+    retained_slots: int  # free slots holding a retained prefix now
+
+
+def common_prefix(a: np.ndarray, b: Sequence[int] | np.ndarray) -> int:
+    """Length of the longest common prefix of two token id sequences."""
+    bb = np.asarray(b, dtype=np.int64)
+    n = min(a.shape[0], bb.shape[0])
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != bb[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class PrefixCache:
+    """Which free slots retain whose KV; which slot a new prompt should take."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, _Retained] = {}
+        self._stamp = 0
+        self._queries = self._hits = self._evictions = 0
+
+    def retain(self, slot: int, tokens: Sequence[int], tenant: str) -> None:
+        """A request ended well: ``slot`` (now free) holds the KV of ``tokens``."""
+        self._stamp += 1
+        if len(tokens):
+            self._slots[slot] = _Retained(np.asarray(tokens, dtype=np.int64), tenant,
+                                          self._stamp)
+        else:
+            self._slots.pop(slot, None)
+
+    def forget(self, slot: int) -> None:
+        """The slot's rows are no longer trusted (e.g. a failed or aborted request)."""
+        self._slots.pop(slot, None)
+
+    def choose(
+        self, prompt: Sequence[int], tenant: str, free: Sequence[int]
+    ) -> tuple[int, int]:
+        """(slot, reused): the free slot to give a request with this prompt and how many
+        of its first tokens' KV that slot already holds. At least the prompt's last
+        token is always prefilled (its row's logits give the first new token). ``free``:
+        the cache's free slots (non-empty). The chosen slot no longer retains anything
+        (the request's rows will overwrite it)."""
+        if not free:
+            raise ValueError("no free slot to choose from")
+        best_slot, best = -1, 0
+        limit = max(len(prompt) - 1, 0)
+        for s in free:
+            r = self._slots.get(s)
+            if r is None or r.tenant != tenant:
+                continue
+            n = min(common_prefix(r.tokens, prompt), limit)
+            if n > best or (n == best and n > 0 and r.stamp > self._slots[best_slot].stamp):
+                best_slot, best = s, n
+        if best == 0:  # nothing to reuse: an empty slot, else the least recently retained
+            empty = [s for s in free if s not in self._slots]
+            best_slot = empty[0] if empty else min(free, key=lambda s: self._slots[s].stamp)
+        if best_slot in self._slots and best == 0:
+            self._evictions += 1
+        self._slots.pop(best_slot, None)
+        self._queries += len(prompt)
+        self._hits += best
+        return best_slot, best
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(
+            self._queries, self._hits, self._evictions,
+            sum(r.tokens.shape[0] for r in self._slots.values()), len(self._slots),
+        )
