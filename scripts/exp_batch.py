@@ -7,7 +7,10 @@ the article), through the chat template. For each batch size, in the same run:
 
   plain     plain batched greedy decoding (no drafter) at that batch size: the baseline
   <drafter>/<mode> for modes vanilla (padded inputs + padded KV), unpad-kv, unpad-input,
-            ems (both unpadded) and adaptive (ems + cost-aware draft sizes)
+            ems (both unpadded) and adaptive (ems + cost-aware draft sizes); the padded
+            layouts are recallspec.bench.padded_layouts, installed into the engine for
+            their runs (the engine itself decodes ems only); all but adaptive draft
+            fixed sizes
 
 tokens/s = generated tokens / wall time of the whole generate() call (prefill included,
 identical for every mode); speedup = tokens/s over plain's at the same batch size.
@@ -36,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from recallspec.bench.padded_layouts import padded_layout
 from recallspec.bench.prompting import conversation_ids
 from recallspec.bench.suites import SuiteSelection, load_suite
 from recallspec.engine import Engine, EngineConfig
@@ -61,10 +65,13 @@ def prompts(engine: Engine, n: int, max_prompt: int, data: str | None) -> list[l
 def run_one(eng: Engine, ps: list[list[int]], params: SamplingParams, drafter: str,
             mode: str, arrivals: list[float] | None = None) -> dict[str, Any]:
     opts = DRAFTERS.get(drafter, {})
-    t0 = time.perf_counter()
-    res = eng.generate(ps, params, drafter=drafter, drafter_options=opts, mode=mode,
-                       arrivals=arrivals)
-    wall = time.perf_counter() - t0
+    # A mode is a batch layout at fixed sizes, or "adaptive": the ems layout, cost-aware.
+    layout, sizing = ("ems", "adaptive") if mode == "adaptive" else (mode, "fixed")
+    with padded_layout(eng, layout) as pad:
+        t0 = time.perf_counter()
+        res = eng.generate(ps, params, drafter=drafter, drafter_options=opts, mode=sizing,
+                           arrivals=arrivals)
+        wall = time.perf_counter() - t0
     st = eng.stats
     toks = sum(r.new_tokens for r in res)
     acc = [a for r in res for a in r.accept_lengths]
@@ -74,8 +81,8 @@ def run_one(eng: Engine, ps: list[list[int]], params: SamplingParams, drafter: s
         "decode_tokens": st.decode_only_tokens, "decode_s": st.decode_only_s,
         "verified_tokens": st.new_tokens, "accepted": sum(acc), "accept_steps": len(acc),
         "mat": sum(acc) / len(acc) if acc else 0.0,
-        "steps": st.steps, "rows": st.rows, "padding_rows": st.padding_rows,
-        "kv_padding": st.kv_padding, "padding_ratio": st.padding_ratio,
+        "steps": st.steps, "rows": st.rows, "padding_rows": pad.rows,
+        "kv_padding": pad.kv_entries, "padding_ratio": pad.ratio(st.new_tokens),
         "draft_nodes": st.draft_nodes, "forward_s": st.forward_s, "draft_s": st.draft_s,
         "mean_latency_s": sum(r.latency for r in res) / len(res),
         "token_ids": [r.token_ids for r in res],

@@ -169,7 +169,7 @@ OVERHEADS_MS = (0.0, 0.5, 1.0, 1.5, 2.0)  # the sensitivity rows
 
 def measure(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     """Sample the answers with the probe; expected tokens a step per budget; the curve."""
-    eng = Engine.load(None, dtype="quantized", threads=2, mode="ems", memory_tokens=200_000,
+    eng = Engine.load(None, dtype="quantized", threads=2, mode="fixed", memory_tokens=200_000,
                       max_draft_nodes=MAX_NODES)
     probe = BoundProbe(args.temperature)
     probe.bind(eng.drafter_context())  # an instance passed as is: give it the recall view

@@ -42,3 +42,22 @@ MAX_DRAFT_NODES = 16
 Sizing = Literal["adaptive", "fixed"]
 SIZINGS: tuple[Sizing, ...] = ("adaptive", "fixed")
 DEFAULT_SIZING: Sizing = "adaptive"
+
+# EMS-SD's batch layouts are no parameter: the engine always decodes unpadded (ragged
+# rows, each KV slot advancing by its own accepted count: EMS-SD's own layout, "ems").
+# The paper's padded baselines are a benchmark ablation (``bench/padded_layouts.py``, run
+# by ``scripts/exp_batch.py``). Their words are named here only so that one given where a
+# sizing is expected is refused with that explanation (``sizing_refusal``).
+BATCH_LAYOUT_WORDS = ("ems", "vanilla", "unpad-kv", "unpad-input")
+
+
+def sizing_refusal(word: str, what: str = "sizing") -> str:
+    """The message refusing ``word`` where a sizing word is expected (``what``: how the
+    caller names the field, e.g. "mode")."""
+    msg = f"unknown {what} {word!r}; available: {', '.join(SIZINGS)} (draft sizing)"
+    if word in BATCH_LAYOUT_WORDS:
+        msg += (f". {word!r} is a batch layout, not a sizing: the engine always decodes "
+                "unpadded (EMS-SD; its fixed-size drafts are 'fixed'), and EMS-SD's padded "
+                "layouts (vanilla, unpad-kv, unpad-input) are a benchmark ablation, in "
+                "recallspec.bench.padded_layouts (run by scripts/exp_batch.py)")
+    return msg

@@ -94,7 +94,7 @@ def test_targets_and_urls_are_checked() -> None:
     # A server given by URL gets the drafter per request; an index can't travel there.
     fixed = make_target("ours-fixed", cfg).request_fields(launched=False)
     assert fixed == {"recallspec": {"return_token_ids": True, "drafter": "pld",
-                                    "drafter_options": {}, "mode": "ems"}}
+                                    "drafter_options": {}, "mode": "fixed"}}
     with pytest.raises(DataError):
         make_target("ours-adaptive", cfg).request_fields(launched=False)
     assert make_target("ours-adaptive", cfg).request_fields(launched=True) == {

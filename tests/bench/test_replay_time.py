@@ -300,7 +300,6 @@ def test_oracle_drafts_exactly_the_longest_accepted_path() -> None:
 
 def test_planner_drafts_the_candidate_worth_more() -> None:
     from recallspec.engine.request import Request
-    from recallspec.runtime.modes import batch_mode
 
     class Two(Drafter):
         name, needs_logits, contexts, offers_candidates = "two", False, 2, True
@@ -323,8 +322,7 @@ def test_planner_drafts_the_candidate_worth_more() -> None:
     curve = CostCurve((1, 8), (1.0, 1.2), 0.0)
     planner = DraftPlanner(8, lambda: curve)
     d = Two()
-    req = Request(0, [1, 2], SamplingParams(max_new_tokens=50), d, batch_mode("ems"), None,
-                  sizing="adaptive")
+    req = Request(0, [1, 2], SamplingParams(max_new_tokens=50), d, None, sizing="adaptive")
     req.generated = [3]
     prior = planner.prior(d)
     for _ in range(30):  # context 1 drafts are always accepted, context 0 never

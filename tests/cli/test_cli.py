@@ -68,6 +68,13 @@ def test_unknown_drafter() -> None:
     one_error_line(run_cli("generate", "--drafter", "telepathy", "--prompt", "hi"), "telepathy")
 
 
+def test_serve_refuses_a_batch_layout_mode() -> None:
+    """`serve --mode` takes a sizing; a batch layout is refused before the model loads,
+    naming where EMS-SD's padded layouts live (a benchmark ablation)."""
+    one_error_line(run_cli("serve", "--mode", "vanilla", "--port", "0"), "'vanilla'",
+                   "recallspec.bench.padded_layouts")
+
+
 def test_prompt_longer_than_context() -> None:
     one_error_line(run_cli("generate", "--prompt", "word " * 9000), "context")
 

@@ -1,6 +1,7 @@
 """Drafter specs are parsed once into a typed object, and a request's sizing is what it
 states, else the engine config's mode, else cost-aware for a named drafter (plain
-decoding is never sized)."""
+decoding is never sized). A mode is a sizing: EMS-SD's batch layouts are refused with a
+message naming the benchmark module they live in."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def test_a_spec_is_parsed_once_into_a_typed_object() -> None:
     assert DrafterSpec.parse("none:mode=adaptive").sizing == "fixed"  # nothing to size
     assert DrafterSpec.parse("sam+recycling:delta=3") == DrafterSpec.of("sam+recycling",
                                                                         {"delta": 3})
-    with pytest.raises(UnknownNameError, match="sizing"):
-        DrafterSpec.parse("pld:mode=vanilla")  # a batch layout is the engine's mode
+    with pytest.raises(UnknownNameError, match=r"sizing.*bench\.padded_layouts"):
+        DrafterSpec.parse("pld:mode=vanilla")  # a batch layout is a benchmark ablation
     with pytest.raises(DataError, match="key=value"):
         DrafterSpec.parse("pld:3")
 
@@ -42,28 +43,55 @@ def _engine(**cfg: Any) -> Engine:
     return eng
 
 
-def _sizing(eng: Engine, **kw: Any) -> tuple[str, str]:
-    """(sizing, batch layout) of a request stating ``kw``."""
+def _sizing(eng: Engine, **kw: Any) -> str:
+    """The sizing of a request stating ``kw``."""
     rid = eng.add_request(list(b"abcabc"), SamplingParams(max_new_tokens=4), **kw)
     req = eng.scheduler.get(rid)
     assert req is not None
     eng.abort(rid)
-    return req.sizing, req.mode.name
+    return req.sizing
+
+
+@pytest.mark.parametrize("word", ["vanilla", "unpad-kv", "unpad-input", "ems"])
+def test_a_batch_layout_is_refused_where_a_sizing_is_expected(word: str) -> None:
+    """The engine has one batch layout (EMS-SD's, unpadded): a layout word given as a
+    mode (the config, ``--mode``, a request, ``generate``) or as a spec's sizing is an
+    error that says where the padded layouts live (``ems`` in a spec still reads as
+    fixed: older specs and answer files wrote it)."""
+    where = r"bench\.padded_layouts"
+    with pytest.raises(UnknownNameError, match=where):
+        EngineConfig(mode=word)
+    eng = _engine()
+    stated: list[dict[str, Any]] = [{"mode": word}, {"mode": word, "sizing": "fixed"}]
+    for kw in stated:
+        with pytest.raises(UnknownNameError, match=where):
+            eng.add_request(list(b"abcabc"), SamplingParams(max_new_tokens=4), drafter="pld",
+                            **kw)
+        with pytest.raises(UnknownNameError, match=where):
+            eng.generate(list(b"abcabc"), SamplingParams(max_new_tokens=4), drafter="pld",
+                         **kw)
+    assert not eng.has_unfinished()
+    if word == "ems":
+        assert DrafterSpec.parse("pld:mode=ems").sizing == "fixed"
+        with pytest.raises(UnknownNameError, match="'fixed'"):
+            EngineConfig(mode=word)  # the message names the sizing it meant
+    else:
+        with pytest.raises(UnknownNameError, match=where):
+            DrafterSpec.parse(f"pld:mode={word}")
 
 
 def test_a_named_drafter_is_sized_cost_aware_unless_told() -> None:
     eng = _engine()
-    assert _sizing(eng, drafter="pld") == ("adaptive", "ems")
-    assert _sizing(eng, drafter=DrafterSpec.parse("pld:mode=fixed")) == ("fixed", "ems")
-    assert _sizing(eng, drafter="pld", mode="fixed") == ("fixed", "ems")
-    assert _sizing(eng, drafter="pld", mode="vanilla") == ("fixed", "vanilla")  # as before
-    assert _sizing(eng, drafter="pld", mode="vanilla", sizing="adaptive") == (
-        "adaptive", "vanilla")
-    assert _sizing(eng, drafter="pld", mode="adaptive") == ("adaptive", "ems")
-    assert _sizing(eng) == ("fixed", "ems")  # the config's default drafter: none
-    assert _sizing(eng, drafter="none", mode="adaptive") == ("fixed", "ems")
+    assert _sizing(eng, drafter="pld") == "adaptive"
+    assert _sizing(eng, drafter=DrafterSpec.parse("pld:mode=fixed")) == "fixed"
+    assert _sizing(eng, drafter="pld", mode="fixed") == "fixed"
+    assert _sizing(eng, drafter="pld", mode="fixed", sizing="adaptive") == "adaptive"
+    assert _sizing(eng, drafter="pld", mode="adaptive") == "adaptive"
+    assert _sizing(eng) == "fixed"  # the config's default drafter: none
+    assert _sizing(eng, drafter="none", mode="adaptive") == "fixed"
     with pytest.raises(UnknownNameError):
         _sizing(eng, drafter="pld", sizing="bogus")
+    assert not eng.has_unfinished()
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     ar = eng.generate(list(b"the cat sat on the mat; the cat"), params)
     sp = eng.generate(list(b"the cat sat on the mat; the cat"), params, drafter="pld")
@@ -73,15 +101,15 @@ def test_a_named_drafter_is_sized_cost_aware_unless_told() -> None:
 
 def test_the_config_ranks_below_the_request_and_above_the_default() -> None:
     eng = _engine(mode="fixed", drafter="llma:mode=adaptive")
-    assert _sizing(eng, drafter="pld") == ("fixed", "ems")  # the config's mode
-    assert _sizing(eng, drafter=DrafterSpec.parse("pld:mode=adaptive")) == ("adaptive", "ems")
+    assert _sizing(eng, drafter="pld") == "fixed"  # the config's mode
+    assert _sizing(eng, drafter=DrafterSpec.parse("pld:mode=adaptive")) == "adaptive"
     # A spec's text given to the Python API is parsed as the command line parses it.
-    assert _sizing(eng, drafter="pld:mode=adaptive") == ("adaptive", "ems")
-    assert _sizing(eng, drafter="pld", mode="adaptive") == ("adaptive", "ems")
-    assert _sizing(eng) == ("fixed", "ems")  # the config's mode over its spec's sizing
+    assert _sizing(eng, drafter="pld:mode=adaptive") == "adaptive"
+    assert _sizing(eng, drafter="pld", mode="adaptive") == "adaptive"
+    assert _sizing(eng) == "fixed"  # the config's mode over its spec's sizing
     eng = _engine(drafter="llma:mode=fixed")
-    assert _sizing(eng) == ("fixed", "ems")  # the config's spec
-    assert _sizing(eng, drafter="llma") == ("adaptive", "ems")  # named anew: the default
+    assert _sizing(eng) == "fixed"  # the config's spec
+    assert _sizing(eng, drafter="llma") == "adaptive"  # named anew: the default
     with pytest.raises(UnknownNameError, match="mode"):
         EngineConfig(mode="nope")
     with pytest.raises(ValueError, match="kv_dtype"):
@@ -94,7 +122,6 @@ def test_the_config_ranks_below_the_request_and_above_the_default() -> None:
     ("pld", None, True),  # a named drafter: cost-aware by default
     ("pld:mode=fixed", None, False),
     ("pld", "fixed", False),
-    ("pld", "vanilla", False),  # a batch layout alone keeps fixed sizes
     ("pld:mode=fixed", "adaptive", True),  # the config's mode over its spec's sizing
 ])
 def test_serve_measures_the_cost_curve_at_start_only_for_cost_aware_drafting(

@@ -12,6 +12,7 @@ import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
 
+from recallspec.bench.padded_layouts import padded_layout
 from recallspec.drafters import create_drafter
 from recallspec.drafters.draft_model import DraftModelDrafter, SamDraftModelDrafter
 from recallspec.drafters.recycling import RecyclingDrafter
@@ -270,8 +271,8 @@ def test_sampling_distribution_sam_draft_model() -> None:
 
 
 @pytest.mark.parametrize(("name", "opts", "mode"), [
-    ("sam", {}, "ems"),
-    ("sam+recycling", {"tau": 6}, "ems"),
+    ("sam", {}, "fixed"),
+    ("sam+recycling", {"tau": 6}, "fixed"),
     ("sam+recycling", {"tau": 6}, "adaptive"),
 ])
 def test_sampling_distribution_sam_and_recycling(name: str, opts: dict[str, Any],
@@ -323,7 +324,7 @@ def real(engine: Any, spec_bench_prompts: list[str]) -> Real:
 
 
 def _check(real: Real, drafter: str, options: dict[str, Any], n_prompts: int = 20,
-           eng: Any = None, mode: str = "ems") -> list[GenerationResult]:
+           eng: Any = None, mode: str = "fixed") -> list[GenerationResult]:
     base, prompts, ar = real
     eng = eng or base
     got = eng.generate(prompts[:n_prompts], SamplingParams(max_new_tokens=NEW_TOKENS),
@@ -406,10 +407,12 @@ def test_real_self_draft_reads_the_target_cache(real: Real) -> None:
         return out
 
     d.propose_batch = spy  # type: ignore[method-assign]
-    for mode in ("ems", "vanilla"):  # vanilla: padded slots (holes in the prefix)
-        got = eng.generate(real[1][:3], SamplingParams(max_new_tokens=NEW_TOKENS),
-                           drafter=d, mode=mode)
+    for layout in ("ems", "vanilla"):  # vanilla: padded slots (holes in the prefix)
+        with padded_layout(eng, layout) as pad:
+            got = eng.generate(real[1][:3], SamplingParams(max_new_tokens=NEW_TOKENS),
+                               drafter=d, mode="fixed")
         assert [g.token_ids for g in got] == [a.token_ids for a in real[2][:3]]
+        assert (pad.kv_entries > 0) is (layout == "vanilla")
     assert d.draft._cache is None and len(seen) > 20
     ref = create_drafter("draft-model", model=base.model, layers=8, slots=1, max_len=512)
     assert isinstance(ref, DraftModelDrafter) and not ref.draft.shares_target_cache

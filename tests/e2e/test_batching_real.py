@@ -1,6 +1,8 @@
-"""Batched speculative decoding (EMS-SD) on the real model: every batch layout, every
-batch size and both drafter families commit exactly single-sequence AR's tokens, with
-sequences of different prompt lengths joining and leaving the batch mid-run."""
+"""Batched speculative decoding (EMS-SD) on the real model: every batch layout (the
+engine's unpadded one and EMS-SD's padded baselines, a benchmark ablation installed from
+``bench/padded_layouts.py``), every batch size and both drafter families commit exactly
+single-sequence AR's tokens, with sequences of different prompt lengths joining and
+leaving the batch mid-run."""
 
 from __future__ import annotations
 
@@ -9,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
+from recallspec.bench.padded_layouts import LAYOUTS, padded_layout
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import ResourceError
 from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.runtime.modes import BATCH_MODES
 from recallspec.spec.sampling import SamplingParams
 
 # Different budgets make sequences leave at different steps (and waiting ones join).
@@ -31,6 +33,12 @@ def batch_case(
     return prompts, params, single
 
 
+def _mode(mode: str) -> tuple[str, str]:
+    """A mode of the comparison as (batch layout, sizing): a layout at fixed sizes, or
+    "adaptive" (cost-aware sizing on the engine's own ems layout)."""
+    return ("ems", "adaptive") if mode == "adaptive" else (mode, "fixed")
+
+
 def _engine(engine: Any, bs: int) -> Engine:
     # Shares the loaded weights and the cost curve (measured once per session: on a busy
     # machine a measured curve is not cached on disk, and every new engine would measure
@@ -46,8 +54,10 @@ def test_every_mode_identical_to_single_ar(engine: Any, batch_case: Any, bs: int
     eng = _engine(engine, bs)
     # With one sequence there is nothing to pad: the padded layouts equal ems there.
     # ("adaptive": cost-aware sizing on the ems layout; the layouts size fixed.)
-    for mode in (*BATCH_MODES, "adaptive") if bs > 1 else ("ems", "adaptive"):
-        got = eng.generate(prompts, params, drafter="llma", mode=mode)
+    for mode in (*LAYOUTS, "adaptive") if bs > 1 else ("ems", "adaptive"):
+        layout, sizing = _mode(mode)
+        with padded_layout(eng, layout) as pad:
+            got = eng.generate(prompts, params, drafter="llma", mode=sizing)
         bad = [i for i, (s, g) in enumerate(zip(single, got, strict=True))
                if g.token_ids != s.token_ids]
         assert not bad, (mode, bs, bad)
@@ -55,19 +65,21 @@ def test_every_mode_identical_to_single_ar(engine: Any, batch_case: Any, bs: int
         assert st.new_tokens == sum(len(g.token_ids) for g in got) - len(got) + sum(
             g.finish_reason == "eos" for g in got)
         if mode in ("vanilla", "unpad-kv") and bs > 1:
-            assert st.padding_rows > 0  # the padded layouts really padded
+            assert pad.rows > 0  # the padded layouts really padded
         if mode in ("vanilla", "unpad-input") and bs > 1:
-            assert st.kv_padding > 0
+            assert pad.kv_entries > 0
         if mode in ("ems", "adaptive", "unpad-input"):
-            assert st.padding_rows == 0
+            assert pad.rows == 0
 
 
 @pytest.mark.parametrize("mode", ["ems", "vanilla", "adaptive"])
 def test_batched_draft_model_identical(engine: Any, batch_case: Any, mode: str) -> None:
     prompts, params, single = batch_case
     eng = _engine(engine, 3)
-    got = eng.generate(prompts[:5], params[:5], drafter="draft-model",
-                       drafter_options={"layers": 8, "gamma": 4}, mode=mode)
+    layout, sizing = _mode(mode)
+    with padded_layout(eng, layout):
+        got = eng.generate(prompts[:5], params[:5], drafter="draft-model",
+                           drafter_options={"layers": 8, "gamma": 4}, mode=sizing)
     assert [g.token_ids for g in got] == [s.token_ids for s in single[:5]]
     assert eng.stats.draft_nodes > 0
 
@@ -109,7 +121,9 @@ def test_bad_requests_in_a_batch_fail_alone(engine: Any, batch_case: Any) -> Non
     too_long = [1] * (engine.context_len + 5)
     batch = [prompts[0], "", too_long, prompts[1]]
     sp = [params[0], params[0], params[0], params[1]]
-    got = _engine(engine, 3).generate(batch, sp, drafter="llma", mode="vanilla")
+    eng = _engine(engine, 3)
+    with padded_layout(eng, "vanilla"):
+        got = eng.generate(batch, sp, drafter="llma", mode="fixed")
     assert [g.finish_reason for g in got][1:3] == ["error", "error"]
     assert "empty" in (got[1].error or "") and "context" in (got[2].error or "")
     assert got[0].token_ids == single[0].token_ids and got[3].token_ids == single[1].token_ids

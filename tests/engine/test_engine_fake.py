@@ -185,10 +185,10 @@ def test_adaptive_mode_sizes_costly_drafts_before_proposing() -> None:
     ref = [eng.generate(p, params) for p in ps]
     eng.use_cost_curve(CostCurve((1, 2), (1.0, 2.0), 0.0))  # every row costs a whole step
     calls = {}
-    for mode in ("ems", "adaptive"):
+    for mode in ("fixed", "adaptive"):
         draft = CountingBigram(torch.randn(256, 256, generator=torch.Generator().manual_seed(1)))
         got = eng.generate(ps, params, drafter="draft-model", mode=mode,
                            drafter_options={"model": draft, "gamma": 4})
         assert [g.token_ids for g in got] == [r.token_ids for r in ref]
         calls[mode] = draft.calls
-    assert calls["adaptive"] < calls["ems"] / 4
+    assert calls["adaptive"] < calls["fixed"] / 4

@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer, successor_model
 
+from recallspec.bench.padded_layouts import padded_layout
 from recallspec.drafters import Drafter, create_drafter
 from recallspec.engine import Engine, EngineConfig, GenerationResult, RequestOutput
 from recallspec.errors import ContextLengthError, DataError, UnknownNameError
@@ -70,10 +71,12 @@ def test_top_level_imports() -> None:
     assert E is Engine and S is SamplingParams
 
 
-def test_mixed_drafters_in_one_step_match_offline() -> None:
+@pytest.mark.parametrize("layout", ["ems", "vanilla"])
+def test_mixed_drafters_in_one_step_match_offline(layout: str) -> None:
     """Four requests with four drafters (fixed, adaptive, a costly draft model sized
-    before proposing) decode in the same steps; each equals plain AR, and the deltas
-    add up to the offline result."""
+    before proposing) decode in the same steps, unpadded (the engine's EMS-SD) and in
+    EMS-SD's padded baseline (a benchmark ablation, ``bench/padded_layouts.py``); each
+    equals plain AR, and the deltas add up to the offline result."""
     eng = make_engine(max_batch_size=4)
     eng.use_cost_curve(CostCurve((1, 512), (1.0, 1.2), 0.0))  # drafting pays
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (40, 17, 33, 25)]
@@ -84,14 +87,16 @@ def test_mixed_drafters_in_one_step_match_offline() -> None:
         {"drafter": "pld"},
         {"drafter": "llma", "mode": "adaptive"},
         {"drafter": "draft-model", "drafter_options": {"model": draft}, "mode": "adaptive"},
-        {"drafter": "sam", "mode": "vanilla"},
+        {"drafter": "sam", "mode": "fixed"},
     ]
-    rids = [eng.add_request(p, sp, request_id=f"r{i}", **kw)
-            for i, (p, sp, kw) in enumerate(zip(prompts, params, setups, strict=True))]
-    assert eng.num_waiting == 4 and eng.num_running == 0
-    first = eng.step()  # all four admitted and prefilled in one step
-    assert eng.num_running == 4 and {o.rid for o in first} == set(rids)
-    outs = run_all(eng)
+    with padded_layout(eng, layout) as pad:
+        rids = [eng.add_request(p, sp, request_id=f"r{i}", **kw)
+                for i, (p, sp, kw) in enumerate(zip(prompts, params, setups, strict=True))]
+        assert eng.num_waiting == 4 and eng.num_running == 0
+        first = eng.step()  # all four admitted and prefilled in one step
+        assert eng.num_running == 4 and {o.rid for o in first} == set(rids)
+        outs = run_all(eng)
+    assert (pad.rows > 0 and pad.kv_entries > 0) is (layout == "vanilla")  # it really padded
     for rid, o0, want in zip(rids, first, ar, strict=True):
         check_deltas([o0, *outs[rid]], want)
         assert o0.request_id == f"r{rids.index(rid)}"
@@ -263,7 +268,8 @@ def test_chat_and_text_on_the_real_model(engine: Any) -> None:
 def test_config_default_drafter_takes_request_options() -> None:
     """A request naming no drafter gets the config's spec, its options under the
     request's (how ``recallspec serve --drafter sam --index x`` reaches requests)."""
-    eng = make_engine(drafter="pld:max_tokens=3", mode="vanilla")
+    eng = make_engine(drafter="pld:max_tokens=3", mode="adaptive")
+    eng.use_cost_curve(CostCurve((1, 512), (1.0, 1.2), 0.0))
     d = eng.resolve_drafter(None)
     assert d.name == "pld" and d.max_tokens == 3  # type: ignore[attr-defined]
     d2 = eng.resolve_drafter(None, {"max_ngram": 2})
@@ -271,5 +277,5 @@ def test_config_default_drafter_takes_request_options() -> None:
     assert eng.resolve_drafter("pld") is not d
     rid = eng.add_request(list(PROMPTS[0]), SamplingParams(max_new_tokens=5))
     req = eng.scheduler.get(rid)
-    assert req is not None and req.drafter is d and req.mode.name == "vanilla"
+    assert req is not None and req.drafter is d and req.sizing == "adaptive"  # the config's
     eng.abort(rid)

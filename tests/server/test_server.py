@@ -252,6 +252,8 @@ BAD_BODIES: list[tuple[str, bytes | dict[str, Any], int]] = [
     ("completions", {"model": "gpt-4", "prompt": "x"}, 404),
     ("completions", {"model": MODEL, "prompt": "x", "recallspec": {"drafter": "nope"}}, 400),
     ("completions", {"model": MODEL, "prompt": "x", "recallspec": {"mode": "nope"}}, 400),
+    # A batch layout is no mode: EMS-SD's padded layouts are a benchmark ablation.
+    ("completions", {"model": MODEL, "prompt": "x", "recallspec": {"mode": "vanilla"}}, 400),
     ("completions", {"model": MODEL, "prompt": "x",
                      "recallspec": {"drafter": "sam", "drafter_options": {"index": "/x"}}}, 400),
     ("completions", {"model": MODEL, "prompt": "x",
@@ -273,6 +275,8 @@ def test_bad_requests_get_openai_errors(server: Server) -> None:
             assert r.status_code == status, (path, body, r.text)
             err = r.json()["error"]
             assert isinstance(err["message"], str) and err["message"] and err["type"]
+            if isinstance(body, dict) and body.get("recallspec") == {"mode": "vanilla"}:
+                assert "bench.padded_layouts" in err["message"]  # where the layouts live
         assert c.get("/completions").status_code == 405
     server.wait_idle()
 

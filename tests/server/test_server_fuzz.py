@@ -44,7 +44,7 @@ _options = {  # optional fields and valid values for them
     "logprobs": st.none(), "user": _text,
     "recallspec": st.fixed_dictionaries({}, optional={
         "drafter": st.sampled_from(["none", "pld", "llma", "sam", "recycling"]),
-        "mode": st.sampled_from(["ems", "vanilla", "unpad-kv", "unpad-input"]),
+        "mode": st.sampled_from(["adaptive", "fixed"]),
         "return_token_ids": st.booleans()}),
 }
 _wrong = {  # values that must be refused
@@ -56,6 +56,7 @@ _wrong = {  # values that must be refused
     "logprobs": st.sampled_from([1, True]), "echo": st.just(True), "tools": st.just([{}]),
     "stream": st.sampled_from(["yes", 2]), "frequency_penalty": st.just(0.5),
     "recallspec": st.sampled_from([{"drafter": "nope"}, {"mode": "nope"}, {"drafter": 5},
+                                   {"mode": "vanilla"},  # a batch layout: no mode of ours
                                    {"drafter": "sam", "drafter_options": {"index": "/x"}},
                                    {"drafter": "pld", "drafter_options": {"max_ngram": 0}},
                                    {"drafter": "pld", "drafter_options": {"k": [1]}},

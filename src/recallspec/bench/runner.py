@@ -86,8 +86,8 @@ def engine_sizing_default(engine: Any) -> Sizing:
     """How the engine answering a run sizes a method named without a sizing: as its
     config's mode says where it states one (a caller's engine, e.g. ``mode="fixed"``),
     else DEFAULT_SIZING (``run_bench``'s own ``Engine.load`` states no mode)."""
-    mode = None if engine is None else engine.config.default_mode
-    return DEFAULT_SIZING if mode is None else mode[1]
+    sizing = None if engine is None else engine.config.default_sizing
+    return DEFAULT_SIZING if sizing is None else sizing
 
 
 def _check_run_file(out: Path, cfg: BenchConfig, resume: bool,

@@ -86,7 +86,7 @@ class Target:
                 raise DataError(f"{self.name}: drafter option(s) {', '.join(bad)} can only be "
                                 "set when the server starts (drop --url to let the benchmark "
                                 "start it)")
-            # The target's mode is its sizing (or layout): it ranks above the spec's.
+            # The target's mode is its sizing: it ranks above the spec's.
             ext.update(drafter=spec.name, drafter_options=spec.kwargs, mode=self.mode)
         return {"recallspec": ext}
 
@@ -103,10 +103,10 @@ def default_adaptive_drafter() -> str:
 
 def make_target(name: str, cfg: ServeBenchConfig) -> Target:
     if name == "ours-off":
-        return Target(name, "ours", "recallspec serve, no speculation", "none", "ems")
+        return Target(name, "ours", "recallspec serve, no speculation", "none", "fixed")
     if name == "ours-fixed":
         d = cfg.fixed_drafter
-        return Target(name, "ours", f"recallspec serve, {d} (fixed draft size)", d, "ems")
+        return Target(name, "ours", f"recallspec serve, {d} (fixed draft size)", d, "fixed")
     if name == "ours-adaptive":
         d = cfg.adaptive_drafter or default_adaptive_drafter()
         return Target(name, "ours", f"recallspec serve, {d} cost-aware", d, "adaptive")
@@ -152,7 +152,7 @@ def command(t: Target, cfg: ServeBenchConfig, port: int) -> tuple[list[str], dic
     host = ["--host", "127.0.0.1", "--port", str(port)]
     if t.kind == "ours":
         argv = [sys.executable, "-m", "recallspec", "serve", *host,
-                "--drafter", t.drafter or "none", "--mode", t.mode or "ems",
+                "--drafter", t.drafter or "none", "--mode", t.mode or "fixed",
                 "--max-batch-size", str(cfg.max_batch_size), "--max-len", str(cfg.context),
                 "--dtype", cfg.dtype, *t.extra_args]
         if cfg.model:

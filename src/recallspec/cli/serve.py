@@ -28,10 +28,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "(:mode=fixed for fixed draft sizes; default: the measured serving "
                    f"policy, {SERVE_POLICY}); 'none' turns speculation off")
     p.add_argument("--mode", default=None,
-                   help="mode of requests that state none: adaptive or fixed (draft sizing), or "
-                   "a batch layout, ems, vanilla, unpad-kv, unpad-input (fixed sizes). Default: "
-                   "the ems layout, each request's drafter sized as its spec says, else "
-                   "cost-aware")
+                   help="mode of requests that state none: adaptive or fixed (draft sizing). "
+                   "Default: each request's drafter sized as its spec says, else cost-aware. "
+                   "(Batches are always unpadded, EMS-SD; its padded layouts are a benchmark "
+                   "ablation: scripts/exp_batch.py)")
     p.add_argument("--index", default=None,
                    help="corpus index file for the default drafter (sam, sam+recycling, ...)")
     p.add_argument("--memory-tokens", type=int, default=0, metavar="N",

@@ -6,7 +6,8 @@ the benchmarks name a drafter with its options this way, e.g.
 strings. One key is not a drafter option but the draft *sizing* (``spec/draft_sizing.py``):
 ``mode=adaptive`` or ``mode=fixed`` (the key older specs and benchmark answer files use;
 ``sizing=`` means the same, and ``mode=ems``, once the fixed-size batch mode, reads as
-fixed). A spec that states no sizing leaves it to the engine: its config's ``mode``, else
+fixed; EMS-SD's padded layouts are a benchmark ablation, never a spec's sizing). A spec
+that states no sizing leaves it to the engine: its config's ``mode``, else
 ``DEFAULT_SIZING`` (cost-aware). Plain decoding (``none``) has nothing to size: fixed.
 
 A spec is parsed where its text enters (the command line, a config, a method list) and
@@ -20,11 +21,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from recallspec.errors import DataError, UnknownNameError
-from recallspec.params import SIZINGS, Sizing
+from recallspec.params import SIZINGS, Sizing, sizing_refusal
 
 NO_DRAFTER = "none"  # plain decoding
 SIZING_KEYS = ("mode", "sizing")  # spec keys that state the sizing
-# The sizing words a spec may write ("ems" was the fixed-size batch mode of older specs).
+# The sizing words a spec may write ("ems", the fixed-size batch mode of older specs and
+# answer files, reads as fixed; the other batch-layout words are refused).
 _SIZING_WORDS: dict[str, Sizing] = {"adaptive": "adaptive", "fixed": "fixed", "ems": "fixed"}
 
 Options = tuple[tuple[str, Any], ...]
@@ -77,9 +79,8 @@ class DrafterSpec:
                 continue
             word = _SIZING_WORDS.get(value.lower())
             if word is None:
-                raise UnknownNameError(
-                    f"drafter spec {text!r}: {key}= is the draft sizing, adaptive or fixed, "
-                    f"not {value!r} (a batch layout such as vanilla is the engine's mode)")
+                raise UnknownNameError(f"drafter spec {text!r}: {key}= is the draft sizing: "
+                                       + sizing_refusal(value.lower()))
             sizing = word
         return cls(name, tuple(options.items()), sizing)
 

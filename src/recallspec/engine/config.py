@@ -6,10 +6,11 @@ default drafter (a ``DrafterSpec``, parsed here from its text: ``drafters/spec.p
 the default mode. The engine and the layers below receive the validated values (the
 loader resolves the format names to torch dtypes).
 
-Mode words (``split_mode``; requests, the server and ``--mode`` take the same): a batch
-layout (``runtime/modes.py``: ems, vanilla, unpad-kv, unpad-input) or a sizing
-(``adaptive``, ``fixed``: on the ems layout). A layout named alone keeps fixed sizes, as
-it always has (the padded layouts are ablations of fixed-size batches).
+Mode words (``parse_sizing``; requests, the server and ``--mode`` take the same): a draft
+sizing, ``adaptive`` or ``fixed``. The engine has one batch layout, EMS-SD's unpadded
+one; a layout word (ems, vanilla, unpad-kv, unpad-input) is refused with a message that
+names where EMS-SD's padded layouts live (``bench/padded_layouts.py``, a benchmark
+ablation).
 """
 
 from __future__ import annotations
@@ -28,25 +29,20 @@ from recallspec.params import (
     KVDtype,
     Sizing,
     WeightFormat,
+    sizing_refusal,
 )
 from recallspec.recall.service import RecallConfig
-from recallspec.runtime.modes import BATCH_MODES, EMS, BatchMode
 
 _SIZING_MODES: dict[str, Sizing] = {s: s for s in SIZINGS}
 
 
-def split_mode(mode: str | BatchMode) -> tuple[BatchMode, Sizing]:
-    """A mode word as (batch layout, sizing); see the module docstring.
-    ``UnknownNameError`` for anything else."""
-    if isinstance(mode, BatchMode):
-        return mode, "fixed"
-    sizing = _SIZING_MODES.get(mode)
-    if sizing is not None:
-        return EMS, sizing
-    if mode in BATCH_MODES:
-        return BATCH_MODES[mode], "fixed"
-    raise UnknownNameError(f"unknown mode {mode!r}; available: {', '.join(SIZINGS)} (sizings) "
-                           f"or a batch layout, {', '.join(BATCH_MODES)}")
+def parse_sizing(mode: str) -> Sizing:
+    """A mode word as the sizing it names; ``UnknownNameError`` for anything else (see
+    the module docstring)."""
+    sizing = _SIZING_MODES.get(mode) if isinstance(mode, str) else None
+    if sizing is None:
+        raise UnknownNameError(sizing_refusal(str(mode), "mode"))
+    return sizing
 
 
 @dataclass(frozen=True)
@@ -65,9 +61,9 @@ class EngineConfig:
     # cost curve to measure); the command line, the server and the demo default to the
     # measured policy (``recallspec/policy.py``).
     drafter: str | DrafterSpec = NO_DRAFTER
-    # Requests that state no mode get this one (a mode word, kept split in
-    # ``default_mode``). None: the ems layout, and each request's sizing is what its
-    # drafter spec states, else DEFAULT_SIZING (cost-aware: ``engine/drafter_pool.py``).
+    # Requests that state no mode get this one (a sizing word, kept parsed in
+    # ``default_sizing``). None: each request's sizing is what its drafter spec states,
+    # else DEFAULT_SIZING (cost-aware: ``engine/drafter_pool.py``).
     mode: str | None = None
     # Response memory (``recall/memory/``): finished requests' outputs (and, with
     # ``memory_prompts``, their prompts) become drafts for later requests of the same
@@ -89,8 +85,7 @@ class EngineConfig:
     memory_snapshot: str | None = None
     # Derived from ``drafter`` and ``mode`` when the config is built: what the engine reads.
     default_drafter: DrafterSpec = field(init=False, repr=False, compare=False)
-    default_mode: tuple[BatchMode, Sizing] | None = field(init=False, repr=False,
-                                                          compare=False)
+    default_sizing: Sizing | None = field(init=False, repr=False, compare=False)
     # Derived from the memory_* fields (and validated there): what the recall service reads.
     recall: RecallConfig = field(init=False, repr=False, compare=False)
 
@@ -112,5 +107,5 @@ class EngineConfig:
         spec = (self.drafter if isinstance(self.drafter, DrafterSpec)
                 else DrafterSpec.parse(self.drafter))
         object.__setattr__(self, "default_drafter", spec)
-        object.__setattr__(self, "default_mode",
-                           None if self.mode is None else split_mode(self.mode))
+        object.__setattr__(self, "default_sizing",
+                           None if self.mode is None else parse_sizing(self.mode))

@@ -6,19 +6,18 @@ that names it with the same options, across requests and ``generate`` calls. Bey
 MAX_IDLE_DRAFTERS instances, the least recently used ones no request holds are dropped
 (a server's clients may ask for any options).
 
-A request's drafting (``drafting``): its drafter instance, batch layout and sizing. The
-sizing is the first stated of
+A request's drafting (``drafting``): its drafter instance and sizing (every request has
+the one batch layout, EMS-SD's unpadded one). The sizing is the first stated of
 
 1. the request's ``sizing``;
-2. the request's ``mode`` (``engine/config.py``'s ``split_mode``);
+2. the request's ``mode`` (a sizing word: ``engine/config.py``'s ``parse_sizing``);
 3. the sizing stated by the ``DrafterSpec`` the request passes;
 4. the config's ``mode``;
 5. the sizing stated by the config's drafter spec, for a request naming no drafter;
 6. ``DEFAULT_SIZING``: cost-aware, for every drafter named without a sizing;
 
-and plain decoding is never sized (``effective_sizing``). The layout is the request's
-``mode``'s, else the config's, else ems. What the request states beats the config, the
-config beats the default.
+and plain decoding is never sized (``effective_sizing``). What the request states beats
+the config, the config beats the default.
 """
 
 from __future__ import annotations
@@ -30,9 +29,8 @@ from typing import Any
 
 from recallspec.drafters.base import Drafter, DrafterContext, checked_instance, create_drafter
 from recallspec.drafters.spec import DrafterSpec, Options, effective_sizing
-from recallspec.engine.config import EngineConfig, split_mode
+from recallspec.engine.config import EngineConfig, parse_sizing
 from recallspec.errors import UnknownNameError
-from recallspec.runtime.modes import EMS, BatchMode
 from recallspec.spec.draft_sizing import DEFAULT_SIZING, SIZINGS, Sizing
 
 MAX_IDLE_DRAFTERS = 16
@@ -47,7 +45,6 @@ class Drafting:
     """What one request drafts with, resolved and validated (see the module docstring)."""
 
     drafter: Drafter
-    layout: BatchMode  # its rows' and KV entries' layout (``runtime/modes.py``)
     sizing: Sizing  # how its drafts are sized (``spec/draft_sizing.py``)
 
 
@@ -55,7 +52,7 @@ class DrafterPool:
     def __init__(self, context: Callable[[], DrafterContext], config: EngineConfig,
                  in_use: Callable[[], set[int]]) -> None:
         self._context = context  # what ``bind`` gets
-        self._config = config  # its ``default_drafter`` and ``default_mode``
+        self._config = config  # its ``default_drafter`` and ``default_sizing``
         self._in_use = in_use  # ids of the drafter instances requests hold
         self._pool: OrderedDict[tuple[str, Options], Drafter] = OrderedDict()
 
@@ -102,19 +99,13 @@ class DrafterPool:
         return checked_instance(drafter)
 
     def drafting(self, drafter: DrafterArg = None, options: Mapping[str, Any] | None = None,
-                 mode: str | BatchMode | None = None, sizing: Sizing | None = None) -> Drafting:
+                 mode: str | None = None, sizing: Sizing | None = None) -> Drafting:
         """A request's drafting from what it states (see the module docstring);
         ``UnknownNameError`` for an unknown drafter, mode or sizing."""
         if sizing is not None and sizing not in SIZINGS:
             raise UnknownNameError(f"unknown sizing {sizing!r}; available: {', '.join(SIZINGS)}")
-        layout: BatchMode | None = None
-        mode_sizing: Sizing | None = None
-        if mode is not None:
-            layout, mode_sizing = split_mode(mode)
-        cfg_layout: BatchMode | None = None
-        cfg_sizing: Sizing | None = None
-        if self._config.default_mode is not None:
-            cfg_layout, cfg_sizing = self._config.default_mode
+        mode_sizing = None if mode is None else parse_sizing(mode)
+        cfg_sizing = self._config.default_sizing
         stated: tuple[Sizing | None, ...]
         if drafter is None or isinstance(drafter, str | DrafterSpec):
             spec = self.spec(drafter, options)
@@ -131,4 +122,4 @@ class DrafterPool:
             if s is not None:
                 chosen = s
                 break
-        return Drafting(d, layout or cfg_layout or EMS, effective_sizing(d.name, chosen))
+        return Drafting(d, effective_sizing(d.name, chosen))

@@ -54,7 +54,6 @@ from recallspec.recall.view import RecallView
 from recallspec.runtime.cost_calibration import calibrate, curve_key
 from recallspec.runtime.cost_curve import CostCurve
 from recallspec.runtime.kv_cache import KVCache, KVPrefix
-from recallspec.runtime.modes import BatchMode
 from recallspec.runtime.threads import decode_threads
 from recallspec.spec.draft_sizing import Sizing, draft_room
 from recallspec.spec.sampling import SamplingParams
@@ -105,11 +104,24 @@ class Engine:
         m, tok = load_model(model, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype)
         return cls(m, tok, cfg)
 
-    # ---- the cost curve (adaptive sizing) --------------------------------------------
+    # ---- what steps run with: the cost curve (adaptive sizing), the runner -----------
     def use_cost_curve(self, curve: CostCurve) -> None:
         """Use this curve for adaptive sizing instead of measuring one (e.g. a curve
         measured by another engine on the same model, or a synthetic one in tests)."""
         self._cost_curve = curve
+
+    def use_runner(self, runner: Runner | None) -> None:
+        """Verify every step through ``runner``, a ``Runner`` subclass over this engine's
+        model and KV cache (``engine/runner.py``: e.g. EMS-SD's padded layouts,
+        ``bench/padded_layouts.py``); None: the engine's own. Only between runs (the engine
+        idle), so that one runner serves every request of a run."""
+        if self.has_unfinished():
+            raise RuntimeError("use_runner() needs an idle engine: requests are in flight")
+        if runner is None:
+            runner = Runner(self.model, self.cache, self.max_len, self.threads)
+        elif runner.cache is not self.cache or runner.model is not self.model:
+            raise ValueError("the runner must run this engine's model over its KV cache")
+        self.runner = runner
 
     def cost_curve(self) -> CostCurve:
         """The verification cost curve of this model on this machine (measured once,
@@ -192,16 +204,16 @@ class Engine:
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, *,
         drafter: DrafterArg = None, drafter_options: Mapping[str, Any] | None = None,
-        mode: str | BatchMode | None = None, sizing: Sizing | None = None,
+        mode: str | None = None, sizing: Sizing | None = None,
         request_id: str | None = None, chat: bool = False, arrival: float | None = None,
         tenant: str | None = None, memory: bool = True,
     ) -> int:
         """Queue a request; returns its id (``rid``). Raises ``RecallspecError`` at once
         on bad input (empty or over-long prompt, ids outside the vocabulary, an unknown
         drafter, mode or sizing). ``drafter`` (a registered name with ``drafter_options``,
-        a ``DrafterSpec`` or an instance) defaults to the config's; ``mode`` is a batch
-        layout or a sizing word, ``sizing`` "adaptive" or "fixed" (unstated: the config's
-        mode, else cost-aware: ``DrafterPool.drafting``); ``chat`` wraps a text prompt
+        a ``DrafterSpec`` or an instance) defaults to the config's; ``mode`` and
+        ``sizing`` are a sizing word, "adaptive" or "fixed" (unstated: the config's mode,
+        else cost-aware: ``DrafterPool.drafting``); ``chat`` wraps a text prompt
         as one user turn; ``arrival`` (a ``time.perf_counter()`` time, not
         before earlier requests') holds it back until then (offline traffic simulation).
         ``tenant``: requests of one tenant share response memory (None: the anonymous
@@ -222,7 +234,7 @@ class Engine:
             gen = np.random.default_rng(seed % 2**64)  # (numpy takes no negative seed)
         rid = next(self._rids)
         now = time.perf_counter()
-        self.scheduler.add(Request(rid, ids, params, how.drafter, how.layout, gen, request_id,
+        self.scheduler.add(Request(rid, ids, params, how.drafter, gen, request_id,
                                    arrival=now if arrival is None else arrival,
                                    tenant=tenant or "", use_memory=bool(memory),
                                    sizing=how.sizing))
@@ -332,7 +344,7 @@ class Engine:
             self.stats.new_tokens += n_new
         for req, e in out.failed:
             req.fail(e)
-        for req in self.runner.pad_kv(native.result.verified, self.stats):
+        for req in self.runner.after_step(native.result.verified):
             self._stop_if_cache_full(req)
         if decoding and not plan.prefill:
             elapsed = time.perf_counter() - t_step

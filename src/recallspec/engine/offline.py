@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from recallspec.engine.outputs import GenerationResult, StepStats
 from recallspec.engine.prompts import is_single
 from recallspec.errors import RecallspecError
-from recallspec.runtime.modes import BatchMode
 from recallspec.spec.draft_sizing import Sizing
 from recallspec.spec.sampling import SamplingParams
 
@@ -37,7 +36,7 @@ def generate(
     drafter_options: Mapping[str, Any] | None = None,
     chat: bool = False,
     progress: Progress | None = None,
-    mode: str | BatchMode | None = None,
+    mode: str | None = None,
     sizing: Sizing | None = None,
     arrivals: Sequence[float] | None = None,
     tenant: str | None = None,
@@ -48,9 +47,9 @@ def generate(
     Up to ``max_batch_size`` requests decode together (continuous batching): a waiting
     request takes a free slot at the next step and is prefilled chunk by chunk inside
     the running batch's forwards. ``drafter``, ``mode`` and ``sizing`` apply to every
-    request, as in ``add_request`` (resolved once, here); every batch layout and sizing
-    commits the same tokens. ``arrivals`` (seconds after the call, one per prompt)
-    holds each request back until it arrives, to simulate online traffic;
+    request, as in ``add_request`` (resolved once, here); every sizing commits the same
+    tokens. ``arrivals`` (seconds after the call, one per prompt) holds each request
+    back until it arrives, to simulate online traffic;
     ``GenerationResult.latency`` counts from the arrival. ``Engine.stats`` counts this
     call's steps. ``tenant`` and ``memory`` apply to every request (``add_request``).
     The engine must be idle (no requests of the online API in flight).
@@ -82,9 +81,9 @@ def generate(
         for i, (p, sp) in enumerate(zip(plist, plist_params, strict=True)):
             try:
                 arrival = t0 + (arrivals[i] if arrivals is not None else 0.0)
-                rid = engine.add_request(p, sp, drafter=how.drafter, mode=how.layout,
-                                         sizing=how.sizing, chat=chat, arrival=arrival,
-                                         tenant=tenant, memory=memory)
+                rid = engine.add_request(p, sp, drafter=how.drafter, sizing=how.sizing,
+                                         chat=chat, arrival=arrival, tenant=tenant,
+                                         memory=memory)
             except RecallspecError as e:
                 if single:
                     raise

@@ -55,27 +55,20 @@ class StepStats:
     """Engine counters since the last ``generate`` call began (``Engine.stats``)."""
 
     steps: int = 0  # forwards that decoded (verification steps)
-    rows: int = 0  # rows fed to those forwards, padding included
-    padding_rows: int = 0  # padded input rows (pad_inputs modes)
-    kv_padding: int = 0  # padding KV entries written (pad_kv modes)
+    rows: int = 0  # rows fed to those forwards (a runner's extra rows included)
     draft_nodes: int = 0  # draft nodes verified
     new_tokens: int = 0  # tokens committed by verification steps (first tokens excluded)
     forward_s: float = 0.0  # seconds inside the forwards of those steps
     draft_s: float = 0.0  # seconds proposing and sizing drafts
     prefill_rows: int = 0  # prompt rows fed (alone or inside decoding steps)
     # Steps that decoded and fed no prompt rows: their whole wall time and tokens
-    # (the decode phase's throughput, free of the prefill work that every mode shares).
+    # (the decode phase's throughput, free of the prefill work that every run shares).
     decode_only_s: float = 0.0
     decode_only_tokens: int = 0
 
     @property
     def decode_tokens_per_s(self) -> float:
         return self.decode_only_tokens / self.decode_only_s if self.decode_only_s else 0.0
-
-    @property
-    def padding_ratio(self) -> float:
-        """Padded input rows per committed token (EMS-SD's padding ratio)."""
-        return self.padding_rows / self.new_tokens if self.new_tokens else 0.0
 
 
 @dataclass(frozen=True)

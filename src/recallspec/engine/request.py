@@ -16,7 +16,6 @@ import numpy as np
 
 from recallspec.drafters.base import Drafter
 from recallspec.errors import RecallspecError
-from recallspec.runtime.modes import BatchMode
 from recallspec.spec.draft_sizing import Sizing
 from recallspec.spec.sampling import SamplingParams
 from recallspec.step.sequence import DraftState
@@ -68,7 +67,6 @@ class Request:
     prompt: list[int]
     params: SamplingParams
     drafter: Drafter
-    mode: BatchMode  # the batch layout of its rows and KV entries (``runtime/modes.py``)
     generator: np.random.Generator | None  # sampling only (spec.sampling.Rng)
     request_id: str | None = None  # the caller's id
     arrival: float = 0.0  # perf_counter time it may be admitted (offline arrivals)

@@ -5,15 +5,18 @@ engine: one call of ``Runner.run`` per step, which also carries the step's promp
 
 Every decoding request feeds its root (the last committed token) and its draft tree;
 the plan's prompt chunks follow; all in ONE ragged forward with no padding of inputs or
-KV cache. Each request then keeps its own accepted path: the KV cache compacts it and
-the slot advances by its own count. Greedy requests verify by each row's argmax as the
-native forward returns it (``BatchMetadata.argmax``), reading no logits; the logits rows
-are sliced only for sampling, for drafters that read them, and for forwards without it.
+KV cache (EMS-SD). Each request then keeps its own accepted path: the KV cache compacts
+it and the slot advances by its own count. Greedy requests verify by each row's argmax
+as the native forward returns it (``BatchMetadata.argmax``), reading no logits; the
+logits rows are sliced only for sampling, for drafters that read them, and for forwards
+without it.
 
-The padded batch modes (EMS-SD's baselines, chosen per request) differ only in cost:
-``pad_inputs`` requests are padded to the longest draft among them with leaves below
-the root (no real row attends to them); ``pad_kv`` requests' slots all advance by the
-largest count committed among them (``pad_kv``), the extra entries masked as padding.
+A ``Runner`` subclass may change the cost of a step, never its tokens, through two
+hooks: ``decoding_inputs`` may append rows after a request's root and tree (rows that
+no verified row sees), and ``after_step`` may grow slots by masked KV entries
+(``KVCache.pad``, which every reader of the cache honours: ``SequenceInput.cache_valid``).
+The engine installs one with ``Engine.use_runner``; EMS-SD's padded baselines, a
+benchmark ablation, are such a subclass (``bench/padded_layouts.py``).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class StepResult:
     verified: list[Verified[Request]]
     failed: list[Failure]  # decoding requests whose verification raised
     first_rows: list[tuple[Request, torch.Tensor]]  # prompt completed: its last row, [V]
-    num_rows: int  # rows fed, padding included
+    num_rows: int  # rows fed, a subclass's extra rows included
 
 
 class Runner:
@@ -55,30 +58,38 @@ class Runner:
         self.max_len = max_len
         self.threads = threads
 
+    def decoding_inputs(
+        self, decoding: Sequence[Request], trees: Sequence[tuple[list[int], list[int]]],
+    ) -> list[SequenceInput]:
+        """Each decoding request's rows: its root, then its tree (tokens, parents as
+        lists). The verified rows are each input's first ``1 + len(tree)``; a subclass
+        may append rows after them that none of those rows sees (leaves below the root)."""
+        cache = self.cache
+        inputs: list[SequenceInput] = []
+        for req, (tree_toks, tree_parents) in zip(decoding, trees, strict=True):
+            inputs.append(SequenceInput(
+                req.slot, cache.length(req.slot), [req.generated[-1], *tree_toks],
+                [-1, *[p + 1 for p in tree_parents]],
+                # Masked entries (``KVCache.pad``) exist only where a subclass wrote them.
+                cache_valid=cache.valid_prefix(req.slot),
+                start_pos=cache.logical_length(req.slot),
+            ))
+        return inputs
+
+    def after_step(self, verified: Sequence[Verified[Request]]) -> Sequence[Request]:
+        """Called by the engine once the step's verified requests are committed; returns
+        the requests whose slots it grew (the engine checks their room again). The
+        engine's own runner does nothing here."""
+        return ()
+
     def run(
         self, decoding: Sequence[Request], trees: Sequence[DraftTree],
         prefill: Sequence[PrefillChunk], stats: StepStats,
     ) -> StepResult:
         cache = self.cache
-        inputs: list[SequenceInput] = []
-        pad_to = max((len(t) for r, t in zip(decoding, trees, strict=True) if r.mode.pad_inputs),
-                     default=0)
-        n_rows: list[int] = []  # rows fed per decoding request, padding included
         as_lists = [(t.tokens.tolist(), t.parents.tolist()) for t in trees]  # fed and verified
-        for req, (tree_toks, tree_parents) in zip(decoding, as_lists, strict=True):
-            start = cache.length(req.slot)
-            toks = [req.generated[-1], *tree_toks]
-            parents = [-1, *[p + 1 for p in tree_parents]]
-            if req.mode.pad_inputs:  # padding rows: leaves below the root
-                pad = max(min(pad_to - len(tree_toks), self.max_len - start - len(toks)), 0)
-                toks += [req.generated[-1]] * pad
-                parents += [0] * pad
-                stats.padding_rows += pad
-            n_rows.append(len(toks))
-            inputs.append(SequenceInput(
-                req.slot, start, toks, parents, cache_valid=cache.valid_prefix(req.slot),
-                start_pos=cache.logical_length(req.slot),
-            ))
+        inputs = self.decoding_inputs(decoding, as_lists)
+        n_rows = [len(i.tokens) for i in inputs]  # rows fed per decoding request
         for c in prefill:
             inputs.append(SequenceInput(c.request.slot, c.start, c.tokens,
                                         logits="last" if c.is_last else "none"))
@@ -98,7 +109,7 @@ class Runner:
             argmax = []
         off = 0
         for b, (req, tree) in enumerate(zip(decoding, trees, strict=True)):
-            first, end, off = off, off + 1 + len(tree), off + n_rows[b]  # padding after end
+            first, end, off = off, off + 1 + len(tree), off + n_rows[b]  # extra rows after end
             stats.draft_nodes += len(tree)
             greedy_ids = argmax[first:end] if req.params.greedy else []
             try:
@@ -124,21 +135,6 @@ class Runner:
                 first_rows.append((c.request, logits[off]))
                 off += 1
         return StepResult(verified, failed, first_rows, meta.num_tokens)
-
-    def pad_kv(self, verified: Sequence[Verified[Request]], stats: StepStats) -> list[Request]:
-        """Advance every ``pad_kv`` request's slot to the largest count committed among
-        them (the root + its accepted nodes); returns the requests padded."""
-        padded = [(v.seq, 1 + len(v.verdict.accepted_nodes)) for v in verified
-                  if v.seq.mode.pad_kv]
-        most = max((n_kv for _, n_kv in padded), default=0)
-        out = []
-        for req, n_kv in padded:
-            n = max(min(most - n_kv, self.max_len - self.cache.length(req.slot) - 1), 0)
-            if n:
-                self.cache.pad(req.slot, n)
-                stats.kv_padding += n
-                out.append(req)
-        return out
 
 
 class NativeVerifier:

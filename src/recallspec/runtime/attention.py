@@ -4,9 +4,10 @@ For sequence b of a batch, query row i (local) may attend to
   * every cached key of its sequence (positions < cache_len), and
   * the new rows that are its ancestors in the draft tree, and itself,
 and, for sliding-window layers, only keys whose position is within the window:
-``pos_q - pos_k < window``. In padded-KV mode a slot's cached prefix may contain
-padding entries (``meta.cache_valid[b]`` False) that no query sees; positions of the
-cached keys are then their logical positions (the count of real keys before them).
+``pos_q - pos_k < window``. A slot's cached prefix may contain masked entries
+(``meta.cache_valid[b]`` False, ``KVCache.pad``: EMS-SD's padded-KV benchmark ablation)
+that no query sees; positions of the cached keys are then their logical positions (the
+count of real keys before them).
 
 A mask is a bool tensor ``[n_b, kv_len_b]`` (True = attend) or ``None`` when the
 query may see every key (a single chain token with no window cut).

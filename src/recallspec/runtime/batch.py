@@ -35,10 +35,12 @@ class SequenceInput:
     tokens: Sequence[int]  # new tokens, length n >= 1
     parents: Sequence[int] | None = None  # local parents, None = chain
     logits: str = "all"  # which rows need logits: "all", "last" or "none"
-    # Padded-KV mode only (EMS-SD's vanilla baseline): the slot's cached prefix may hold
-    # padding entries that no query may see. ``cache_valid`` is [cache_len] bool (None =
-    # every cached key is real) and ``start_pos`` the logical position of the first new
-    # row (None = cache_len; smaller when the prefix holds padding).
+    # Masked KV entries (``KVCache.pad``; written only by EMS-SD's padded-KV baselines, a
+    # benchmark ablation): the slot's cached prefix may hold entries that no query may
+    # see. ``cache_valid`` is [cache_len] bool (None = every cached key is real) and
+    # ``start_pos`` the logical position of the first new row (None = cache_len; smaller
+    # when the prefix holds masked entries). Generic here because the native forward's
+    # C++ side implements the mask (``csrc/native/native_plan.cpp``).
     cache_valid: torch.Tensor | None = None
     start_pos: int | None = None
 

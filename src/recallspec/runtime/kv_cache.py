@@ -10,9 +10,13 @@ sequence's committed tokens, in order. A forward may write speculative rows past
 length; ``commit`` then keeps the accepted ones (compacting a tree path) and the rest
 is garbage that later writes overwrite.
 
-Padded-KV mode (EMS-SD's vanilla baseline) may append *padding* entries to a slot
-(``pad``): they count towards the slot's length but are never attended to.
-``valid_prefix`` gives the mask of real entries; ``logical_length`` counts them.
+Masked entries: ``pad`` appends entries to a slot that count towards its length but
+are never attended to (nothing in the engine writes them; EMS-SD's padded-KV baselines,
+a benchmark ablation in ``bench/padded_layouts.py``, do). ``valid_prefix`` gives the mask
+of real entries, ``logical_length`` counts them, and every reader of a slot honours
+them (``SequenceInput.cache_valid``). The capability stays here, generic, because the
+native forward implements the mask in C++ (``csrc/native/native_plan.cpp``): moving it
+out would change the C++ side.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Requests are validated strictly (pydantic, from the raw JSON): wrong types, missing or
 unknown fields and parameters we do not implement are a 400 naming the field, never a
 guess. Extensions: ``top_k`` and ``ignore_eos`` (as vLLM), and a ``recallspec`` object
-choosing the drafter, its options and the mode (draft sizing or batch layout) per
+choosing the drafter, its options and the mode (the draft sizing, adaptive or fixed) per
 request (drafter "none" turns speculation off), the response-memory tenant and whether
 the request uses the memory, and asking for the generated token ids. The tenant is
 ``recallspec.tenant``, else OpenAI's ``user``: requests of one tenant draft from each
@@ -41,8 +41,9 @@ class Extension(_Strict):
 
     drafter: StrictStr | None = None  # a registered drafter; "none" = no speculation
     drafter_options: dict[StrictStr, Scalar] = Field(default_factory=dict)
-    # "adaptive" / "fixed" (draft sizing) or a batch layout (ems, vanilla, ...: fixed
-    # sizes); None: the server's --mode, else the drafter's sizing (cost-aware).
+    # "adaptive" / "fixed" (draft sizing; a batch-layout word is a 400: EMS-SD's padded
+    # layouts are a benchmark ablation); None: the server's --mode, else the drafter's
+    # sizing (cost-aware).
     mode: StrictStr | None = None
     return_token_ids: StrictBool = False  # choices carry ``token_ids`` (deltas when streamed)
     # Response memory: the partition this request reads and feeds (default: ``user``),
