@@ -55,6 +55,9 @@ class EngineConfig:
     prefill_chunk: int = 512  # prompt tokens per step (ride in the decoding forward)
     max_draft_nodes: int = MAX_DRAFT_NODES  # cap on draft-tree nodes per sequence and step
     threads: int | None = None  # cores for decoding; default torch.get_num_threads()
+    # Prefix reuse (``engine/prefix_cache.py``): a request starts from the KV a finished
+    # request of its tenant left in a free slot for the longest prefix of its prompt.
+    prefix_cache: bool = True
     # Requests that name no drafter get this one: a spec as the command line takes it
     # ("name" or "name:key=value:...", parsed here into ``default_drafter``) or a
     # ``DrafterSpec``. The library's default is plain decoding (the exact reference, no

@@ -44,6 +44,7 @@ from recallspec.engine.outputs import (
     hit_stop,
     take_output,
 )
+from recallspec.engine.prefix_cache import PrefixCache
 from recallspec.engine.prompts import Prompt
 from recallspec.engine.request import Request, RequestStatus
 from recallspec.engine.runner import NativeVerifier, Runner
@@ -87,7 +88,8 @@ class Engine:
         self._cost_curve: CostCurve | None = None
         self.planner = DraftPlanner(self.config.max_draft_nodes, self.cost_curve)
         self.scheduler = Scheduler(self.cache, self.config.max_batch_size,
-                                   self.config.prefill_chunk)
+                                   self.config.prefill_chunk,
+                                   PrefixCache() if self.config.prefix_cache else None)
         self.runner = Runner(model, self.cache, self.max_len, self.threads)
         self.drafters = DrafterPool(self.drafter_context, self.config, lambda: {
             id(r.drafter) for r in chain(self.scheduler.waiting, self.scheduler.running.values())})

@@ -32,6 +32,7 @@ class GenerationResult:
     prefill_time: float
     error: str | None = None  # set (with finish_reason "error") when the request failed
     latency: float = 0.0  # seconds from the request's arrival (or the call) to its end
+    cached_tokens: int = 0  # prompt tokens whose KV was reused, not prefilled (prefix cache)
 
     @property
     def new_tokens(self) -> int:
@@ -168,7 +169,7 @@ def take_output(req: Request, decode: Decode) -> RequestOutput:
             prompt_tokens=len(req.prompt), token_ids=list(ids), text=text,
             finish_reason=req.finish_reason or "length", accept_lengths=list(req.accept_lengths),
             wall_time=now - req.t_start if req.t_start else 0.0, prefill_time=req.prefill_time,
-            error=req.error, latency=now - req.arrival,
+            error=req.error, latency=now - req.arrival, cached_tokens=req.reused,
         )
     else:
         stop = req.params.stop

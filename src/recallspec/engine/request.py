@@ -73,6 +73,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     slot: int = -1
     prefilled: int = 0  # prompt tokens already in the KV cache
+    reused: int = 0  # of them, tokens whose KV a previous request left (prefix cache)
     generated: list[int] = field(default_factory=list)  # committed tokens incl. a final EOS
     accept_lengths: list[int] = field(default_factory=list)  # tokens per verification step
     finish_reason: str | None = None

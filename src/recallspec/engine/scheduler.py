@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from recallspec.engine.prefix_cache import PrefixCache
 from recallspec.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -59,8 +60,12 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, cache: KVCache, max_batch_size: int, prefill_chunk: int) -> None:
+    def __init__(
+        self, cache: KVCache, max_batch_size: int, prefill_chunk: int,
+        prefix: PrefixCache | None = None,
+    ) -> None:
         self.cache = cache
+        self.prefix = prefix  # None: every prompt is prefilled from its first token
         self.max_batch_size = max_batch_size
         self.prefill_chunk = prefill_chunk
         self.waiting: deque[Request] = deque()  # arrival order
@@ -98,7 +103,14 @@ class Scheduler:
         admitted = []
         while self.waiting and self.free_slots > 0 and self.waiting[0].arrival <= now:
             req = self.waiting.popleft()
-            req.slot = self.cache.allocate()
+            if self.prefix is None:
+                req.slot = self.cache.allocate()
+            else:  # the free slot holding the longest prefix of its prompt
+                slot, reused = self.prefix.choose(req.prompt, req.tenant,
+                                                  self.cache.free_slot_ids())
+                req.slot = self.cache.allocate(slot)
+                self.cache.resume(slot, reused)
+                req.prefilled = req.reused = reused
             req.status = RequestStatus.PREFILLING
             req.t_start = now
             self.running[req.rid] = req
@@ -108,11 +120,23 @@ class Scheduler:
     def release(self, req: Request) -> None:
         """Take a request out: its slot back to the cache (or out of the queue)."""
         if req.slot >= 0:
+            if self.prefix is not None:
+                self._keep_prefix(req)
             self.cache.release(req.slot)
             req.slot = -1
         if self.running.pop(req.rid, None) is None and req in self.waiting:
             self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
+
+    def _keep_prefix(self, req: Request) -> None:
+        """Let the slot retain its rows for later prompts, unless the request failed or
+        was aborted (its rows are never reused) or the slot holds padding entries."""
+        assert self.prefix is not None
+        n = self.cache.length(req.slot)
+        if req.finish_reason in ("error", "abort") or self.cache.valid_prefix(req.slot) is not None:
+            self.prefix.forget(req.slot)
+        else:  # rows [0, n): the prompt, then the generated tokens fed back as roots
+            self.prefix.retain(req.slot, (req.prompt + req.generated)[:n], req.tenant)
 
     # ---- the step ----------------------------------------------------------------
     def schedule(self) -> StepPlan:

@@ -90,11 +90,17 @@ class KVCache:
         self._free = list(range(num_slots - 1, -1, -1))
 
     # ---- slot lifecycle -------------------------------------------------
-    def allocate(self) -> int:
-        """Take a free slot (length 0)."""
+    def allocate(self, slot: int | None = None) -> int:
+        """Take a free slot (length 0): ``slot`` if given (it must be free), else the
+        next one. Its rows stay as they were until written (``resume``)."""
         if not self._free:
             raise KVCacheFullError(f"all {self.num_slots} KV-cache slots are in use")
-        slot = self._free.pop()
+        if slot is None:
+            slot = self._free.pop()
+        elif slot in self._free:
+            self._free.remove(slot)
+        else:
+            raise ValueError(f"slot {slot} is not free")
         self._lengths[slot] = 0
         self._holes[slot] = 0
         self._valid[slot] = True
@@ -107,9 +113,24 @@ class KVCache:
         self._lengths[slot] = 0
         self._free.append(slot)
 
+    def resume(self, slot: int, length: int) -> None:
+        """Take the first ``length`` rows of a freshly allocated slot as committed: they
+        hold the keys and values of the tokens its new sequence starts with (a prefix
+        kept from the slot's previous sequence, ``engine/prefix_cache.py``)."""
+        self._check_slot(slot)
+        if self._lengths[slot] or self._holes[slot] or slot in self._free:
+            raise ValueError(f"slot {slot} must be freshly allocated to resume")
+        if not 0 <= length <= self.max_len:
+            raise ValueError(f"cannot resume {length} rows of {self.max_len}")
+        self._lengths[slot] = length
+
     @property
     def free_slots(self) -> int:
         return len(self._free)
+
+    def free_slot_ids(self) -> list[int]:
+        """The free slots, the next one ``allocate`` would take first."""
+        return self._free[::-1]
 
     def length(self, slot: int) -> int:
         self._check_slot(slot)
