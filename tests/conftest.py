@@ -1,18 +1,22 @@
-"""Shared fixtures: the real default model (loaded once) and real benchmark prompts."""
+"""Shared fixtures: the real default model (loaded once) and real benchmark prompts.
+
+Helpers shared by test files live at tests/ root in modules that hold no tests: the
+``*_helpers.py`` modules (``stats_helpers``, ``engine_helpers``, ...), ``helpers.py``,
+``availability.py``, ``sam_bruteforce.py``, ``fake_llama_server.py`` and ``pg_server.py``;
+they are imported by their own name (``pythonpath = ["tests"]``). A test file imports
+only from those, never from another ``test_*.py`` file nor from this conftest (importing
+a test module re-collects its tests' names and couples the files); a helper one test file
+uses stays in that file.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 
 import pytest
 from availability import spec_bench_path
-
-# The weight format the real-model engine tests run on: "auto" (the default: the GGUF's
-# own blocks through the quantized kernel) or "float32" (the reference path); CI runs the
-# lossless tests on both (`make test-portable`).
-TEST_DTYPE = os.environ.get("RECALLSPEC_TEST_DTYPE", "auto")
+from real_model_helpers import TEST_DTYPE
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_helpers import fake_engine
 from fake_llama_server import install
 
 from recallspec.bench.answers import answers_path, read_answers
@@ -23,7 +24,6 @@ from recallspec.bench.peers import ChildMethod, PeerCrashed, ServerMethod
 from recallspec.bench.report import write_report
 from recallspec.bench.runner import BenchConfig, run_bench
 from recallspec.bench.suites import load_suite
-from tests.bench.test_bench_suite import fake_engine
 
 WORKER = """
 import ctypes, json, sys

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from helpers import FoldedByteTokenizer, needs_model
+from replay_helpers import V, cycle_model, grid_curve
 
 from recallspec.bench.replay import ReplayConfig, load_ar_answers
 from recallspec.bench.scale import DEFAULT_MATRIX, ScaleConfig, _derive, parse_entries
@@ -19,7 +20,6 @@ from recallspec.bench.scale_report import render_scale_markdown
 from recallspec.engine import Engine, EngineConfig
 from recallspec.errors import DataError
 from recallspec.runtime.cost_curve import CostCurve
-from tests.bench.test_replay_time import V, cycle_model, grid_curve
 
 
 def test_matrix_and_config_are_checked() -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from availability import requires
-from helpers import BigramModel, needs_model, successor_model
+from bench_helpers import FakeModel, FakeTokenizer, fake_engine
+from helpers import needs_model
 
 from recallspec.bench.answers import answers_path, read_answers, validate_record
 from recallspec.bench.report import OVERALL, write_report
@@ -25,34 +25,6 @@ from recallspec.bench.suites import SUITES, SuiteSelection, load_suite, select
 from recallspec.cli import main
 from recallspec.engine import Engine, EngineConfig
 from recallspec.errors import DataError, UnknownNameError
-
-V = 256
-
-
-class FakeTokenizer:
-    has_chat_template = False
-    eos_token_ids = frozenset({0})
-
-    def encode(self, text: str) -> list[int]:
-        return [b or 1 for b in text.encode("utf-8")]
-
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.encode(text)
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(int(i) for i in ids).decode("latin-1")
-
-
-def FakeModel(seed: int = 0) -> BigramModel:
-    """Logits put all mass on perm[token]: deterministic, cyclic, so PLD finds matches."""
-    g = torch.Generator().manual_seed(seed)
-    return successor_model(torch.randperm(V, generator=g))
-
-
-def fake_engine() -> Engine:
-    # mode="fixed": methods naming a drafter draft at fixed sizes unless they say mode=.
-    return Engine(FakeModel(), FakeTokenizer(), EngineConfig(max_len=1024, mode="fixed"))
-
 
 # ---- suites ------------------------------------------------------------------------
 

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from engine_helpers import make_engine
 
 from recallspec.data.corpus_files import iter_documents
 from recallspec.data.selfgen import SelfGenConfig, generate_corpus, iter_prompts, read_done
 from recallspec.errors import DataError
-from tests.engine.test_engine_fake import make_engine
 
 
 def _prompts(tmp: Path) -> Path:

@@ -10,7 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from engine_helpers import FP, PROMPTS, bigram_table, make_fingerprinted_engine
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
+from stats_helpers import chi2_pvalue
 
 from recallspec.bench.padded_layouts import padded_layout
 from recallspec.drafters import create_drafter
@@ -32,24 +34,6 @@ from recallspec.recall.automata import StaticIndex
 from recallspec.spec.draft_sizing import N_STATES
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
-from tests.spec.test_verify import chi2_pvalue
-
-PROMPTS = [b"abcabcabcab", b"hello hello hello", b"xyz", b"the cat sat on the mat; the cat"]
-FP = "byte-tokenizer-test"
-
-
-class FingerprintedBytes(ByteTokenizer):
-    fingerprint = FP
-
-
-def bigram_table(v: int = 256, seed: int = 0) -> torch.Tensor:
-    return torch.randn(v, v, generator=torch.Generator().manual_seed(seed)) * 3
-
-
-def make_engine(**cfg: Any) -> Engine:
-    cfg.setdefault("max_draft_nodes", 60)
-    cfg.setdefault("mode", "fixed")  # named drafters at fixed sizes unless a test says
-    return Engine(BigramModel(bigram_table()), FingerprintedBytes(), EngineConfig(**cfg))
 
 
 def noisy_draft_model() -> BigramModel:
@@ -73,7 +57,7 @@ def bigram_cases() -> list[tuple[str, dict[str, Any]]]:
 @pytest.mark.parametrize(("drafter", "options"), bigram_cases())
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_identical_to_ar_bigram(drafter: str, options: dict[str, Any], batch: int) -> None:
-    eng = make_engine(max_batch_size=batch)
+    eng = make_fingerprinted_engine(max_batch_size=batch)
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (40, 17, 33, 5)]
     prompts = [list(p) for p in PROMPTS]
     ar = eng.generate(prompts, params, drafter="none")
@@ -104,7 +88,7 @@ def test_draft_model_kv_cache_follows_committed_text() -> None:
     draft = noisy_draft_model()
     d = create_drafter("draft-model", model=draft, slots=2, max_len=128)
     assert isinstance(d, DraftModelDrafter)
-    eng = make_engine()
+    eng = make_fingerprinted_engine()
     seen: list[tuple[list[int], list[int]]] = []
     orig = d.observe
 
@@ -222,7 +206,7 @@ def test_context_names_the_next_proposals_source(tmp_path: Path, name: str) -> N
 def test_static_index_fingerprint_checked(tmp_path: Path) -> None:
     path = tmp_path / "c.idx"
     StaticIndex.build([list(b"some text")], 256, "other-tokenizer", path)
-    eng = make_engine()
+    eng = make_fingerprinted_engine()
     with pytest.raises(IndexFileError, match="different tokenizer"):
         eng.generate(list(b"some"), SamplingParams(max_new_tokens=3), drafter="sam",
                      drafter_options={"index": str(path)})
@@ -232,7 +216,7 @@ def test_static_index_fingerprint_checked(tmp_path: Path) -> None:
 
 
 def test_sam_with_static_index_lossless_bigram(tmp_path: Path) -> None:
-    eng = make_engine(max_batch_size=2)
+    eng = make_fingerprinted_engine(max_batch_size=2)
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     prompts = [list(p) for p in PROMPTS]
     ar = eng.generate(prompts, params, drafter="none")

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
+from stats_helpers import chi2_pvalue
 
 from recallspec.drafters import create_drafter
 from recallspec.drafters.recycling import (
@@ -23,7 +24,6 @@ from recallspec.drafters.recycling import (
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
-from tests.spec.test_verify import chi2_pvalue
 
 
 def _paths(tpl: TreeTemplate) -> list[tuple[int, ...]]:

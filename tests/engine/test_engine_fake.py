@@ -6,22 +6,13 @@ import time
 
 import pytest
 import torch
+from engine_helpers import PROMPTS, make_engine
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
+from stats_helpers import chi2_pvalue
 
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import ContextLengthError, DataError, UnknownNameError
 from recallspec.spec.sampling import SamplingParams
-from tests.spec.test_verify import chi2_pvalue
-
-
-def make_engine(v: int = 256, seed: int = 0, **cfg: object) -> Engine:
-    g = torch.Generator().manual_seed(seed)
-    table = torch.randn(v, v, generator=g) * 3
-    cfg.setdefault("mode", "fixed")  # named drafters at fixed sizes unless a test says
-    return Engine(BigramModel(table), ByteTokenizer(), EngineConfig(**cfg))  # type: ignore[arg-type]
-
-
-PROMPTS = [b"abcabcabcab", b"hello hello hello", b"xyz", b"the cat sat on the mat; the cat"]
 
 
 @pytest.mark.parametrize("drafter", ["pld", "llma"])

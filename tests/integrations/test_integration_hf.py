@@ -23,12 +23,12 @@ from availability import IN_CI
 transformers = pytest.importorskip("transformers")
 
 from helpers import needs_model  # noqa: E402
+from stats_helpers import chi2_pvalue  # noqa: E402
 
 import recallspec.integrations.hf as rs_hf  # noqa: E402
 from recallspec.drafters import Drafter, create_drafter  # noqa: E402
 from recallspec.spec.sampling import SamplingParams, probabilities  # noqa: E402
 from recallspec.spec.tree import DraftTree  # noqa: E402
-from tests.spec.test_verify import chi2_pvalue  # noqa: E402
 
 DRAFTERS = ("pld", "sam", "sam+recycling")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from helpers import BigramModel, ByteTokenizer
+from real_model_helpers import TEST_DTYPE
 
 from recallspec.drafters.sam import CORPUS, SamDrafter
 from recallspec.engine import Engine, EngineConfig, GenerationResult
@@ -18,7 +19,6 @@ from recallspec.errors import DataError, IndexFileError
 from recallspec.recall.automata import StaticIndex
 from recallspec.recall.live_corpora import CorpusInfo, is_within
 from recallspec.spec.sampling import SamplingParams
-from tests.conftest import TEST_DTYPE
 
 NEW_TOKENS = 32
 SUBMIT_BOUND_S = 0.05  # adding a corpus returns at once: the work is in the background

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from datastore_helpers import DOCS, build, paths
+from engine_helpers import FP, PROMPTS, make_fingerprinted_engine
 from helpers import needs_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,10 +34,6 @@ from recallspec.recall.datastore.suffix_array import match_range, suffix_array
 from recallspec.recall.datastore.trie import top_k_trie
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
-from tests.drafters.test_drafters_sam import FP, PROMPTS, make_engine
-
-DOCS = [list(b"the quick brown fox jumps over the lazy dog"), list(b"the quick red fox"),
-        list(b"lorem ipsum dolor sit amet, the quick"), list(b"abcabcabcabc")]
 
 
 # -- suffix array and trie ------------------------------------------------------
@@ -63,13 +61,6 @@ def brute_trie_counts(rows: list[list[int]]) -> collections.Counter[tuple[int, .
     return c
 
 
-def paths(tree: DraftTree) -> list[tuple[int, ...]]:
-    out: list[tuple[int, ...]] = []
-    for i, p in enumerate(tree.parents.tolist()):
-        out.append((*(out[p] if p >= 0 else ()), int(tree.tokens[i])))
-    return out
-
-
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.integers(-1, 4), min_size=3, max_size=3), max_size=30),
        st.integers(1, 20))
@@ -87,11 +78,6 @@ def test_top_k_trie_is_the_most_frequent_prefix_closed_set(rows: list[list[int]]
 
 
 # -- REST file ------------------------------------------------------------------
-def build(tmp_path: Path, docs: list[list[int]] = DOCS, name: str = "c.rest") -> RestDatastore:
-    return build_rest(docs, vocab_size=256, tokenizer_fingerprint=FP, path=tmp_path / name,
-                      metadata={"test": 1})
-
-
 def test_rest_retrieve_brute_force(tmp_path: Path) -> None:
     ds = build(tmp_path)
     assert ds.n_tokens == sum(map(len, DOCS)) and ds.n_docs == 4
@@ -271,7 +257,7 @@ def test_measure_codecs(tmp_path: Path) -> None:
 def bigram_corpus(tmp_path: Path) -> tuple[str, str]:
     """REST and CREST datastores over the bigram engine's own greedy outputs (so drafts
     are accepted) plus unrelated text."""
-    eng = make_engine()
+    eng = make_fingerprinted_engine()
     outs = eng.generate([list(p) for p in PROMPTS],
                         [SamplingParams(max_new_tokens=30, ignore_eos=True)] * len(PROMPTS))
     assert isinstance(outs, list)
@@ -285,7 +271,7 @@ def bigram_corpus(tmp_path: Path) -> tuple[str, str]:
 @pytest.mark.parametrize("batch", [1, 3])
 def test_rest_crest_greedy_identical_to_ar_bigram(tmp_path: Path, batch: int) -> None:
     rest, crest = bigram_corpus(tmp_path)
-    eng = make_engine(max_batch_size=batch, max_draft_nodes=16)
+    eng = make_fingerprinted_engine(max_batch_size=batch, max_draft_nodes=16)
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (40, 17, 33, 5)]
     prompts = [list(p) for p in PROMPTS]
     ar = eng.generate(prompts, params, drafter="none")

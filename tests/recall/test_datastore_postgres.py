@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from datastore_helpers import DOCS, build, paths
+from engine_helpers import FP, PROMPTS, make_fingerprinted_engine
 from pg_server import postgres_dsn, unavailable
 
 from recallspec.cli import main as cli_main
@@ -23,8 +25,6 @@ from recallspec.recall.datastore.errors import (
 from recallspec.recall.datastore.store import open_tree_store
 from recallspec.recall.datastore.store_postgres import PostgresTreeStore, connect, write_postgres
 from recallspec.spec.sampling import SamplingParams
-from tests.drafters.test_drafters_sam import FP, PROMPTS, make_engine
-from tests.recall.test_datastore import DOCS, build, paths
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_postgres_errors(pg: str, tmp_path: Path) -> None:
 
 
 def test_postgres_crest_drafter_lossless(pg: str, tmp_path: Path) -> None:
-    eng = make_engine(max_draft_nodes=16)
+    eng = make_fingerprinted_engine(max_draft_nodes=16)
     prompts = [list(p) for p in PROMPTS]
     params = SamplingParams(max_new_tokens=30, ignore_eos=True)
     ar = eng.generate(prompts, [params] * len(prompts), drafter="none")

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
+from real_model_helpers import TEST_DTYPE
+from stats_helpers import chi2_pvalue
 
 from recallspec.drafters.base import create_drafter
 from recallspec.drafters.portfolio import PortfolioDrafter
@@ -22,8 +24,6 @@ from recallspec.recall.memory.snapshot import load_snapshot
 from recallspec.recall.request_cursors import WARM_TOKENS, RecallCursors
 from recallspec.recall.view import RecallSource
 from recallspec.spec.sampling import SamplingParams
-from tests.conftest import TEST_DTYPE
-from tests.spec.test_verify import chi2_pvalue
 
 NEW_TOKENS = 32
 Real = tuple[Any, list[list[int]], list[GenerationResult]]

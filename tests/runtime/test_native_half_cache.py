@@ -10,15 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from recallspec import _kernels
-from recallspec.engine import Engine
-from recallspec.models import CausalLM
-from recallspec.runtime import isa
-from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.runtime.kv_cache import KVCache
-from recallspec.spec.sampling import SamplingParams
-from tests.runtime.test_native_forward import (
+from native_forward_helpers import (
     _check,
     _forward_with,
     _fresh,
@@ -29,7 +21,15 @@ from tests.runtime.test_native_forward import (
     smol_dense,
 )
 
-__all__ = ["prompt_ids", "smol", "smol_dense"]  # (fixtures shared with test_native_forward)
+from recallspec import _kernels
+from recallspec.engine import Engine
+from recallspec.models import CausalLM
+from recallspec.runtime import isa
+from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.runtime.kv_cache import KVCache
+from recallspec.spec.sampling import SamplingParams
+
+__all__ = ["prompt_ids", "smol", "smol_dense"]  # (fixtures: native_forward_helpers)
 F16 = torch.float16
 
 

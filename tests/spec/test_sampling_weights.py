@@ -10,11 +10,11 @@ import collections
 import numpy as np
 import pytest
 import torch
+from stats_helpers import chi2_pvalue
 
 from recallspec import _kernels
 from recallspec.runtime import isa
 from recallspec.spec.sampling import SamplingParams, Weights, probabilities
-from tests.spec.test_verify import chi2_pvalue
 
 
 def _logits(n: int, seed: int, spread: float = 4.0) -> torch.Tensor:

@@ -6,6 +6,7 @@ import collections
 
 import pytest
 import torch
+from stats_helpers import chi2_pvalue
 
 from recallspec.spec.sampling import SamplingParams, inverse_cdf, probabilities
 from recallspec.spec.tree import DraftTree, limit_depth
@@ -77,18 +78,6 @@ def test_tree_validation() -> None:
         DraftTree.from_lists([1, 2], [0, -1])
     t = limit_depth(DraftTree.from_lists([1, 2, 3, 4], [-1, 0, 1, -1]), 2)
     assert t.tokens.tolist() == [1, 2, 4] and t.parents.tolist() == [-1, 0, -1]
-
-
-def chi2_pvalue(counts: dict[int, int], probs: torch.Tensor, n: int) -> float:
-    """Pearson chi-square goodness of fit, p-value via the regularized gamma function."""
-    support = [i for i in range(len(probs)) if probs[i] > 0]
-    stat = 0.0
-    for i in support:
-        e = n * float(probs[i])
-        stat += (counts.get(i, 0) - e) ** 2 / e
-    assert sum(counts.get(i, 0) for i in support) == n, "sample outside the support"
-    dof = len(support) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
 
 
 @pytest.mark.parametrize("params", [

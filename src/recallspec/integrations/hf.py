@@ -290,7 +290,11 @@ class _Runner:
         of the whole batch; then the cache keeps each row's accepted entries."""
         for row in active:  # a deeper path would be cut anyway
             row.depth_limit = self.limit - self.length[row.index] - 1
-        verifier = _TreeForward(self, layout)
+        verifier = _TreeForward(
+            self.model, self.cache, layout, self.dtype, self.windows, self.do_sample,
+            {row.index: _Scoring(self.row_procs[row.index],
+                                 self.out[row.index : row.index + 1, : self.length[row.index]])
+             for row in active})
         out = speculative_step(self.planner, active, [self.max_nodes] * len(active),
                                verifier, self._commit)
         if out.failed:  # no per-row failure here: the call fails
@@ -299,13 +303,6 @@ class _Runner:
         keep = [[0] + [n + 1 for n in c.verdict.accepted_nodes[: len(c.taken) - 1]]
                 for c in out.committed]
         return ht.keep_accepted(self.cache, layout, verifier.qpos, keep)
-
-    def _verify(self, row: _Row, tree: DraftTree, logits: torch.Tensor) -> Verdict:
-        o, n = row.index, self.length[row.index]
-        scores = hl.process(self.row_procs[o], self.out[o : o + 1, :n], tree, logits)
-        if self.do_sample:
-            return verify_sampling(tree, scores, _SAMPLE)
-        return verify_greedy(tree, scores)
 
     def _commit(self, row: _Row, tokens: list[int]) -> list[int]:
         """Append tokens one by one until the row ends; the taken ones. A row ends when
@@ -340,28 +337,52 @@ class _Runner:
         self.out = wider
 
 
+@dataclass(frozen=True)
+class _Scoring:
+    """What a row's verdict reads besides its logits: the row's logits processors and
+    its output so far (``[1, n]``: their context)."""
+
+    processors: Any
+    prefix: torch.Tensor
+
+
 class _TreeForward:
     """The ``Verifier`` of one step: one forward of every row's root and tree under a
-    4D tree mask, each row's logits processed and verified as ``generate`` would."""
+    4D tree mask (on ``cache`` laid out as ``layout``), each row's logits processed and
+    verified as ``generate`` would (``scoring``: by row index)."""
 
-    def __init__(self, runner: _Runner, layout: ht.Layout) -> None:
-        self.runner, self.layout = runner, layout
+    def __init__(
+        self, model: Any, cache: Any, layout: ht.Layout, dtype: torch.dtype,
+        windows: ht.Windows, do_sample: bool, scoring: Mapping[int, _Scoring],
+    ) -> None:
+        self.model, self.cache, self.layout = model, cache, layout
+        self.dtype, self.windows = dtype, windows
+        self.do_sample, self.scoring = do_sample, scoring
         self.qpos: Any = None  # the step's query positions (``ht.keep_accepted``)
 
     def verify(
         self, rows: Sequence[_Row], trees: Sequence[DraftTree]
     ) -> tuple[list[Verified[_Row]], list[tuple[_Row, Exception]]]:
-        r = self.runner
         inp = ht.step_inputs([row.text[-1] for row in rows], list(trees),
-                             [row.root_pos for row in rows], self.layout, r.dtype, r.windows)
+                             [row.root_pos for row in rows], self.layout, self.dtype,
+                             self.windows)
         self.qpos = inp.qpos
-        out = r.model(input_ids=inp.input_ids, position_ids=inp.position_ids,
-                      attention_mask=inp.attention_mask, past_key_values=r.cache,
-                      use_cache=True)
+        out = self.model(input_ids=inp.input_ids, position_ids=inp.position_ids,
+                         attention_mask=inp.attention_mask, past_key_values=self.cache,
+                         use_cache=True)
         logits = out.logits.float()
         verified = []
         for i, (row, tree) in enumerate(zip(rows, trees, strict=True)):
             row_logits = logits[i, : len(tree) + 1]
             rows_out = row_logits.cpu() if row.drafter.needs_logits else None
-            verified.append(Verified(row, tree, r._verify(row, tree, row_logits), rows_out))
+            verdict = self._verdict(self.scoring[row.index], tree, row_logits)
+            verified.append(Verified(row, tree, verdict, rows_out))
         return verified, []
+
+    def _verdict(self, scoring: _Scoring, tree: DraftTree, logits: torch.Tensor) -> Verdict:
+        """The accepted path as ``generate`` would decode it: the row's processors on
+        every node's logits, then greedy or sampled acceptance."""
+        scores = hl.process(scoring.processors, scoring.prefix, tree, logits)
+        if self.do_sample:
+            return verify_sampling(tree, scores, _SAMPLE)
+        return verify_greedy(tree, scores)
