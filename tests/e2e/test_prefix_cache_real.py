@@ -35,7 +35,7 @@ def _turns(eng: Engine, chats: list[list[dict[str, str]]], follow: list[str], dr
     out: list[list[GenerationResult]] = [[] for _ in chats]
     params = SamplingParams(max_new_tokens=NEW)
     for k in range(len(follow) + 1):
-        got = eng.generate([eng.encode_prompt(c, chat=True) for c in chats], params,
+        got = eng.generate([eng.prompt_ids(c) for c in chats], params,
                            drafter=drafter)
         for i, r in enumerate(got):
             out[i].append(r)

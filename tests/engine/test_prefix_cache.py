@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import pytest
+from engine_helpers import make_engine
 
+from recallspec.drafters import Drafter
 from recallspec.engine.prefix_cache import PrefixCache, common_prefix
+from recallspec.spec.sampling import SamplingParams
+from recallspec.spec.tree import DraftTree
+
+
+class Failing(Drafter):
+    """A drafter whose proposals raise: its request fails."""
+
+    name = "failing"
+
+    def start(self, rid: int, prompt: Sequence[int]) -> None: ...
+
+    def propose(self, rid: int, max_nodes: int) -> DraftTree:
+        raise RuntimeError("boom")
+
+    def observe(self, *a: Any) -> None: ...
+
+    def stop(self, rid: int) -> None: ...
 
 
 def test_common_prefix() -> None:
@@ -50,3 +72,49 @@ def test_eviction_order_empty_then_least_recent() -> None:
     assert pc.stats().retained_slots == 0
     with pytest.raises(ValueError):
         pc.choose([1], "", [])
+
+
+def _run(eng: Any, prompt: list[int], n: int, abort_after: int | None = None) -> Any:
+    rid = eng.add_request(prompt, SamplingParams(max_new_tokens=n))
+    steps = 0
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.finished and o.rid == rid:
+                return o.result
+        steps += 1
+        if abort_after is not None and steps == abort_after:
+            out = eng.abort(rid)
+            assert out is not None and out.result is not None
+            return out.result
+    raise AssertionError("no result")
+
+
+def test_engine_reuses_finished_requests_but_not_aborted_or_failed_ones() -> None:
+    eng = make_engine(max_batch_size=1)
+    prompt = list(b"the cat sat on the mat; the cat sat")
+    first = _run(eng, prompt, 6)
+    again = _run(eng, prompt, 6)
+    assert (first.cached_tokens, again.cached_tokens) == (0, len(prompt) - 1)
+    assert again.token_ids == first.token_ids
+    # A longer prompt extending the first answer's transcript reuses it all.
+    longer = prompt + first.token_ids + list(b" and then")
+    assert _run(eng, longer, 3).cached_tokens >= len(prompt) + len(first.token_ids) - 1
+    # Aborted: its slot's rows are not offered again.
+    _run(eng, list(b"xyzxyzxyzxyz"), 20, abort_after=2)
+    assert eng.scheduler.prefix is not None
+    assert eng.scheduler.prefix.stats().retained_slots == 0
+    # Failed (its drafter raised): the same.
+    _run(eng, list(b"qrsqrsqrs"), 4)
+    assert eng.scheduler.prefix.stats().retained_slots == 1
+    with pytest.raises(RuntimeError, match="boom"):  # (before this fix: "a batch needs at
+        # least one sequence" from the step after the only request's drafter failed)
+        eng.generate(list(b"qrsqrsqrs"), SamplingParams(max_new_tokens=4), drafter=Failing())
+    assert not eng.has_unfinished()
+    assert eng.scheduler.prefix.stats().retained_slots == 0
+
+
+def test_prefix_cache_off() -> None:
+    eng = make_engine(max_batch_size=1, prefix_cache=False)
+    prompt = list(b"hello hello hello")
+    assert _run(eng, prompt, 4).cached_tokens == _run(eng, prompt, 4).cached_tokens == 0
+    assert eng.scheduler.prefix is None

@@ -124,6 +124,34 @@ def test_completions_and_chat_match_offline_greedy(server: Server, engine: Any) 
                 assert chunks[-1].usage.completion_tokens == len(w.token_ids)
 
 
+def test_a_chats_next_turn_starts_from_the_prefix_cache(server: Server, engine: Any) -> None:
+    client = server.client()
+    before = server.wait_idle()
+    msgs = [{"role": "user", "content": "Name three rivers in Europe."}]
+    kw: dict[str, Any] = {"model": MODEL, "max_tokens": 24, "temperature": 0}
+    r1 = client.chat.completions.create(messages=msgs, **kw)  # type: ignore[arg-type]
+    msgs += [{"role": "assistant", "content": r1.choices[0].message.content or ""},
+             {"role": "user", "content": "And three in Asia?"}]
+    r2 = client.chat.completions.create(messages=msgs, **kw)  # type: ignore[arg-type]
+    want = engine.generate(engine.prompt_ids(msgs), SamplingParams(max_new_tokens=24),
+                           drafter="pld")
+    assert r2.choices[0].message.content == want.text
+    assert r1.usage is not None and r2.usage is not None
+    assert r1.usage.prompt_tokens_details is not None
+    assert r2.usage.prompt_tokens_details is not None
+    # The second turn's prompt starts with the first turn's whole prompt (and answer).
+    assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens
+    after = server.wait_idle()
+    hits = total(after, "recallspec:prefix_cache_hits_total") - total(
+        before, "recallspec:prefix_cache_hits_total")
+    queries = total(after, "recallspec:prefix_cache_queries_total") - total(
+        before, "recallspec:prefix_cache_queries_total")
+    assert hits == r2.usage.prompt_tokens_details.cached_tokens + (
+        r1.usage.prompt_tokens_details.cached_tokens or 0)
+    assert queries == r1.usage.prompt_tokens + r2.usage.prompt_tokens
+    assert total(after, "recallspec:prefix_cache_resident_tokens") > 0
+
+
 @dataclass
 class Answer:
     ids: list[int] = field(default_factory=list)

@@ -55,6 +55,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-waiting", type=int, default=256,
                    help="requests waiting for a slot before new ones get 429")
     p.add_argument("--max-len", type=int, default=None, help="KV positions per request")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="prefill every prompt from its first token (default: a request starts "
+                        "from the KV a finished request of its tenant left for the longest "
+                        "prefix of its prompt: a chat's next turn, an agent's next step)")
     p.add_argument("--max-draft-nodes", type=int, default=None, metavar="N",
                    help=MAX_DRAFT_NODES_HELP)
     p.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS)
@@ -116,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
                                      "drafter": drafter, "mode": args.mode,
                                      "memory_tokens": args.memory_tokens,
                                      "memory_prompts": args.memory_prompts,
-                                     "memory_snapshot": args.memory_snapshot}
+                                     "memory_snapshot": args.memory_snapshot,
+                                     "prefix_cache": args.prefix_cache}
         if args.memory_prompt_tail is not None:
             config["memory_prompt_tail"] = args.memory_prompt_tail
         if args.max_len is not None:

@@ -40,11 +40,10 @@ from recallspec.engine.outputs import (
     GenerationResult,
     RequestOutput,
     StepStats,
-    extend_text,
-    hit_stop,
+    commit_tokens,
     take_output,
 )
-from recallspec.engine.prefix_cache import PrefixCache
+from recallspec.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from recallspec.engine.prompts import Prompt
 from recallspec.engine.request import Request, RequestStatus
 from recallspec.engine.runner import NativeVerifier, Runner
@@ -187,6 +186,11 @@ class Engine:
         return self._recall.view(self.scheduler.running.get(rid))
 
     # ---- response memory -------------------------------------------------------------
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The prefix cache's counters (``engine/prefix_cache.py``; None: it is off)."""
+        p = self.scheduler.prefix
+        return None if p is None else p.stats()
+
     def memory_stats(self) -> dict[str, Any]:
         """The response memory's use: tokens, segments and mapped bytes per tenant and in
         all, the budget, evictions, build timings; and the live corpora's totals."""
@@ -369,21 +373,7 @@ class Engine:
 
     def _commit(self, req: Request, tokens: list[int]) -> list[int]:
         """Append committed tokens, applying stop conditions; the tokens taken."""
-        eos = self.tokenizer.eos_token_ids
-        taken: list[int] = []
-        for t in tokens:
-            taken.append(t)
-            if t in eos and not req.params.ignore_eos:
-                req.finish_reason = "eos"
-                break
-            if len(req.generated) + len(taken) >= req.params.max_new_tokens:
-                req.finish_reason = "length"
-                break
-        req.generated.extend(taken)
-        before = len(req.text)
-        extend_text(req, self.tokenizer.decode)
-        if hit_stop(req, before):
-            req.finish_reason = "stop"
+        taken = commit_tokens(req, tokens, self.tokenizer.eos_token_ids, self.tokenizer.decode)
         self._stop_if_cache_full(req)
         return taken
 

@@ -13,7 +13,7 @@ a prefix of the decoding (byte-level BPE; SentencePiece through the offset windo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from recallspec.engine.request import Request
@@ -117,6 +117,28 @@ class RequestOutput:
 # Tokens the detokenizer's window may span before it slides (a second decode, then): one
 # decode per commit otherwise, of a window that stays short.
 DETOK_WINDOW = 32
+
+
+def commit_tokens(
+    req: Request, tokens: list[int], eos: Collection[int], decode: Decode,
+) -> list[int]:
+    """Append committed tokens to ``req`` up to its stop conditions (EOS unless ignored,
+    ``max_new_tokens``, a stop string); the tokens taken."""
+    taken: list[int] = []
+    for t in tokens:
+        taken.append(t)
+        if t in eos and not req.params.ignore_eos:
+            req.finish_reason = "eos"
+            break
+        if len(req.generated) + len(taken) >= req.params.max_new_tokens:
+            req.finish_reason = "length"
+            break
+    req.generated.extend(taken)
+    before = len(req.text)
+    extend_text(req, decode)
+    if hit_stop(req, before):
+        req.finish_reason = "stop"
+    return taken
 
 
 def extend_text(req: Request, decode: Decode) -> None:

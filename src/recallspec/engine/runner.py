@@ -93,6 +93,8 @@ class Runner:
         for c in prefill:
             inputs.append(SequenceInput(c.request.slot, c.start, c.tokens,
                                         logits="last" if c.is_last else "none"))
+        if not inputs:  # every decoding request's drafter failed, and no prompt rides along
+            return StepResult([], [], [], 0)
         meta = build_batch(inputs)
         t_fwd = time.perf_counter()
         with forward_threads(meta.num_tokens, self.threads):

@@ -193,7 +193,8 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
                 break
         if usage:
             c = P.envelope(stream.sub, model_name, chat, chunk=True)
-            c.update(choices=[], usage=P.usage(acc.num_prompt_tokens, n_tokens))
+            cached = P.cached_tokens(out) if isinstance(out, RequestOutput) else 0
+            c.update(choices=[], usage=P.usage(acc.num_prompt_tokens, n_tokens, cached))
             yield _event(c)
         yield "data: [DONE]\n\n"
 

@@ -131,6 +131,7 @@ class EngineLoop:
             for out in eng.step():
                 self._deliver(out)
         self.metrics.queue(eng.num_running, eng.num_waiting)
+        self.metrics.prefix_cache(eng.prefix_cache_stats())
         now = time.perf_counter()
         if now - self._t_state >= STATE_INTERVAL:
             self._t_state = now

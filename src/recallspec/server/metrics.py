@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from recallspec.engine import RequestOutput, SpecStats
+from recallspec.engine.prefix_cache import PrefixCacheStats
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                     1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -65,7 +66,17 @@ class Metrics:
                                    (*m, "status"), registry=r)
         self.corpus_tokens = Gauge("recallspec:corpus_tokens", "Tokens of the ready corpora",
                                    m, registry=r)
+        self.prefix_queries = Counter("recallspec:prefix_cache_queries", "Prompt tokens looked "
+                                      "up in the prefix cache", m, registry=r)
+        self.prefix_hits = Counter("recallspec:prefix_cache_hits", "Prompt tokens whose KV was "
+                                   "reused from the prefix cache (not prefilled)", m, registry=r)
+        self.prefix_evictions = Counter("recallspec:prefix_cache_evictions", "Retained "
+                                        "prefixes dropped for another request's slot", m,
+                                        registry=r)
+        self.prefix_resident = Gauge("recallspec:prefix_cache_resident_tokens", "Tokens "
+                                     "retained for reuse in free KV slots", m, registry=r)
         self._evictions = 0
+        self._prefix_seen = PrefixCacheStats(0, 0, 0, 0, 0)
 
     def queue(self, running: int, waiting: int) -> None:
         self.running.labels(self._model).set(running)
@@ -114,6 +125,19 @@ class Metrics:
         if evictions > self._evictions:
             self.memory_evictions.labels(m).inc(evictions - self._evictions)
         self._evictions = max(self._evictions, evictions)
+
+    def prefix_cache(self, stats: PrefixCacheStats | None) -> None:
+        """The prefix cache's counters (``Engine.prefix_cache_stats()``; None: off)."""
+        if stats is None:
+            return
+        m, seen = self._model, self._prefix_seen
+        for counter, now, before in ((self.prefix_queries, stats.queries, seen.queries),
+                                     (self.prefix_hits, stats.hits, seen.hits),
+                                     (self.prefix_evictions, stats.evictions, seen.evictions)):
+            if now > before:
+                counter.labels(m).inc(now - before)
+        self.prefix_resident.labels(m).set(stats.resident_tokens)
+        self._prefix_seen = stats
 
     def corpora(self, infos: Iterable[Any]) -> None:
         """The corpora registered (``CorpusInfo``s): how many in each status, and the

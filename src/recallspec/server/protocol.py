@@ -215,9 +215,17 @@ def spec_metrics(spec: SpecStats) -> dict[str, Any]:
     }}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: prompt tokens whose
+    KV came from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def cached_tokens(out: RequestOutput) -> int:
+    """Prompt tokens of a finished request that the prefix cache gave (0 before its end)."""
+    return out.result.cached_tokens if out.result is not None else 0
 
 
 def choice(
@@ -246,7 +254,8 @@ def envelope(sub: Submission, model: str, chat: bool, *, chunk: bool) -> dict[st
 
 
 def final_fields(out: RequestOutput, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {"usage": usage(prompt_tokens, completion_tokens), "metrics": spec_metrics(out.spec)}
+    return {"usage": usage(prompt_tokens, completion_tokens, cached_tokens(out)),
+            "metrics": spec_metrics(out.spec)}
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
