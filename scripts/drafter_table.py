@@ -89,7 +89,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="bench_out/drafters/table")
     a = ap.parse_args()
-    eng = Engine.load(drafter="none")
+    # Prefix cache off: every method answers each question several times, and a reused
+    # prompt would time decoding alone for all but the first answer.
+    eng = Engine.load(drafter="none", prefix_cache=False)
     res = {s: run_suite(eng, s, a) for s in a.suites}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

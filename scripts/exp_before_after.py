@@ -34,7 +34,10 @@ from recallspec import Engine, SamplingParams
 from recallspec.bench.suites import SuiteSelection, load_suite
 per_category, max_new = int(sys.argv[1]), int(sys.argv[2])
 qs = load_suite("spec_bench", SuiteSelection(per_category=per_category))
-eng = Engine.load(drafter="none")
+try:  # prefix cache off where there is one: both versions prefill every answer
+    eng = Engine.load(drafter="none", prefix_cache=False)
+except TypeError:
+    eng = Engine.load(drafter="none")
 p = SamplingParams(max_new_tokens=max_new)
 KW = {"ar": {"drafter": "none"}, "portfolio": {"drafter": "portfolio", "mode": "adaptive"}}
 print(json.dumps(len(qs)), flush=True)

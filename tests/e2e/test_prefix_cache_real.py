@@ -8,8 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from recallspec.engine import Engine, EngineConfig, GenerationResult
+from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.spec.sampling import SamplingParams
 
 NEW = 24  # tokens per answer: enough for answers to differ wherever the KV differs
@@ -110,3 +112,21 @@ def test_tenants_do_not_share_prefixes(engine: Any, spec_bench_prompts: list[str
     assert run("bob").cached_tokens == 0  # same prompt, another tenant: prefilled
     again = run("alice")
     assert again.cached_tokens == len(prompt) - 1 and again.token_ids == first.token_ids
+
+
+def test_a_slot_written_by_someone_else_is_not_reused(
+    engine: Any, spec_bench_prompts: list[str]
+) -> None:
+    """Rows a caller writes into a free slot directly (as tests and tools running the
+    model on the engine's cache do) are never taken for the prefix the slot retained."""
+    eng = _engine(engine, 1, True)
+    prompt = eng.encode_prompt(spec_bench_prompts[5], chat=True)
+    params = SamplingParams(max_new_tokens=NEW)
+    first = eng.generate(prompt, params)
+    slot = eng.cache.allocate()
+    with torch.inference_mode():  # other tokens over the retained rows
+        other = eng.encode_prompt(spec_bench_prompts[6], chat=True)
+        eng.model(build_batch([SequenceInput(slot, 0, other, logits="none")]), eng.cache)
+    eng.cache.release(slot)
+    again = eng.generate(prompt, params)
+    assert again.cached_tokens == 0 and again.token_ids == first.token_ids

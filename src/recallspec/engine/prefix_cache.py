@@ -36,6 +36,7 @@ class _Retained:
     tokens: np.ndarray  # [n] int64: the token ids whose KV the slot holds, in order
     tenant: str
     stamp: int  # retention order (larger = more recent)
+    allocation: int  # the KV cache's allocation count of the slot when it was released
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,13 @@ class PrefixCache:
         self._stamp = 0
         self._queries = self._hits = self._evictions = 0
 
-    def retain(self, slot: int, tokens: Sequence[int], tenant: str) -> None:
-        """A request ended well: ``slot`` (now free) holds the KV of ``tokens``."""
+    def retain(self, slot: int, tokens: Sequence[int], tenant: str, allocation: int) -> None:
+        """A request ended well: ``slot`` (being freed) holds the KV of ``tokens``;
+        ``allocation``: the cache's allocation count of the slot (``KVCache.allocations``)."""
         self._stamp += 1
         if len(tokens):
             self._slots[slot] = _Retained(np.asarray(tokens, dtype=np.int64), tenant,
-                                          self._stamp)
+                                          self._stamp, allocation)
         else:
             self._slots.pop(slot, None)
 
@@ -81,18 +83,24 @@ class PrefixCache:
         self._slots.pop(slot, None)
 
     def choose(
-        self, prompt: Sequence[int], tenant: str, free: Sequence[int]
+        self, prompt: Sequence[int], tenant: str, free: Sequence[tuple[int, int]]
     ) -> tuple[int, int]:
         """(slot, reused): the free slot to give a request with this prompt and how many
         of its first tokens' KV that slot already holds. At least the prompt's last
         token is always prefilled (its row's logits give the first new token). ``free``:
-        the cache's free slots (non-empty). The chosen slot no longer retains anything
-        (the request's rows will overwrite it)."""
+        the cache's free slots (non-empty) with their allocation counts; a slot
+        allocated since it was retained (by anyone) retains nothing. The chosen slot no
+        longer retains anything (the request's rows will overwrite it)."""
         if not free:
             raise ValueError("no free slot to choose from")
+        for s, allocation in free:
+            r = self._slots.get(s)
+            if r is not None and r.allocation != allocation:
+                del self._slots[s]  # its rows were overwritten since
+        slots = [s for s, _ in free]
         best_slot, best = -1, 0
         limit = max(len(prompt) - 1, 0)
-        for s in free:
+        for s in slots:
             r = self._slots.get(s)
             if r is None or r.tenant != tenant:
                 continue
@@ -100,8 +108,8 @@ class PrefixCache:
             if n > best or (n == best and n > 0 and r.stamp > self._slots[best_slot].stamp):
                 best_slot, best = s, n
         if best == 0:  # nothing to reuse: an empty slot, else the least recently retained
-            empty = [s for s in free if s not in self._slots]
-            best_slot = empty[0] if empty else min(free, key=lambda s: self._slots[s].stamp)
+            empty = [s for s in slots if s not in self._slots]
+            best_slot = empty[0] if empty else min(slots, key=lambda s: self._slots[s].stamp)
         if best_slot in self._slots and best == 0:
             self._evictions += 1
         self._slots.pop(best_slot, None)

@@ -106,8 +106,8 @@ class Scheduler:
             if self.prefix is None:
                 req.slot = self.cache.allocate()
             else:  # the free slot holding the longest prefix of its prompt
-                slot, reused = self.prefix.choose(req.prompt, req.tenant,
-                                                  self.cache.free_slot_ids())
+                free = [(s, self.cache.allocations(s)) for s in self.cache.free_slot_ids()]
+                slot, reused = self.prefix.choose(req.prompt, req.tenant, free)
                 req.slot = self.cache.allocate(slot)
                 self.cache.resume(slot, reused)
                 req.prefilled = req.reused = reused
@@ -136,7 +136,8 @@ class Scheduler:
         if req.finish_reason in ("error", "abort") or self.cache.valid_prefix(req.slot) is not None:
             self.prefix.forget(req.slot)
         else:  # rows [0, n): the prompt, then the generated tokens fed back as roots
-            self.prefix.retain(req.slot, (req.prompt + req.generated)[:n], req.tenant)
+            self.prefix.retain(req.slot, (req.prompt + req.generated)[:n], req.tenant,
+                               self.cache.allocations(req.slot))
 
     # ---- the step ----------------------------------------------------------------
     def schedule(self) -> StepPlan:

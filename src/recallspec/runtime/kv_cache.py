@@ -88,6 +88,7 @@ class KVCache:
         self._holes = [0] * num_slots  # padding entries below each slot's length
         self._valid = torch.ones(num_slots, max_len, dtype=torch.bool)  # [S, N]
         self._free = list(range(num_slots - 1, -1, -1))
+        self._allocations = [0] * num_slots  # times each slot was allocated
 
     # ---- slot lifecycle -------------------------------------------------
     def allocate(self, slot: int | None = None) -> int:
@@ -101,6 +102,7 @@ class KVCache:
             self._free.remove(slot)
         else:
             raise ValueError(f"slot {slot} is not free")
+        self._allocations[slot] += 1
         self._lengths[slot] = 0
         self._holes[slot] = 0
         self._valid[slot] = True
@@ -127,6 +129,13 @@ class KVCache:
     @property
     def free_slots(self) -> int:
         return len(self._free)
+
+    def allocations(self, slot: int) -> int:
+        """How many times the slot was allocated: a free slot's rows are those its last
+        sequence left only while this count is unchanged (whoever allocates it, e.g. a
+        test or a tool running the model on this cache, may overwrite them)."""
+        self._check_slot(slot)
+        return self._allocations[slot]
 
     def free_slot_ids(self) -> list[int]:
         """The free slots, the next one ``allocate`` would take first."""
