@@ -66,13 +66,13 @@ class Metrics:
                                    (*m, "status"), registry=r)
         self.corpus_tokens = Gauge("recallspec:corpus_tokens", "Tokens of the ready corpora",
                                    m, registry=r)
-        self.prefix_queries = Counter("recallspec:prefix_cache_queries", "Prompt tokens looked "
-                                      "up in the prefix cache", m, registry=r)
-        self.prefix_hits = Counter("recallspec:prefix_cache_hits", "Prompt tokens whose KV was "
-                                   "reused from the prefix cache (not prefilled)", m, registry=r)
-        self.prefix_evictions = Counter("recallspec:prefix_cache_evictions", "Retained "
-                                        "prefixes dropped for another request's slot", m,
-                                        registry=r)
+        # The prefix cache's counters, by their ``PrefixCacheStats`` field.
+        self.prefix_counters = {
+            name: Counter(f"recallspec:prefix_cache_{name}", doc, m, registry=r)
+            for name, doc in (
+                ("queries", "Prompt tokens looked up in the prefix cache"),
+                ("hits", "Prompt tokens whose KV was reused from the prefix cache"),
+                ("evictions", "Retained prefixes dropped for another request's slot"))}
         self.prefix_resident = Gauge("recallspec:prefix_cache_resident_tokens", "Tokens "
                                      "retained for reuse in free KV slots", m, registry=r)
         self._evictions = 0
@@ -131,9 +131,8 @@ class Metrics:
         if stats is None:
             return
         m, seen = self._model, self._prefix_seen
-        for counter, now, before in ((self.prefix_queries, stats.queries, seen.queries),
-                                     (self.prefix_hits, stats.hits, seen.hits),
-                                     (self.prefix_evictions, stats.evictions, seen.evictions)):
+        for name, counter in self.prefix_counters.items():
+            now, before = getattr(stats, name), getattr(seen, name)
             if now > before:
                 counter.labels(m).inc(now - before)
         self.prefix_resident.labels(m).set(stats.resident_tokens)
