@@ -7,8 +7,14 @@ other's tok/s and every answer identical").
         [--per-category 8] [--max-new-tokens 128] [--repeats 2] [--out bench_out/i36_ab]
 
 Each version runs in its own long-lived worker process (a Python whose ``recallspec``
-is that version, e.g. a light venv over a worktree of it: see the closing note), holding
-one engine. The driver asks them in turn to answer
+is that version), holding one engine. A light venv over a worktree of the old version,
+with this checkout's compiled modules::
+
+    git worktree add --detach WT REV && python3 -m venv --without-pip WT/.venv
+    SP=WT/.venv/lib/python3.11/site-packages
+    echo WT/src > $SP/wt.pth; echo $PWD/.venv/lib/python3.11/site-packages > $SP/main.pth
+    ln -s $PWD/.venv/lib/python3.11/site-packages/recallspec/*.so WT/src/recallspec/
+ The driver asks them in turn to answer
 one question with one method and waits for the answer, so only one computes at a time
 and the two answers of a pair are timed seconds apart: a shared VM's drift (10-30%
 within minutes here) cancels from the per-question ratios, which block-wise runs could
