@@ -61,10 +61,10 @@ def test_multi_turn_identical_with_and_without_prefix_cache(
     for a, b in zip(off, on, strict=True):
         assert [r.token_ids for r in a] == [r.token_ids for r in b]
         assert all(r.cached_tokens == 0 for r in a)
-    # Turns >= 2 start from the previous turn's rows (with bs slots for 3 chats, a chat's
-    # slot may have gone to another chat when bs < 3; at bs 3 every later turn hits).
+    # Every turn >= 2 starts from the previous turn's rows: from its slot, or from the
+    # pool where the slot went to another chat (bs 1: 3 chats share one slot).
     later = [r.cached_tokens for conv in on for r in conv[1:]]
-    assert sum(c > 0 for c in later) >= (len(later) if bs >= 3 else 1)
+    assert all(c > 0 for c in later)
     for conv in on:
         for r in conv[1:]:
             assert r.cached_tokens < r.prompt_tokens

@@ -39,7 +39,7 @@ def test_a_slot_allocated_since_retains_nothing() -> None:
     pc = PrefixCache()
     pc.retain(0, [1, 2, 3, 4], "", 1)
     # Someone else allocated slot 0 meanwhile (and may have written it): no reuse.
-    assert pc.choose([1, 2, 3, 4, 5], "", [(0, 2)]) == (0, 0)
+    assert pc.choose([1, 2, 3, 4, 5], "", [(0, 2)])[:2] == (0, 0)
 
 
 def test_common_prefix() -> None:
@@ -54,32 +54,36 @@ def test_longest_match_wins_and_the_last_prompt_token_is_prefilled() -> None:
     pc = PrefixCache()
     pc.retain(0, [1, 2, 3], "", 1)
     pc.retain(1, [1, 2, 3, 4, 5, 6], "", 1)
-    assert pc.choose([1, 2, 3, 4, 5, 6, 7], "", F(0, 1, 2)) == (1, 6)
+    assert pc.choose([1, 2, 3, 4, 5, 6, 7], "", F(0, 1, 2))[:2] == (1, 6)
     # The chosen slot retains nothing any more; the other still does.
     assert pc.stats().retained_slots == 1
     # A prompt equal to a retained text: all but its last token are reused.
     pc.retain(1, [1, 2, 3, 4, 5, 6], "", 1)
-    assert pc.choose([1, 2, 3, 4, 5, 6], "", F(0, 1)) == (1, 5)
-    s = pc.stats()
-    assert (s.queries, s.hits, s.evictions) == (13, 11, 0)
+    assert pc.choose([1, 2, 3, 4, 5, 6], "", F(0, 1))[:2] == (1, 5)
+    pc.admitted(7, 6)
+    pc.evicted()
+    s = pc.stats(pool_tokens=5)
+    assert (s.queries, s.hits, s.evictions) == (7, 6, 1)
+    assert s.resident_tokens == 3 + 5  # slot 0's [1, 2, 3] and the pool's
 
 
 def test_tenants_never_share() -> None:
     pc = PrefixCache()
     pc.retain(0, [1, 2, 3, 4], "alice", 1)
     # Bob's identical prompt does not reuse Alice's rows; it takes the empty slot.
-    assert pc.choose([1, 2, 3, 4, 5], "bob", F(0, 1)) == (1, 0)
-    assert pc.choose([1, 2, 3, 4, 5], "alice", F(0)) == (0, 4)
+    assert pc.choose([1, 2, 3, 4, 5], "bob", F(0, 1))[:2] == (1, 0)
+    assert pc.choose([1, 2, 3, 4, 5], "alice", F(0))[:2] == (0, 4)
 
 
 def test_eviction_order_empty_then_least_recent() -> None:
     pc = PrefixCache()
     pc.retain(0, [1], "", 1)
     pc.retain(1, [2], "", 1)
-    assert pc.choose([9, 9], "", F(0, 1, 2)) == (2, 0)  # an empty slot first
-    assert pc.stats().evictions == 0
-    assert pc.choose([9, 9], "", F(0, 1)) == (0, 0)  # then the least recently retained
-    assert pc.stats().evictions == 1 and pc.stats().resident_tokens == 1
+    assert pc.choose([9, 9], "", F(0, 1, 2)) == (2, 0, None)  # an empty slot first
+    # Then the least recently retained; what it held is handed back (to copy it out).
+    slot, reused, dropped = pc.choose([9, 9], "", F(0, 1))
+    assert (slot, reused) == (0, 0) and dropped is not None
+    assert dropped.tokens.tolist() == [1] and pc.stats().resident_tokens == 1
     pc.forget(1)
     assert pc.stats().retained_slots == 0
     with pytest.raises(ValueError):

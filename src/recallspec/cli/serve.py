@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recallspec.cli import KV_HELP, MAX_DRAFT_NODES_HELP
+from recallspec.engine.prefix_pool import DEFAULT_POOL_TOKENS
 from recallspec.errors import DataError, RecallspecError
 from recallspec.params import DEFAULT_KV_DTYPE, DEFAULT_WEIGHT_FORMAT, KV_DTYPES, WEIGHT_FORMATS
 from recallspec.policy import SERVE_POLICY
@@ -59,6 +60,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="prefill every prompt from its first token (default: a request starts "
                         "from the KV a finished request of its tenant left for the longest "
                         "prefix of its prompt: a chat's next turn, an agent's next step)")
+    p.add_argument("--prefix-cache-tokens", type=int, default=None, metavar="N",
+                   help="tokens of evicted slots' KV kept in memory for reuse (default "
+                        f"{DEFAULT_POOL_TOKENS}; 0: only what the free slots hold)")
     p.add_argument("--max-draft-nodes", type=int, default=None, metavar="N",
                    help=MAX_DRAFT_NODES_HELP)
     p.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS)
@@ -128,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
             config["max_len"] = args.max_len
         if args.max_draft_nodes is not None:
             config["max_draft_nodes"] = args.max_draft_nodes
+        if args.prefix_cache_tokens is not None:
+            config["prefix_cache_tokens"] = args.prefix_cache_tokens
         engine = Engine.load(args.model, **config)
     except ValueError as e:
         raise DataError(str(e)) from None

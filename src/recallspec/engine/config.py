@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from recallspec.drafters.spec import NO_DRAFTER, DrafterSpec
+from recallspec.engine.prefix_pool import DEFAULT_POOL_TOKENS
 from recallspec.errors import UnknownNameError
 from recallspec.params import (
     DEFAULT_KV_DTYPE,
@@ -56,8 +57,11 @@ class EngineConfig:
     max_draft_nodes: int = MAX_DRAFT_NODES  # cap on draft-tree nodes per sequence and step
     threads: int | None = None  # cores for decoding; default torch.get_num_threads()
     # Prefix reuse (``engine/prefix_cache.py``): a request starts from the KV a finished
-    # request of its tenant left in a free slot for the longest prefix of its prompt.
+    # request of its tenant left in a free slot for the longest prefix of its prompt;
+    # a slot's rows about to be overwritten are copied to a pool of at most
+    # ``prefix_cache_tokens`` tokens first (``engine/prefix_pool.py``; 0: slots only).
     prefix_cache: bool = True
+    prefix_cache_tokens: int = DEFAULT_POOL_TOKENS
     # Requests that name no drafter get this one: a spec as the command line takes it
     # ("name" or "name:key=value:...", parsed here into ``default_drafter``) or a
     # ``DrafterSpec``. The library's default is plain decoding (the exact reference, no
@@ -99,6 +103,8 @@ class EngineConfig:
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
                              f"got {self.kv_dtype!r}")
+        if self.prefix_cache_tokens < 0:
+            raise ValueError("prefix_cache_tokens must be >= 0 (0: slots only)")
         if self.max_batch_size < 1 or self.prefill_chunk < 1 or self.max_draft_nodes < 0:
             raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_draft_nodes >= 0")
         if self.max_len is not None and self.max_len < 2:

@@ -44,6 +44,7 @@ from recallspec.engine.outputs import (
     take_output,
 )
 from recallspec.engine.prefix_cache import PrefixCache, PrefixCacheStats
+from recallspec.engine.prefix_pool import PrefixPool
 from recallspec.engine.prompts import Prompt
 from recallspec.engine.request import Request, RequestStatus
 from recallspec.engine.runner import NativeVerifier, Runner
@@ -88,7 +89,10 @@ class Engine:
         self.planner = DraftPlanner(self.config.max_draft_nodes, self.cost_curve)
         self.scheduler = Scheduler(self.cache, self.config.max_batch_size,
                                    self.config.prefill_chunk,
-                                   PrefixCache() if self.config.prefix_cache else None)
+                                   PrefixCache() if self.config.prefix_cache else None,
+                                   PrefixPool(self.config.prefix_cache_tokens)
+                                   if self.config.prefix_cache and self.config.prefix_cache_tokens
+                                   else None)
         self.runner = Runner(model, self.cache, self.max_len, self.threads)
         self.drafters = DrafterPool(self.drafter_context, self.config, lambda: {
             id(r.drafter) for r in chain(self.scheduler.waiting, self.scheduler.running.values())})
@@ -188,8 +192,7 @@ class Engine:
     # ---- response memory -------------------------------------------------------------
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         """The prefix cache's counters (``engine/prefix_cache.py``; None: it is off)."""
-        p = self.scheduler.prefix
-        return None if p is None else p.stats()
+        return self.scheduler.stats()
 
     def memory_stats(self) -> dict[str, Any]:
         """The response memory's use: tokens, segments and mapped bytes per tenant and in

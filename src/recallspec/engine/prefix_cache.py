@@ -20,7 +20,8 @@ tenant's text is ever attended to by another tenant's request.
 
 This module only keeps the bookkeeping (which slot holds what, the counters); the
 scheduler asks it which slot to take, and the KV cache (``runtime/kv_cache.py``) keeps
-the rows.
+the rows. A slot's rows that another request is about to overwrite can be copied out to
+the pool (``prefix_pool.py``) first: ``choose`` hands back what the slot held.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass
-class _Retained:
+@dataclass(eq=False)  # identity: records are compared as objects
+class Retained:
     tokens: np.ndarray  # [n] int64: the token ids whose KV the slot holds, in order
     tenant: str
     stamp: int  # retention order (larger = more recent)
@@ -45,8 +46,8 @@ class PrefixCacheStats:
 
     queries: int  # prompt tokens looked up (every admitted prompt's length)
     hits: int  # of them, tokens whose KV was reused (not prefilled)
-    evictions: int  # retained prefixes dropped when their slot went to another request
-    resident_tokens: int  # tokens retained in free slots now
+    evictions: int  # retained prefixes dropped (from a slot not copied out, or the pool)
+    resident_tokens: int  # tokens retained for reuse now (free slots and the pool)
     retained_slots: int  # free slots holding a retained prefix now
 
 
@@ -64,7 +65,7 @@ class PrefixCache:
     """Which free slots retain whose KV; which slot a new prompt should take."""
 
     def __init__(self) -> None:
-        self._slots: dict[int, _Retained] = {}
+        self._slots: dict[int, Retained] = {}
         self._stamp = 0
         self._queries = self._hits = self._evictions = 0
 
@@ -73,7 +74,7 @@ class PrefixCache:
         ``allocation``: the cache's allocation count of the slot (``KVCache.allocations``)."""
         self._stamp += 1
         if len(tokens):
-            self._slots[slot] = _Retained(np.asarray(tokens, dtype=np.int64), tenant,
+            self._slots[slot] = Retained(np.asarray(tokens, dtype=np.int64), tenant,
                                           self._stamp, allocation)
         else:
             self._slots.pop(slot, None)
@@ -84,13 +85,14 @@ class PrefixCache:
 
     def choose(
         self, prompt: Sequence[int], tenant: str, free: Sequence[tuple[int, int]]
-    ) -> tuple[int, int]:
-        """(slot, reused): the free slot to give a request with this prompt and how many
-        of its first tokens' KV that slot already holds. At least the prompt's last
-        token is always prefilled (its row's logits give the first new token). ``free``:
-        the cache's free slots (non-empty) with their allocation counts; a slot
-        allocated since it was retained (by anyone) retains nothing. The chosen slot no
-        longer retains anything (the request's rows will overwrite it)."""
+    ) -> tuple[int, int, Retained | None]:
+        """(slot, reused, dropped): the free slot to give a request with this prompt, how
+        many of its first tokens' KV that slot already holds, and what the slot retained
+        (None: nothing), which it no longer does (the request's rows overwrite it past
+        ``reused``: the caller may copy it out first, ``prefix_pool.py``). At least the
+        prompt's last token is always prefilled (its row's logits give the first new
+        token). ``free``: the cache's free slots (non-empty) with their allocation
+        counts; a slot allocated since it was retained (by anyone) retains nothing."""
         if not free:
             raise ValueError("no free slot to choose from")
         for s, allocation in free:
@@ -110,15 +112,21 @@ class PrefixCache:
         if best == 0:  # nothing to reuse: an empty slot, else the least recently retained
             empty = [s for s in slots if s not in self._slots]
             best_slot = empty[0] if empty else min(slots, key=lambda s: self._slots[s].stamp)
-        if best_slot in self._slots and best == 0:
-            self._evictions += 1
-        self._slots.pop(best_slot, None)
-        self._queries += len(prompt)
-        self._hits += best
-        return best_slot, best
+        return best_slot, best, self._slots.pop(best_slot, None)
 
-    def stats(self) -> PrefixCacheStats:
+    def admitted(self, prompt_tokens: int, reused: int) -> None:
+        """Count an admission: its prompt's length and the tokens it did not prefill."""
+        self._queries += prompt_tokens
+        self._hits += reused
+
+    def evicted(self, n: int = 1) -> None:
+        """Count retained prefixes dropped for good (not kept elsewhere)."""
+        self._evictions += n
+
+    def stats(self, pool_tokens: int = 0) -> PrefixCacheStats:
+        """The counters; ``pool_tokens``: tokens kept beyond the slots (``prefix_pool``)."""
         return PrefixCacheStats(
             self._queries, self._hits, self._evictions,
-            sum(r.tokens.shape[0] for r in self._slots.values()), len(self._slots),
+            sum(r.tokens.shape[0] for r in self._slots.values()) + pool_tokens,
+            len(self._slots),
         )

@@ -9,12 +9,14 @@ first) ride in the decoding batch's forward, so running requests keep decoding.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from recallspec.engine.prefix_cache import PrefixCache
+from recallspec.engine.prefix_cache import PrefixCache, PrefixCacheStats
+from recallspec.engine.prefix_pool import PrefixPool
 from recallspec.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -62,10 +64,11 @@ class StepPlan:
 class Scheduler:
     def __init__(
         self, cache: KVCache, max_batch_size: int, prefill_chunk: int,
-        prefix: PrefixCache | None = None,
+        prefix: PrefixCache | None = None, pool: PrefixPool | None = None,
     ) -> None:
         self.cache = cache
         self.prefix = prefix  # None: every prompt is prefilled from its first token
+        self.pool = pool  # evicted slots' rows (None: only the slots keep prefixes)
         self.max_batch_size = max_batch_size
         self.prefill_chunk = prefill_chunk
         self.waiting: deque[Request] = deque()  # arrival order
@@ -105,12 +108,8 @@ class Scheduler:
             req = self.waiting.popleft()
             if self.prefix is None:
                 req.slot = self.cache.allocate()
-            else:  # the free slot holding the longest prefix of its prompt
-                free = [(s, self.cache.allocations(s)) for s in self.cache.free_slot_ids()]
-                slot, reused = self.prefix.choose(req.prompt, req.tenant, free)
-                req.slot = self.cache.allocate(slot)
-                self.cache.resume(slot, reused)
-                req.prefilled = req.reused = reused
+            else:
+                self._take_slot(req)
             req.status = RequestStatus.PREFILLING
             req.t_start = now
             self.running[req.rid] = req
@@ -127,6 +126,41 @@ class Scheduler:
         if self.running.pop(req.rid, None) is None and req in self.waiting:
             self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
+
+    def _take_slot(self, req: Request) -> None:
+        """Give ``req`` the free slot holding the longest prefix of its prompt, or load
+        a longer one from the pool into the slot it gets; a slot's retained rows that are
+        about to be overwritten go to the pool first (when there is one)."""
+        assert self.prefix is not None
+        free = [(s, self.cache.allocations(s)) for s in self.cache.free_slot_ids()]
+        slot, reused, dropped = self.prefix.choose(req.prompt, req.tenant, free)
+        entry, n = (None, 0) if self.pool is None else self.pool.best(req.prompt, req.tenant)
+        from_pool = entry is not None and n > reused
+        if dropped is not None and (from_pool or not reused):
+            n_old = len(dropped.tokens)  # its rows are intact until the slot is allocated
+            kept = self.pool is not None and self.pool.put(
+                dropped.tokens, dropped.tenant, *self.cache.rows(slot, n_old))
+            if not kept:
+                self.prefix.evicted()
+        req.slot = self.cache.allocate(slot)
+        if from_pool:
+            assert entry is not None and self.pool is not None
+            self.cache.load(slot, entry.k, entry.v, n)
+            self.pool.used(entry)
+            reused = n
+        else:
+            self.cache.resume(slot, reused)
+        self.prefix.admitted(len(req.prompt), reused)
+        req.prefilled = req.reused = reused
+
+    def stats(self) -> PrefixCacheStats | None:
+        """The prefix cache's counters (None: it is off)."""
+        if self.prefix is None:
+            return None
+        s = self.prefix.stats(0 if self.pool is None else self.pool.resident_tokens)
+        if self.pool is not None:
+            s = dataclasses.replace(s, evictions=s.evictions + self.pool.evictions)
+        return s
 
     def _keep_prefix(self, req: Request) -> None:
         """Let the slot retain its rows for later prompts, unless the request failed or

@@ -126,6 +126,21 @@ class KVCache:
             raise ValueError(f"cannot resume {length} rows of {self.max_len}")
         self._lengths[slot] = length
 
+    def rows(self, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the slot's first ``n`` rows' keys and values, each
+        [layers, kv_heads, n, head_dim] (``load`` puts them back, bit for bit)."""
+        self._check_slot(slot)
+        return self.k[:, slot, :, :n].clone(), self.v[:, slot, :, :n].clone()
+
+    def load(self, slot: int, k: torch.Tensor, v: torch.Tensor, n: int) -> None:
+        """Write the first ``n`` rows of ``k``, ``v`` (from ``rows``) into a freshly
+        allocated slot and take them as committed (``resume``)."""
+        if k.shape[2] < n or v.shape != k.shape or k.dtype != self.k.dtype:
+            raise ValueError("rows to load must come from a cache of this layout")
+        self.resume(slot, n)
+        self.k[:, slot, :, :n] = k[:, :, :n]
+        self.v[:, slot, :, :n] = v[:, :, :n]
+
     @property
     def free_slots(self) -> int:
         return len(self._free)

@@ -1,0 +1,71 @@
+"""The prefix pool: evicted slots' rows kept within a token budget, matched by prefix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from engine_helpers import make_engine
+
+from recallspec.engine.prefix_pool import PrefixPool
+from recallspec.spec.sampling import SamplingParams
+
+
+def _rows(n: int, fill: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.full((2, 1, n, 4), fill), torch.full((2, 1, n, 4), -fill)
+
+
+def test_best_match_budget_lru_tenants_and_extensions() -> None:
+    pool = PrefixPool(budget_tokens=10)
+    assert pool.put([1, 2, 3], "", *_rows(3))
+    assert pool.put([5, 6, 7, 8], "", *_rows(4))
+    entry, n = pool.best([1, 2, 3, 4], "")
+    assert entry is not None and n == 3 and entry.k.shape[2] == 3
+    assert pool.best([1, 2, 3], "")[1] == 2  # the prompt's last token is always prefilled
+    assert pool.best([1, 2, 3, 4], "bob") == (None, 0)  # another tenant's rows: never
+    pool.used(entry)  # [1, 2, 3] is now the most recently used
+    # 3 + 4 + 5 > 10: the least recently used ([5, 6, 7, 8]) goes.
+    assert pool.put([9, 9, 9, 9, 9], "", *_rows(5))
+    assert pool.best([5, 6, 7, 8, 0], "")[1] == 0 and pool.evictions == 1
+    assert pool.resident_tokens == 8
+    # An entry that extends another replaces it (no rows twice).
+    assert pool.put([1, 2, 3, 4], "", *_rows(4))
+    assert pool.resident_tokens == 9 and pool.best([1, 2, 3, 4, 5], "")[1] == 4
+    assert not pool.put(list(range(11)), "", *_rows(11))  # larger than the budget
+    assert not PrefixPool(0).put([1], "", *_rows(1))
+
+
+def _turns(eng: Any, first: list[int], follow: list[int]) -> tuple[Any, Any]:
+    p = SamplingParams(max_new_tokens=6)
+    a = eng.generate(first, p)
+    return a, eng.generate(first + a.token_ids + follow, p)
+
+
+def test_conversations_outnumbering_slots_reuse_from_the_pool() -> None:
+    """One slot, two conversations taking turns: each next turn finds its first turn in
+    the pool (the slot went to the other conversation) and answers as without reuse."""
+    convs = [list(b"the cat sat on the mat; the"), list(b"hello hello hello hel")]
+    got = {}
+    for tokens in (16384, 0):  # the pool on, and slots only
+        eng = make_engine(max_batch_size=1, prefix_cache_tokens=tokens)
+        p = SamplingParams(max_new_tokens=6)
+        firsts = [eng.generate(c, p) for c in convs]
+        seconds = [eng.generate(c + f.token_ids + list(b" and"), p)
+                   for c, f in zip(convs, firsts, strict=True)]
+        got[tokens] = (firsts, seconds)
+        stats = eng.prefix_cache_stats()
+        assert stats is not None
+        if tokens:
+            # Conversation 0's first turn went to the pool when conversation 1 came.
+            assert seconds[0].cached_tokens >= len(convs[0]) + len(firsts[0].token_ids) - 1
+            assert stats.resident_tokens > 0
+        else:
+            assert seconds[0].cached_tokens == 0 and stats.evictions >= 1
+    off = make_engine(max_batch_size=1, prefix_cache=False)
+    p = SamplingParams(max_new_tokens=6)
+    for i, c in enumerate(convs):
+        first = off.generate(c, p)
+        second = off.generate(c + first.token_ids + list(b" and"), p)
+        for tokens in got:
+            assert got[tokens][0][i].token_ids == first.token_ids
+            assert got[tokens][1][i].token_ids == second.token_ids
