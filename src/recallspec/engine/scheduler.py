@@ -5,6 +5,11 @@ arrival time has come (online requests arrive when added; offline runs may hold 
 back to simulate traffic). Only the scheduler takes and gives back KV slots. Prompt
 chunks of admitted requests (at most ``prefill_chunk`` tokens a step, oldest request
 first) ride in the decoding batch's forward, so running requests keep decoding.
+
+With the prefix cache (``prefix_cache.py``, ``prefix_pool.py``) admission picks the free
+slot holding the longest prefix of the prompt, or copies a longer one from the pool into
+the slot it gives, and a request starts with those tokens prefilled; a slot's retained
+rows go to the pool before another request overwrites them.
 """
 
 from __future__ import annotations
