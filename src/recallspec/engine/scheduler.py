@@ -141,7 +141,9 @@ class Scheduler:
         slot, reused, dropped = self.prefix.choose(req.prompt, req.tenant, free)
         entry, n = (None, 0) if self.pool is None else self.pool.best(req.prompt, req.tenant)
         from_pool = entry is not None and n > reused
-        if dropped is not None and (from_pool or not reused):
+        # What the slot held past the reused rows is about to be overwritten (e.g. a
+        # conversation sharing only the system prompt with the new one): keep it.
+        if dropped is not None and (from_pool or len(dropped.tokens) > reused):
             n_old = len(dropped.tokens)  # its rows are intact until the slot is allocated
             kept = self.pool is not None and self.pool.put(
                 dropped.tokens, dropped.tenant, *self.cache.rows(slot, n_old))
