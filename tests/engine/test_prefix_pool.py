@@ -69,3 +69,28 @@ def test_conversations_outnumbering_slots_reuse_from_the_pool() -> None:
         for tokens in got:
             assert got[tokens][0][i].token_ids == first.token_ids
             assert got[tokens][1][i].token_ids == second.token_ids
+
+
+def test_a_shared_system_prompt_does_not_cost_the_rest_of_a_conversation() -> None:
+    """Two conversations sharing only their start (a system prompt) through one slot:
+    the second reuses that start from the slot, and the first's whole turn, which it
+    overwrites, is kept in the pool for the first's next turn."""
+    system = list(b"You are a helpful assistant. ")
+    a, b = system + list(b"Tell me about cats."), system + list(b"Tell me about dogs.")
+    eng = make_engine(max_batch_size=1)
+    p = SamplingParams(max_new_tokens=6)
+    first_a = eng.generate(a, p)
+    first_b = eng.generate(b, p)
+    assert first_b.cached_tokens == common_len(a, b)  # the system prompt, from the slot
+    second_a = eng.generate(a + first_a.token_ids + list(b" More."), p)
+    assert second_a.cached_tokens >= len(a) + len(first_a.token_ids) - 1  # from the pool
+    off = make_engine(max_batch_size=1, prefix_cache=False)
+    assert second_a.token_ids == off.generate(a + first_a.token_ids + list(b" More."),
+                                              p).token_ids
+
+
+def common_len(x: list[int], y: list[int]) -> int:
+    n = 0
+    while n < min(len(x), len(y)) and x[n] == y[n]:
+        n += 1
+    return n
