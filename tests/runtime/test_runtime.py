@@ -147,7 +147,7 @@ def test_kv_cache_check_counts_reclaimable_memory() -> None:
     import os
 
     from recallspec.errors import ResourceError
-    from recallspec.runtime.kv_cache import available_memory
+    from recallspec.runtime.kv_memory import available_memory
 
     avail = available_memory()
     assert avail is not None
@@ -159,5 +159,6 @@ def test_kv_cache_check_counts_reclaimable_memory() -> None:
             "dtype": torch.float32}
     KVCache.check_fits(num_slots=1, **dims)  # 94 MB
     # The wording names no setting (draft-model and calibration caches are checked too).
-    with pytest.raises(ResourceError, match=r"1048576 slots x 4096 positions needs .*at most"):
+    with pytest.raises(ResourceError, match=r"1048576 sequence\(s\) of 4096 positions need"
+                       r" .*at most"):
         KVCache.check_fits(num_slots=1 << 20, **dims)

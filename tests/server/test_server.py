@@ -20,6 +20,7 @@ import pytest
 from availability import IN_CI
 from server_helpers import MODEL, Server, ext, start_server, total
 
+from recallspec.engine.prefix_pool import DEFAULT_POOL_TOKENS
 from recallspec.spec.sampling import SamplingParams
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -150,6 +151,11 @@ def test_a_chats_next_turn_starts_from_the_prefix_cache(server: Server, engine: 
         r1.usage.prompt_tokens_details.cached_tokens or 0)
     assert queries == r1.usage.prompt_tokens + r2.usage.prompt_tokens
     assert total(after, "recallspec:prefix_cache_resident_tokens") > 0
+    # KV memory: idle slots hold the retained turns' rows, within the admission budget;
+    # the pool's budget is the default.
+    resident = total(after, "recallspec:kv_cache_resident_tokens")
+    assert r2.usage.prompt_tokens <= resident <= total(after, "recallspec:kv_cache_budget_tokens")
+    assert total(after, "recallspec:prefix_cache_budget_tokens") == DEFAULT_POOL_TOKENS
 
 
 @dataclass

@@ -62,6 +62,11 @@ class EngineConfig:
     # ``prefix_cache_tokens`` tokens first (``engine/prefix_pool.py``; 0: slots only).
     prefix_cache: bool = True
     prefix_cache_tokens: int = DEFAULT_POOL_TOKENS
+    # KV memory is taken as rows are written (``runtime/kv_memory.py``); admission keeps
+    # the rows every slot may hold within this many (``engine/scheduler.py``). None: as
+    # many as 80% of the memory available when the engine starts holds, at most every
+    # slot full (``KVCache.budget_rows``).
+    kv_budget_tokens: int | None = None
     # Requests that name no drafter get this one: a spec as the command line takes it
     # ("name" or "name:key=value:...", parsed here into ``default_drafter``) or a
     # ``DrafterSpec``. The library's default is plain decoding (the exact reference, no
@@ -109,6 +114,8 @@ class EngineConfig:
             raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_draft_nodes >= 0")
         if self.max_len is not None and self.max_len < 2:
             raise ValueError("max_len must be >= 2")
+        if self.kv_budget_tokens is not None and self.kv_budget_tokens < 1:
+            raise ValueError("kv_budget_tokens must be >= 1")
         object.__setattr__(self, "recall", RecallConfig(
             memory_tokens=self.memory_tokens, memory_prompts=self.memory_prompts,
             memory_prompt_tail=self.memory_prompt_tail, memory_segments=self.memory_segments,

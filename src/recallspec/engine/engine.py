@@ -78,11 +78,14 @@ class Engine:
         self.config = config or EngineConfig()
         self.context_len = int(model.config.max_position)
         self.max_len = min(self.context_len, self.config.max_len or 4096)
-        try:  # (the model refuses a cache larger than the free memory: CausalLM.new_cache)
+        try:  # (the model refuses a sequence larger than the free memory: new_cache)
             self.cache: KVCache = model.new_cache(self.config.max_batch_size, self.max_len)
-        except ResourceError as e:  # the engine's cache: its settings are what to lower
-            raise ResourceError(f"{e}; lower max_batch_size (--max-batch-size) or max_len "
-                                "(--max-len)") from None
+        except ResourceError as e:  # the engine's cache: its setting is what to lower
+            raise ResourceError(f"{e}; lower max_len (--max-len)") from None
+        budget = self.config.kv_budget_tokens
+        if budget is not None and budget < self.max_len:
+            raise ValueError(f"kv_budget_tokens ({budget}) must hold one sequence of "
+                             f"max_len ({self.max_len}) positions")
         self.threads = self.config.threads or torch.get_num_threads()
         self.stats = StepStats()
         self._cost_curve: CostCurve | None = None
@@ -92,7 +95,9 @@ class Engine:
                                    PrefixCache() if self.config.prefix_cache else None,
                                    PrefixPool(self.config.prefix_cache_tokens)
                                    if self.config.prefix_cache and self.config.prefix_cache_tokens
-                                   else None)
+                                   else None,
+                                   kv_budget=budget or self.cache.budget_rows(),
+                                   draft_rows=self.config.max_draft_nodes + 1)
         self.runner = Runner(model, self.cache, self.max_len, self.threads)
         self.drafters = DrafterPool(self.drafter_context, self.config, lambda: {
             id(r.drafter) for r in chain(self.scheduler.waiting, self.scheduler.running.values())})

@@ -79,6 +79,10 @@ class PrefixCache:
         else:
             self._slots.pop(slot, None)
 
+    def oldest(self) -> list[int]:
+        """The slots retaining a prefix, least recently retained first."""
+        return sorted(self._slots, key=lambda s: self._slots[s].stamp)
+
     def forget(self, slot: int) -> None:
         """The slot's rows are no longer trusted (e.g. a failed or aborted request)."""
         self._slots.pop(slot, None)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from recallspec.engine.prefix_cache import common_prefix
-from recallspec.runtime.kv_cache import available_memory
+from recallspec.runtime.kv_memory import available_memory
 
 DEFAULT_POOL_TOKENS = 16384
 

@@ -10,6 +10,13 @@ With the prefix cache (``prefix_cache.py``, ``prefix_pool.py``) admission picks 
 slot holding the longest prefix of the prompt, or copies a longer one from the pool into
 the slot it gives, and a request starts with those tokens prefilled; a slot's retained
 rows go to the pool before another request overwrites them.
+
+KV memory (``runtime/kv_memory.py``): a slot holds memory for the rows it wrote, not for
+``max_len``. Admission keeps what the slots may hold within ``kv_budget`` rows: an
+admitted request counts the rows it may write (prompt, new tokens, a draft), a free slot
+its retained prefix; retained prefixes are given back, least recently retained first, to
+make room, and a request that still does not fit waits (with nothing running, any request
+fits: the budget holds at least one sequence of ``max_len``).
 """
 
 from __future__ import annotations
@@ -69,9 +76,17 @@ class StepPlan:
 class Scheduler:
     def __init__(
         self, cache: KVCache, max_batch_size: int, prefill_chunk: int,
-        prefix: PrefixCache | None = None, pool: PrefixPool | None = None,
+        prefix: PrefixCache | None = None, pool: PrefixPool | None = None, *,
+        kv_budget: int | None = None, draft_rows: int = 0,
     ) -> None:
         self.cache = cache
+        # Rows all slots may hold at once (None: every slot full), and the rows a step may
+        # write past a sequence's tokens (its draft and root: ``max_draft_nodes + 1``).
+        self.kv_budget = cache.num_slots * cache.max_len if kv_budget is None else kv_budget
+        if self.kv_budget < cache.max_len:
+            raise ValueError(f"a KV budget of {self.kv_budget} rows cannot hold one "
+                             f"sequence of {cache.max_len}")
+        self.draft_rows = draft_rows
         self.prefix = prefix  # None: every prompt is prefilled from its first token
         self.pool = pool  # evicted slots' rows (None: only the slots keep prefixes)
         self.max_batch_size = max_batch_size
@@ -110,29 +125,54 @@ class Scheduler:
         """Give slots to waiting requests that have arrived, in arrival order."""
         admitted = []
         while self.waiting and self.free_slots > 0 and self.waiting[0].arrival <= now:
+            need = self.rows_needed(self.waiting[0])
+            running = sum(self.cache.resident_rows(r.slot) for r in self.running.values())
+            if running + need > self.kv_budget:
+                break  # waits for running requests to end (in arrival order)
             req = self.waiting.popleft()
             if self.prefix is None:
                 req.slot = self.cache.allocate()
             else:
-                self._take_slot(req)
+                self._take_slot(req, need)
+            self.cache.expect(req.slot, need)
+            self._make_room()
             req.status = RequestStatus.PREFILLING
             req.t_start = now
             self.running[req.rid] = req
             admitted.append(req)
         return admitted
 
+    def rows_needed(self, req: Request) -> int:
+        """KV rows the request may write: its prompt, its new tokens, a step's draft."""
+        return min(len(req.prompt) + req.params.max_new_tokens + self.draft_rows,
+                   self.cache.max_len)
+
+    def _make_room(self) -> None:
+        """Give back retained prefixes, least recently retained first, until what the
+        slots may hold fits the budget (admission checked that it can)."""
+        if self.prefix is None:
+            return  # free slots hold nothing: ``release`` gave their rows back
+        free = set(self.cache.free_slot_ids())
+        for slot in self.prefix.oldest():
+            if self.cache.resident_rows() <= self.kv_budget:
+                return
+            self.prefix.forget(slot)
+            self.prefix.evicted()
+            if slot in free:  # (else someone took it since: its rows are theirs)
+                self.cache.give_back(slot)
+
     def release(self, req: Request) -> None:
-        """Take a request out: its slot back to the cache (or out of the queue)."""
+        """Take a request out: its slot back to the cache (or out of the queue); the
+        memory of its rows goes back, but for a prefix the slot retains."""
         if req.slot >= 0:
-            if self.prefix is not None:
-                self._keep_prefix(req)
-            self.cache.release(req.slot)
+            keep = self._keep_prefix(req) if self.prefix is not None else 0
+            self.cache.release(req.slot, keep)
             req.slot = -1
         if self.running.pop(req.rid, None) is None and req in self.waiting:
             self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
 
-    def _take_slot(self, req: Request) -> None:
+    def _take_slot(self, req: Request, need: int) -> None:
         """Give ``req`` the free slot holding the longest prefix of its prompt, or load
         a longer one from the pool into the slot it gets; a slot's retained rows that are
         about to be overwritten go to the pool first (when there is one)."""
@@ -149,6 +189,8 @@ class Scheduler:
                 dropped.tokens, dropped.tenant, *self.cache.rows(slot, n_old))
             if not kept:
                 self.prefix.evicted()
+        if self.cache.resident_rows(slot) > need:  # rows past what this request writes
+            self.cache.give_back(slot, need)
         req.slot = self.cache.allocate(slot)
         if from_pool:
             assert entry is not None and self.pool is not None
@@ -169,16 +211,19 @@ class Scheduler:
             s = dataclasses.replace(s, evictions=s.evictions + self.pool.evictions)
         return s
 
-    def _keep_prefix(self, req: Request) -> None:
+    def _keep_prefix(self, req: Request) -> int:
         """Let the slot retain its rows for later prompts, unless the request failed or
-        was aborted (its rows are never reused) or the slot holds padding entries."""
+        was aborted (its rows are never reused) or the slot holds padding entries.
+        Returns the rows retained."""
         assert self.prefix is not None
         n = self.cache.length(req.slot)
         if req.finish_reason in ("error", "abort") or self.cache.valid_prefix(req.slot) is not None:
             self.prefix.forget(req.slot)
-        else:  # rows [0, n): the prompt, then the generated tokens fed back as roots
-            self.prefix.retain(req.slot, (req.prompt + req.generated)[:n], req.tenant,
-                               self.cache.allocations(req.slot))
+            return 0
+        # rows [0, n): the prompt, then the generated tokens fed back as roots
+        self.prefix.retain(req.slot, (req.prompt + req.generated)[:n], req.tenant,
+                           self.cache.allocations(req.slot))
+        return n
 
     # ---- the step ----------------------------------------------------------------
     def schedule(self) -> StepPlan:

@@ -201,9 +201,10 @@ class CausalLM(nn.Module):
 
     def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
         """A KV cache for this model (``dtype``: default ``kv_dtype``), refused with a
-        ``ResourceError`` before allocating when it does not fit in the free memory."""
+        ``ResourceError`` when one sequence of ``max_len`` positions does not fit in the
+        free memory (its memory is taken as rows are written: ``runtime/kv_memory.py``)."""
         c, kv = self.config, dtype or self.kv_dtype
-        KVCache.check_fits(num_layers=c.num_layers, num_slots=num_slots, max_len=max_len,
+        KVCache.check_fits(num_layers=c.num_layers, num_slots=1, max_len=max_len,
                            num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=kv)
         return KVCache(num_layers=c.num_layers, num_slots=num_slots, max_len=max_len,
                        num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=kv)

@@ -1,9 +1,13 @@
 """Per-sequence KV cache ("unpadded KV cache", EMS-SD).
 
-Storage is one preallocated tensor per K and V with layout
-``[layers, slots, kv_heads, max_len, head_dim]``. Each sequence owns one slot and
-its own length, so sequences of different lengths share the cache without padding,
-and ``k[layer, slot, :, :n]`` is a strided view that attention reads without a copy.
+Storage is one tensor per K and V with layout ``[layers, slots, kv_heads, max_len,
+head_dim]``. Each sequence owns one slot and its own length, so sequences of different
+lengths share the cache without padding, and ``k[layer, slot, :, :n]`` is a strided view
+that attention reads without a copy. The tensors are reserved address space, not
+memory: a page is committed when a row on it is first written and given back when its
+slot frees it (``kv_memory.py``), so the cache occupies the rows sequences hold, not
+slots x ``max_len``; ``resident_rows`` bounds them (the scheduler admits requests
+within a budget of rows).
 
 Invariant: positions ``[0, length(slot))`` of a slot hold the keys/values of the
 sequence's committed tokens, in order. A forward may write speculative rows past the
@@ -26,26 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def available_memory() -> int | None:
-    """Bytes the system can give a new allocation now: Linux's MemAvailable (free memory
-    plus the page cache and other memory it can reclaim). Free pages alone
-    (``SC_AVPHYS_PAGES``) are the fallback elsewhere: after reading or writing large files
-    they are a small fraction of what is available (a cache of 1.4 GiB was refused with
-    20 GiB available and 0.3 GiB free). None where neither can be read."""
-    import os
-
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+from recallspec.runtime.kv_memory import LazyTensor, available_memory
 
 
 class KVCacheFullError(RuntimeError):
@@ -80,8 +65,15 @@ class KVCache:
         if num_slots < 1 or max_len < 1:
             raise ValueError("KV cache needs at least one slot and one position")
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, N, D]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, N, D]
+        # Pages committed as rows are written, given back as slots free them
+        # (``kv_memory.py``); a device other than the CPU gets plain zeros.
+        self._lazy: tuple[LazyTensor, LazyTensor] | None = None
+        if torch.device(device).type == "cpu":
+            self._lazy = (LazyTensor(shape, dtype), LazyTensor(shape, dtype))
+            self.k, self.v = self._lazy[0].tensor, self._lazy[1].tensor  # [L, S, Hkv, N, D]
+        else:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.num_slots = num_slots
         self._lengths = [0] * num_slots
@@ -89,6 +81,9 @@ class KVCache:
         self._valid = torch.ones(num_slots, max_len, dtype=torch.bool)  # [S, N]
         self._free = list(range(num_slots - 1, -1, -1))
         self._allocations = [0] * num_slots  # times each slot was allocated
+        # Rows each slot may hold in memory (an upper bound: what was written or announced
+        # with ``expect`` since the slot last gave its rows back).
+        self._resident = [0] * num_slots
 
     # ---- slot lifecycle -------------------------------------------------
     def allocate(self, slot: int | None = None) -> int:
@@ -108,12 +103,47 @@ class KVCache:
         self._valid[slot] = True
         return slot
 
-    def release(self, slot: int) -> None:
+    def release(self, slot: int, keep: int = 0) -> None:
+        """Free the slot; the memory of its rows from ``keep`` on goes back to the system
+        (rows below ``keep`` stay as they are: a prefix retained for later prompts)."""
         self._check_slot(slot)
         if slot in self._free:
             raise ValueError(f"slot {slot} is not allocated")
         self._lengths[slot] = 0
         self._free.append(slot)
+        self.give_back(slot, keep)
+
+    def give_back(self, slot: int, keep: int = 0) -> None:
+        """Return the memory of a free slot's rows from ``keep`` on (they read as zeros
+        afterwards; a retained prefix shorter than ``keep`` stays intact)."""
+        self._check_slot(slot)
+        if slot not in self._free:
+            raise ValueError(f"slot {slot} is in use: its rows cannot be given back")
+        if not 0 <= keep <= self.max_len:
+            raise ValueError(f"cannot keep {keep} rows of {self.max_len}")
+        if self._lazy is not None and keep < self.max_len:
+            layers, _, heads, n, d = self.k.shape
+            row = d * self.k.element_size()
+            for lazy in self._lazy:
+                for layer in range(layers):
+                    for h in range(heads):
+                        base = (((layer * self.num_slots + slot) * heads + h) * n) * row
+                        lazy.give_back(base + keep * row, base + n * row)
+        self._resident[slot] = min(self._resident[slot], keep)
+
+    def expect(self, slot: int, rows: int) -> None:
+        """Note that the slot's sequence may write up to ``rows`` rows (its prompt, its
+        new tokens and a draft's): counted in ``resident_rows`` from now on."""
+        self._check_slot(slot)
+        self._resident[slot] = max(self._resident[slot], min(rows, self.max_len))
+
+    def resident_rows(self, slot: int | None = None) -> int:
+        """Rows the slot (None: every slot) may hold in memory: an upper bound of what
+        its sequences wrote or announced (``expect``) since it last gave rows back."""
+        if slot is None:
+            return sum(self._resident)
+        self._check_slot(slot)
+        return self._resident[slot]
 
     def resume(self, slot: int, length: int) -> None:
         """Take the first ``length`` rows of a freshly allocated slot as committed: they
@@ -125,6 +155,7 @@ class KVCache:
         if not 0 <= length <= self.max_len:
             raise ValueError(f"cannot resume {length} rows of {self.max_len}")
         self._lengths[slot] = length
+        self.expect(slot, length)
 
     def rows(self, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the slot's first ``n`` rows' keys and values, each
@@ -201,11 +232,12 @@ class KVCache:
         *, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int, head_dim: int,
         dtype: torch.dtype,
     ) -> None:
-        """Refuse (``ResourceError``, naming how many slots would fit) a cache that
-        does not fit in the memory available now, leaving 20% for activations, drafters
-        and the rest of the process, instead of letting the allocation, or the machine,
-        fail later. The wording names no setting: the engine's, a draft model's and a
-        calibration's caches are all checked here; the engine adds its settings."""
+        """Refuse (``ResourceError``, naming the longest sequences that would fit)
+        ``num_slots`` sequences of ``max_len`` positions that do not fit in the memory
+        available now, leaving 20% for activations, drafters and the rest of the process,
+        instead of letting the machine fail later. The wording names no setting: the
+        engine's, a draft model's and a calibration's caches are all checked here; the
+        engine adds its settings."""
         from recallspec.errors import ResourceError
 
         need = KVCache.bytes_needed(num_layers=num_layers, num_slots=num_slots,
@@ -215,12 +247,22 @@ class KVCache:
         if avail is None:
             return
         if need > 0.8 * avail:
-            fit = int(0.8 * avail // (need / num_slots))
+            fit = int(0.8 * avail // (need / (num_slots * max_len) * num_slots))
             raise ResourceError(
-                f"a KV cache of {num_slots} slots x {max_len} positions needs "
-                f"{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available (at most "
-                f"{fit} slots of {max_len} positions fit, leaving 20% for the rest)"
+                f"{num_slots} sequence(s) of {max_len} positions need "
+                f"{need / 2**30:.1f} GiB of KV cache, {avail / 2**30:.1f} GiB available (at "
+                f"most {fit} positions a sequence fit, leaving 20% for the rest)"
             )
+
+    def budget_rows(self) -> int:
+        """Rows the cache may hold in memory at once: 80% of the memory available now
+        (what is resident already included), at most every slot full, at least one."""
+        avail = available_memory()
+        total = self.num_slots * self.max_len
+        if avail is None:
+            return total
+        fit = int((0.8 * avail) // self.bytes_per_token()) + self.resident_rows()
+        return max(min(fit, total), self.max_len)
 
     def bytes_per_token(self) -> int:
         """K+V bytes one token occupies across all layers."""
@@ -275,6 +317,8 @@ class KVCache:
         if self._holes[slot]:
             self._valid[slot, start : start + m] = True
         self._lengths[slot] = start + m
+        if start + m > self._resident[slot]:
+            self._resident[slot] = start + m
 
     def rollback(self, slot: int, length: int) -> None:
         """Forget everything after ``length`` committed tokens."""

@@ -75,6 +75,13 @@ class Metrics:
                 ("evictions", "Retained prefixes dropped for another request's slot"))}
         self.prefix_resident = Gauge("recallspec:prefix_cache_resident_tokens", "Tokens "
                                      "retained for reuse in free KV slots", m, registry=r)
+        self.prefix_budget = Gauge("recallspec:prefix_cache_budget_tokens", "Tokens the "
+                                   "prefix pool may hold (--prefix-cache-tokens)", m, registry=r)
+        self.kv_resident = Gauge("recallspec:kv_cache_resident_tokens", "KV rows the slots "
+                                 "may hold in memory now (running requests' and retained "
+                                 "prefixes')", m, registry=r)
+        self.kv_budget = Gauge("recallspec:kv_cache_budget_tokens", "KV rows admission keeps "
+                               "the slots within", m, registry=r)
         self._evictions = 0
         self._prefix_seen = PrefixCacheStats(0, 0, 0, 0, 0)
 
@@ -137,6 +144,13 @@ class Metrics:
                 counter.labels(m).inc(now - before)
         self.prefix_resident.labels(m).set(stats.resident_tokens)
         self._prefix_seen = stats
+
+    def kv_cache(self, resident: int, budget: int, prefix_budget: int) -> None:
+        """What the KV slots may hold, the admission budget and the prefix pool's."""
+        m = self._model
+        self.kv_resident.labels(m).set(resident)
+        self.kv_budget.labels(m).set(budget)
+        self.prefix_budget.labels(m).set(prefix_budget)
 
     def corpora(self, infos: Iterable[Any]) -> None:
         """The corpora registered (``CorpusInfo``s): how many in each status, and the
