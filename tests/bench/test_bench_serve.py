@@ -113,14 +113,16 @@ def test_end_to_end_against_a_real_server(tmp_path: Path) -> None:
                "--max-tokens", "8", "--out", str(out)])
     assert rc == 0
     rep = json.loads((out / "serve.json").read_text())
-    assert {"config", "machine", "prompts", "arrivals", "targets", "records",
-            "summaries"} <= rep.keys()
+    assert {"config", "workload", "machine", "sessions", "arrivals", "targets", "records",
+            "summaries", "prefix_cache"} <= rep.keys()
+    assert rep["config"]["context"] == 2048 and rep["workload"]["name"] == "spec_bench"
     assert rep["machine"]["cpus"] >= 1
     assert rep["targets"]["ours-fixed"]["skipped"] is None
     assert "--drafter" in rep["targets"]["ours-fixed"]["argv"]
     recs = rep["records"]
-    assert len(recs) == 3 and {r["category"] for r in recs} == {"qa", "translation",
-                                                                "math_reasoning"}
+    assert len(recs) == 3 and {r["source"] for r in recs} == {"qa", "translation",
+                                                              "math_reasoning"}
+    assert {(r["workload"], r["turn"]) for r in recs} == {("spec_bench", 0)}
     assert [r["scheduled_s"] for r in recs] == pytest.approx(rep["arrivals"]["4.0"], abs=1e-6)
     for r in recs:
         assert r["ok"], r["error"]
@@ -136,6 +138,7 @@ def test_end_to_end_against_a_real_server(tmp_path: Path) -> None:
     assert s["output_tok_per_s"] > 0 and s["e2e_s"]["p99"] >= s["e2e_s"]["p50"] > 0
     md = (out / "serve.md").read_text()
     assert "## 4 req/s" in md and "| ours-fixed |" in md and "TTFT p50" in md
+    assert "TTFT 2+" not in md and "Prefix cache" not in md  # single-turn sessions
     assert (out / "serve.png").stat().st_size > 0
     assert (out / "logs" / "ours-fixed-4.log").is_file()
 
@@ -160,7 +163,8 @@ def test_llamacpp_targets_are_native_llama_server(tmp_path: Path,
     bin_dir = install(tmp_path / "bin")
     monkeypatch.setenv(BIN_ENV, str(bin_dir))
     plain, spec = (make_target(n, cfg) for n in cfg.targets)
-    assert unavailable(plain, cfg) is None and plain.request_fields(launched=True) == {}
+    assert unavailable(plain, cfg) is None
+    assert plain.request_fields(launched=True) == {"cache_prompt": True}
     argv, env = command(plain, cfg, 8123)
     assert argv[0] == str(bin_dir / "llama-server") and env == {}
     flags = dict(zip(argv[1::2], argv[2::2], strict=False))

@@ -1,5 +1,13 @@
-"""The load generator of ``recallspec bench serve``: Poisson arrivals, streamed chat
-requests, and what each request measured.
+"""The load generator of ``recallspec bench serve``: sessions starting at Poisson
+arrivals, each sending its streamed chat requests in a closed loop, and what each request
+measured.
+
+Sessions (``serve_workloads.Session``) are independent clients: session i starts at
+``arrivals[i]`` whatever the others do (an open loop across sessions), and sends its
+request k + 1 as soon as the stream of request k has ended (a closed loop within it, no
+think time), with the text this server just answered in the transcript, as a chat client
+does: after the first turn each target is sent its own answers. A request that fails
+ends its session: the turns after it are recorded as not sent.
 
 Times are ``perf_counter`` seconds on the client, taken as each Server-Sent Event line
 arrives. TTFT runs from sending the request to the first chunk that carries a token
@@ -19,6 +27,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from recallspec.bench.serve_workloads import Session, messages
 
 WARMUP_MESSAGE = "Say hello."
 
@@ -43,10 +53,14 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
 class RequestRecord:
     target: str
     rate: float
-    index: int  # position in the arrival order
-    question_id: str
-    category: str
-    scheduled_s: float  # Poisson arrival time, from the start of the rate's run
+    index: int  # its session's position in the arrival order
+    session: str  # its session's id
+    source: str  # its session's data (a Spec-Bench category, mt_bench, sharegpt, ...)
+    # When it was due, from the start of the rate's run: turn 0 at its session's Poisson
+    # arrival, a later turn when the previous one ended.
+    scheduled_s: float
+    workload: str = "spec_bench"
+    turn: int = 0  # 0-based position in its session
     sent_s: float | None = None  # when it was actually sent (the client may lag)
     end_s: float | None = None  # when it ended, successfully or not
     ok: bool = False
@@ -58,6 +72,9 @@ class RequestRecord:
     streamed_tokens: int = 0  # counted from the chunks
     usage_completion_tokens: int | None = None
     prompt_tokens: int | None = None
+    # usage.prompt_tokens_details.cached_tokens: prompt tokens the server did not prefill
+    # (ours and llama-server send it; None when the server does not).
+    cached_tokens: int | None = None
     chunks: int = 0  # chunks that carried tokens
     finish_reason: str | None = None
     text: str = ""
@@ -66,11 +83,11 @@ class RequestRecord:
     speculative_decoding: dict[str, Any] | None = None
 
 
-def request_body(model: str, prompt: str, max_tokens: int, extra: dict[str, Any]
-                 ) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, **extra}
+def request_body(model: str, messages: list[dict[str, str]], max_tokens: int,
+                 extra: dict[str, Any]) -> dict[str, Any]:
+    return {"model": model, "messages": messages, "max_tokens": max_tokens,
+            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+            **extra}
 
 
 async def stream_request(client: Any, body: dict[str, Any], rec: RequestRecord,
@@ -120,6 +137,8 @@ async def _consume(client: Any, body: dict[str, Any], rec: RequestRecord, t_send
             if usage:
                 rec.usage_completion_tokens = int(usage["completion_tokens"])
                 rec.prompt_tokens = int(usage["prompt_tokens"])
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                rec.cached_tokens = None if cached is None else int(cached)
             for ch in obj.get("choices") or []:
                 text = (ch.get("delta") or {}).get("content") or ""
                 ids = ch.get("token_ids")
@@ -138,35 +157,43 @@ async def _consume(client: Any, body: dict[str, Any], rec: RequestRecord, t_send
     rec.error = "the stream ended without data: [DONE]"
 
 
-@dataclass(frozen=True)
-class Prompt:
-    question_id: str
-    category: str
-    text: str
-
-
-async def run_rate(base: str, model: str, target: str, prompts: Sequence[Prompt],
-                   arrivals: Sequence[float], rate: float, max_tokens: int,
-                   extra: dict[str, Any], timeout: float) -> list[RequestRecord]:
-    """``prompts[i]`` sent at ``arrivals[i]`` seconds, all streamed concurrently; one
-    record each, in arrival order."""
+async def run_sessions(base: str, model: str, target: str, workload: str,
+                       sessions: Sequence[Session], arrivals: Sequence[float], rate: float,
+                       max_tokens: int, extra: dict[str, Any], timeout: float
+                       ) -> list[RequestRecord]:
+    """``sessions[i]`` started at ``arrivals[i]`` seconds, its requests streamed one after
+    another (see the module docstring), all sessions concurrently; one record per turn,
+    in arrival order, then turn order."""
     import httpx
 
-    recs = [RequestRecord(target, rate, i, p.question_id, p.category, round(a, 6))
-            for i, (p, a) in enumerate(zip(prompts, arrivals, strict=True))]
-    limits = httpx.Limits(max_connections=len(prompts) + 1, max_keepalive_connections=8)
+    if len(sessions) != len(arrivals):
+        raise ValueError("one arrival time per session")
+    recs: list[list[RequestRecord]] = [[] for _ in sessions]
+    limits = httpx.Limits(max_connections=len(sessions) + 1, max_keepalive_connections=8)
     async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(timeout),
                                  limits=limits) as client:
         t0 = time.perf_counter()
-        tasks = []
-        for p, a, rec in zip(prompts, arrivals, recs, strict=True):
-            delay = t0 + a - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            body = request_body(model, p.text, max_tokens, extra)
-            tasks.append(asyncio.create_task(stream_request(client, body, rec, t0, timeout)))
-        await asyncio.gather(*tasks)
-    return recs
+
+        async def session(i: int) -> None:
+            s, due = sessions[i], arrivals[i]
+            await asyncio.sleep(max(0.0, t0 + due - time.perf_counter()))
+            answers: list[str] = []
+            failed = False
+            for k in range(len(s.turns)):
+                rec = RequestRecord(target, rate, i, s.id, s.source, round(due, 6),
+                                    workload=workload, turn=k)
+                recs[i].append(rec)
+                if failed:
+                    rec.error = "not sent: an earlier turn of its session failed"
+                    continue
+                body = request_body(model, messages(s, k, answers), max_tokens, extra)
+                await stream_request(client, body, rec, t0, timeout)
+                failed = not rec.ok
+                answers.append(rec.text)
+                due = rec.end_s if rec.end_s is not None else due
+
+        await asyncio.gather(*(session(i) for i in range(len(sessions))))
+    return [r for rs in recs for r in rs]
 
 
 async def warm_up(base: str, model: str, extra: dict[str, Any], timeout: float) -> str | None:
@@ -175,7 +202,7 @@ async def warm_up(base: str, model: str, extra: dict[str, Any], timeout: float) 
     import httpx
 
     rec = RequestRecord("warm-up", 0.0, 0, "-", "-", 0.0)
+    body = request_body(model, [{"role": "user", "content": WARMUP_MESSAGE}], 8, extra)
     async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(timeout)) as client:
-        await stream_request(client, request_body(model, WARMUP_MESSAGE, 8, extra), rec,
-                             time.perf_counter(), timeout)
+        await stream_request(client, body, rec, time.perf_counter(), timeout)
     return rec.error

@@ -2,8 +2,12 @@
 
 Per (target, rate): throughput over the run's span (first request sent -> last one
 ended) in output tokens/s and completed requests/s; TTFT and end-to-end latency p50 /
-p99 over successful requests; ITL p50 / p99 over all their inter-token gaps pooled
-(as vLLM's serving benchmark); errors counted, never averaged in.
+p99 over successful requests; TTFT again over the turns >= 2 of their sessions (turn
+index >= 1: the requests whose prompt starts with an earlier request's, what a prefix
+cache serves) with the share of their prompt tokens the server reported cached; ITL
+p50 / p99 over all inter-token gaps pooled (as vLLM's serving benchmark); errors
+counted, never averaged in. ``prefix_rows`` sets each of our targets beside its
+``-nocache`` twin and llama-server.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from recallspec.bench.report import peer_line
 from recallspec.bench.serve_client import RequestRecord
+from recallspec.bench.serve_targets import NOCACHE, OURS_TARGETS
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
@@ -36,20 +41,34 @@ def _stats(xs: Sequence[float]) -> dict[str, float | None]:
             "p50": percentile(xs, 50), "p99": percentile(xs, 99)}
 
 
+def _cached_share(recs: Sequence[RequestRecord]) -> float | None:
+    """Cached / prompt tokens summed over the requests whose server reported both."""
+    both = [r for r in recs if r.cached_tokens is not None and r.prompt_tokens]
+    total = sum(r.prompt_tokens or 0 for r in both)
+    return sum(r.cached_tokens or 0 for r in both) / total if total else None
+
+
 def summarize(recs: Sequence[RequestRecord]) -> dict[str, Any]:
     """The figures of one target at one rate (``recs``: that run's records)."""
     ok = [r for r in recs if r.ok]
+    later = [r for r in ok if r.turn >= 1]
     sent = [r.sent_s for r in recs if r.sent_s is not None]
     ended = [r.end_s for r in recs if r.end_s is not None]
     span = max(ended) - min(sent) if sent and ended else 0.0
     tokens = sum(r.output_tokens for r in ok)
     return {
+        "sessions": len({r.index for r in recs}),
         "requests": len(recs), "completed": len(ok), "errors": len(recs) - len(ok),
+        "later_turns": len([r for r in recs if r.turn >= 1]),
         "error_messages": sorted({r.error for r in recs if r.error})[:5],
         "duration_s": span, "output_tokens": tokens,
         "output_tok_per_s": tokens / span if span > 0 else None,
         "req_per_s": len(ok) / span if span > 0 else None,
         "ttft_s": _stats([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "ttft_later_s": _stats([r.ttft_s for r in later if r.ttft_s is not None]),
+        "cached_share": _cached_share(ok), "cached_share_later": _cached_share(later),
+        # Against the context every server got: the longest prompt it reported.
+        "max_prompt_tokens": max((r.prompt_tokens for r in ok if r.prompt_tokens), default=None),
         "itl_s": _stats([x for r in ok for x in r.itl_s]),
         "e2e_s": _stats([r.e2e_s for r in ok if r.e2e_s is not None]),
         # How late the client sent requests against the schedule (a busy client skews).
@@ -59,11 +78,29 @@ def summarize(recs: Sequence[RequestRecord]) -> dict[str, Any]:
 
 
 def summaries(recs: Iterable[RequestRecord]) -> list[dict[str, Any]]:
-    """One summary per (target, rate), in the order the records came."""
-    groups: dict[tuple[str, float], list[RequestRecord]] = {}
+    """One summary per (workload, target, rate), in the order the records came."""
+    groups: dict[tuple[str, str, float], list[RequestRecord]] = {}
     for r in recs:
-        groups.setdefault((r.target, r.rate), []).append(r)
-    return [{"target": t, "rate": rate, **summarize(g)} for (t, rate), g in groups.items()]
+        groups.setdefault((r.workload, r.target, r.rate), []).append(r)
+    return [{"workload": w, "target": t, "rate": rate, **summarize(g)}
+            for (w, t, rate), g in groups.items()]
+
+
+def prefix_rows(sums: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (workload, rate) and each of our targets run with or without its prefix
+    cache: TTFT p50 over turns >= 2 with the cache (``on``), without (``off``) and of
+    every llama.cpp target (``llamacpp``: name -> p50); None where not measured."""
+    p50 = {(s["workload"], s["rate"], s["target"]): s["ttft_later_s"]["p50"] for s in sums}
+    rows = []
+    for w, rate in dict.fromkeys((s["workload"], s["rate"]) for s in sums):
+        peers = {t: v for (w2, r2, t), v in p50.items()
+                 if (w2, r2) == (w, rate) and t.startswith("llamacpp")}
+        for base in OURS_TARGETS:
+            on, off = p50.get((w, rate, base)), p50.get((w, rate, base + NOCACHE))
+            if (w, rate, base) in p50 or (w, rate, base + NOCACHE) in p50:
+                rows.append({"workload": w, "rate": rate, "target": base, "on": on,
+                             "off": off, "llamacpp": peers})
+    return rows
 
 
 def _ms(x: float | None) -> str:
@@ -74,25 +111,48 @@ def _num(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else f"{x:{spec}}"
 
 
-def rate_label(rate: float) -> str:
-    return f"{rate:g} req/s"
+def rate_label(rate: float, workload: str = "spec_bench") -> str:
+    """Spec-Bench's sessions are single requests: its rate reads as requests/s."""
+    return f"{rate:g} {'req' if workload == 'spec_bench' else 'sessions'}/s"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}x"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
 
 
 def render_markdown(rep: dict[str, Any]) -> str:
-    cfg, m = rep["config"], rep["machine"]
+    cfg, m, wl = rep["config"], rep["machine"], rep["workload"]
+    workload = wl["name"]
+    later = any(s["later_turns"] for s in rep["summaries"])
+    load = (f"{cfg['requests']} requests per rate at Poisson arrivals (seed {cfg['seed']})"
+            if cfg["sessions"] == cfg["requests"] else
+            f"{cfg['sessions']} sessions ({cfg['requests']} requests) per rate, starting at "
+            f"Poisson arrivals (seed {cfg['seed']}), each sending its next request when the "
+            "previous answer has ended")
     lines = [
         "# Serving benchmark", "",
-        f"Spec-Bench first turns as chat requests ({cfg['requests']} per rate, Poisson arrivals, "
-        f"seed {cfg['seed']}), streamed, max_tokens {cfg['max_tokens']}, temperature 0; "
-        f"model `{cfg['model'] or 'default'}`, {cfg['threads']} threads per server, context "
-        f"{cfg['context']}; machine: {m.get('cpu')}, {m.get('cpus')} CPUs, "
+        f"Workload `{workload}`: {wl['description']}; {load}; "
+        f"streamed, max_tokens {cfg['max_tokens']}, temperature 0; model "
+        f"`{cfg['model'] or 'default'}`, {cfg['threads']} threads per server, context "
+        f"{cfg['context']} per sequence; machine: {m.get('cpu')}, {m.get('cpus')} CPUs, "
         f"load {m.get('loadavg_1m')} at the start.", "",
         "Throughput: output tokens (and completed requests) per second from the first "
         "request sent to the last one ended. Latencies in ms: TTFT to the first token, "
         "ITL per token (a chunk of k tokens counts k gaps of 1/k its wait), e2e to the "
-        "stream's end.", "",
-        "| target | what |", "|---|---|",
+        "stream's end."
+        + (" TTFT 2+: over the turns >= 2 of the sessions; cached: the share of those "
+           "turns' prompt tokens the server reported as cached "
+           "(`usage.prompt_tokens_details.cached_tokens`)." if later else ""), "",
     ]
+    if wl.get("history"):
+        lines += ["Every target's transcript carries its own earlier answers (as a chat "
+                  "client sends them), so after the first turn the targets' prompts differ "
+                  "where their answers do.", ""]
+    lines += ["| target | what |", "|---|---|"]
     for name, t in rep["targets"].items():
         what = t["description"] + (f" — **skipped**: {t['skipped']}" if t.get("skipped") else "")
         lines.append(f"| {name} | {what} |")
@@ -103,27 +163,52 @@ def render_markdown(rep: dict[str, Any]) -> str:
     for s in rep["summaries"]:
         by_rate.setdefault(s["rate"], []).append(s)
     for rate in sorted(by_rate):
-        lines += ["", f"## {rate_label(rate)}", "",
-                  "| target | req/s | output tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 "
-                  "| e2e p50 | e2e p99 | errors |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        extra_head = " TTFT 2+ p50 | TTFT 2+ p99 | cached 2+ |" if later else ""
+        lines += ["", f"## {rate_label(rate, workload)}", "",
+                  "| target | req/s | output tok/s | TTFT p50 | TTFT p99 |" + extra_head
+                  + " ITL p50 | ITL p99 | e2e p50 | e2e p99 | errors |",
+                  "|---|" + "---:|" * (12 if later else 9)]
         for s in by_rate[rate]:
+            extra = (f" {_ms(s['ttft_later_s']['p50'])} | {_ms(s['ttft_later_s']['p99'])} "
+                     f"| {_pct(s['cached_share_later'])} |" if later else "")
             lines.append(
                 f"| {s['target']} | {_num(s['req_per_s'])} | {_num(s['output_tok_per_s'], '.1f')} "
-                f"| {_ms(s['ttft_s']['p50'])} | {_ms(s['ttft_s']['p99'])} "
-                f"| {_ms(s['itl_s']['p50'])} | {_ms(s['itl_s']['p99'])} "
+                f"| {_ms(s['ttft_s']['p50'])} | {_ms(s['ttft_s']['p99'])} |{extra}"
+                f" {_ms(s['itl_s']['p50'])} | {_ms(s['itl_s']['p99'])} "
                 f"| {_ms(s['e2e_s']['p50'])} | {_ms(s['e2e_s']['p99'])} "
                 f"| {s['errors']}/{s['requests']} |")
-    errs = [f"- {s['target']} at {rate_label(s['rate'])}: {msg}"
+    if later:
+        lines += _prefix_section(rep["summaries"], workload)
+    errs = [f"- {s['target']} at {rate_label(s['rate'], workload)}: {msg}"
             for s in rep["summaries"] for msg in s["error_messages"]]
     if errs:
         lines += ["", "Errors (first distinct messages):", "", *errs]
     return "\n".join(lines) + "\n"
 
 
+def _prefix_section(sums: Sequence[dict[str, Any]], workload: str) -> list[str]:
+    """TTFT p50 over turns >= 2: each of our targets with vs without its prefix cache,
+    and vs llama-server (its own prompt cache on)."""
+    rows = prefix_rows(sums)
+    if not rows:
+        return []
+    peers = list(dict.fromkeys(t for r in rows for t in r["llamacpp"]))
+    lines = ["", f"## Prefix cache: TTFT p50 over turns >= 2, `{workload}` (ms)", "",
+             "| rate | ours | cache on | cache off | on / off |"
+             + "".join(f" {p} | on / {p} |" for p in peers),
+             "|---|---|" + "---:|" * (3 + 2 * len(peers))]
+    for r in rows:
+        cells = "".join(f" {_ms(r['llamacpp'].get(p))} | {_ratio(r['on'], r['llamacpp'].get(p))} |"
+                        for p in peers)
+        lines.append(f"| {rate_label(r['rate'], workload)} | {r['target']} | {_ms(r['on'])} "
+                     f"| {_ms(r['off'])} | {_ratio(r['on'], r['off'])} |{cells}")
+    return lines
+
+
 def write_plot(rep: dict[str, Any], path: Path) -> bool:
-    """Output tokens/s and p50 end-to-end latency against the offered rate, a line per
-    target; False without matplotlib or results."""
+    """Output tokens/s, p50 end-to-end latency and (for sessions of several turns) p50
+    TTFT over turns >= 2 against the offered rate, a line per target; False without
+    matplotlib or results."""
     try:
         import matplotlib
 
@@ -134,22 +219,25 @@ def write_plot(rep: dict[str, Any], path: Path) -> bool:
     rows_all = rep["summaries"]
     if not rows_all:
         return False
-    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
+    panels = [("output_tok_per_s", None, "output tokens/s", "throughput"),
+              ("e2e_s", "p50", "seconds", "p50 end-to-end latency")]
+    if any(s["later_turns"] for s in rows_all):
+        panels.append(("ttft_later_s", "p50", "seconds", "p50 TTFT, turns >= 2"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    unit = rate_label(1, rep["workload"]["name"]).split(" ", 1)[1]
     for target in dict.fromkeys(s["target"] for s in rows_all):
         rows = sorted((s for s in rows_all if s["target"] == target), key=lambda s: s["rate"])
-        rates = [s["rate"] for s in rows]
-        ax_t.plot(rates, [s["output_tok_per_s"] or math.nan for s in rows], marker="o",
-                  label=target)
-        ax_e.plot(rates, [s["e2e_s"]["p50"] or math.nan for s in rows], marker="o",
-                  label=target)
-    ax_t.set(xlabel="offered rate (req/s)", ylabel="output tokens/s", title="throughput")
-    ax_e.set(xlabel="offered rate (req/s)", ylabel="seconds", title="p50 end-to-end latency")
+        for ax, (key, sub, _, _) in zip(axes, panels, strict=True):
+            ys = [s[key][sub] if sub else s[key] for s in rows]
+            ax.plot([s["rate"] for s in rows], [math.nan if y is None else y for y in ys],
+                    marker="o", label=target)
     rates = sorted({s["rate"] for s in rows_all})
-    for ax in (ax_t, ax_e):
+    for ax, (_, _, ylabel, title) in zip(axes, panels, strict=True):
+        ax.set(xlabel=f"offered rate ({unit})", ylabel=ylabel, title=title)
         ax.set_xticks(rates)
         ax.set_ylim(bottom=0)  # absolute scale: differences read as they are
         ax.grid(alpha=0.3)
-    ax_t.legend(fontsize=8)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

