@@ -111,8 +111,17 @@ def test_padding_kv_entries_are_invisible(engine: Any) -> None:
     assert int(want.argmax()) == int(got.argmax())
 
 
-def test_batch_larger_than_memory_is_refused(engine: Any) -> None:
-    with pytest.raises(ResourceError, match="max_batch_size"):
+def test_batch_larger_than_memory_serves_and_one_beyond_address_space_is_refused(
+        engine: Any) -> None:
+    # 256 slots x 4,096 positions: about 48 GB of float32 KV if reserved, more than this
+    # machine has; memory is taken as rows are written, admission keeps within a budget.
+    eng = Engine(engine.model, engine.tokenizer, EngineConfig(max_batch_size=256))
+    eng.use_cost_curve(engine.cost_curve())
+    assert eng.scheduler.kv_budget < 256 * eng.max_len
+    ids = eng.encode_prompt("Name three rivers in Europe.", chat=True)
+    p = SamplingParams(max_new_tokens=8)
+    assert eng.generate(ids, p).token_ids == engine.generate(ids, p).token_ids
+    with pytest.raises(ResourceError, match="max_batch_size"):  # 184 TB of address space
         Engine(engine.model, engine.tokenizer, EngineConfig(max_batch_size=1_000_000))
 
 

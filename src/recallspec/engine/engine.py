@@ -80,8 +80,9 @@ class Engine:
         self.max_len = min(self.context_len, self.config.max_len or 4096)
         try:  # (the model refuses a sequence larger than the free memory: new_cache)
             self.cache: KVCache = model.new_cache(self.config.max_batch_size, self.max_len)
-        except ResourceError as e:  # the engine's cache: its setting is what to lower
-            raise ResourceError(f"{e}; lower max_len (--max-len)") from None
+        except ResourceError as e:  # the engine's cache: its settings are what to lower
+            raise ResourceError(f"{e}; lower max_len (--max-len) or max_batch_size "
+                                "(--max-batch-size)") from None
         budget = self.config.kv_budget_tokens
         if budget is not None and budget < self.max_len:
             raise ValueError(f"kv_budget_tokens ({budget}) must hold one sequence of "

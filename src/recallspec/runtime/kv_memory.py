@@ -62,7 +62,13 @@ class LazyTensor:
         self.nbytes = count * elem
         # mmap of length 0 is an error; a 1-byte map backs an empty tensor.
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE
-        self._map = mmap.mmap(-1, max(self.nbytes, 1), flags=flags)
+        try:
+            self._map = mmap.mmap(-1, max(self.nbytes, 1), flags=flags)
+        except (OSError, OverflowError) as e:  # beyond the address space (or its limit)
+            from recallspec.errors import ResourceError
+
+            raise ResourceError(f"cannot reserve {self.nbytes / 2**30:.0f} GiB of address "
+                                f"space for the KV cache ({e})") from None
         flat = (torch.frombuffer(self._map, dtype=dtype, count=count) if count
                 else torch.empty(0, dtype=dtype))
         self.tensor = flat.view(shape)
