@@ -123,9 +123,11 @@ def inverse_cdf(p: torch.Tensor, u: float) -> int:
 
 
 class Weights:
-    """The target distribution of one row of logits as unnormalised weights, and the
-    residuals of multi-draft rejection: ``prob`` of a token, ``remove`` a rejected token
-    (its mass set to 0, the rest implicitly renormalised), ``draw`` one token.
+    """The target distribution of one row of logits as unnormalised weights: ``draw`` one
+    token (what plain sampling and verification do, ``spec/verify.py``), ``prob`` of a
+    token, and ``remove`` a token (its mass set to 0, the rest implicitly renormalised:
+    the residual distributions of rejection schemes; verification no longer uses them,
+    it draws each position's token and compares it with the draft).
 
     Plain sampling (temperature only, a float32 CPU row) runs in the C++ kernels
     (``csrc/native/sample_bind.cpp``): w = exp(x / t - max(x) / t) in the native forward's exp,
