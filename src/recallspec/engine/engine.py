@@ -239,12 +239,10 @@ class Engine:
         ids = self.prompt_ids(prompt, chat=chat)
         if how.sizing == "adaptive":
             self.cost_curve()  # measured (or read) once, before the request's clock starts
-        gen = None
-        if not params.greedy:  # the request's own: one uniform per committed token, in
-            # order (verify_sampling), so its tokens follow from the seed, whatever the
-            # batch or the drafts (numpy takes no negative seed: mod 2^64)
+        gen = None  # the request's own: one draw per committed token (verify_sampling), so
+        if not params.greedy:  # its tokens follow from the seed, whatever batch or drafts
             seed = params.seed if params.seed is not None else torch.seed()
-            gen = np.random.default_rng(seed % 2**64)
+            gen = np.random.default_rng(seed % 2**64)  # (numpy takes no negative seed)
         rid = next(self._rids)
         now = time.perf_counter()
         self.scheduler.add(Request(rid, ids, params, how.drafter, gen, request_id,
