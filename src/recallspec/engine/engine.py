@@ -41,6 +41,7 @@ from recallspec.engine.outputs import (
     RequestOutput,
     StepStats,
     commit_tokens,
+    record_logprobs,
     take_output,
 )
 from recallspec.engine.prefix_cache import PrefixCache, PrefixCacheStats
@@ -57,6 +58,7 @@ from recallspec.runtime.cost_curve import CostCurve
 from recallspec.runtime.kv_cache import KVCache, KVPrefix
 from recallspec.runtime.threads import decode_threads
 from recallspec.spec.draft_sizing import Sizing, draft_room
+from recallspec.spec.penalties import Penalties
 from recallspec.spec.sampling import SamplingParams
 from recallspec.spec.tree import DraftTree
 from recallspec.spec.verify import sample
@@ -243,8 +245,8 @@ class Engine:
         ids = self.prompt_ids(prompt, chat=chat)
         if how.sizing == "adaptive":
             self.cost_curve()  # measured (or read) once, before the request's clock starts
-        gen = None
-        if not params.greedy:
+        gen = None  # the request's own: one draw per committed token (verify_sampling), so
+        if not params.greedy:  # its tokens follow from the seed, whatever batch or drafts
             seed = params.seed if params.seed is not None else torch.seed()
             gen = np.random.default_rng(seed % 2**64)  # (numpy takes no negative seed)
         rid = next(self._rids)
@@ -353,6 +355,7 @@ class Engine:
         out = speculative_step(self.planner, decoding, rooms, native, self._commit)
         self.stats.draft_s += out.draft_s
         for c in out.committed:
+            record_logprobs(c.seq, c.logits, c.verdict.rows, c.taken)
             n_new = len(c.taken)
             c.seq.accept_lengths.append(n_new)
             c.seq.spec.add(n_new, len(c.tree), len(c.verdict.accepted_nodes))
@@ -369,11 +372,13 @@ class Engine:
             self.stats.decode_only_tokens += self.stats.new_tokens - new_before
         for req, row in native.result.first_rows:
             try:
-                first = sample(row, req.params, req.generator)
+                first = sample(row, req.params, req.generator,
+                               Penalties.of(req.params, req.prompt, ()))
             except Exception as e:
                 req.fail(e)
                 continue
             taken = self._commit(req, [first])
+            record_logprobs(req, row[None], (0,), taken)
             err = tell_drafter(req, taken, DraftTree.empty(), row[None])
             if err is not None:
                 req.fail(err)

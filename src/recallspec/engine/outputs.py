@@ -8,6 +8,8 @@ generated tokens, never emits half a UTF-8 character, and holds back the last
 never streamed. The concatenated deltas equal ``GenerationResult.text`` (the full
 decode, cut before the first stop string) for tokenizers whose decoding of a prefix is
 a prefix of the decoding (byte-level BPE; SentencePiece through the offset window).
+A request asking for logprobs gets one per committed token (``record_logprobs``), handed
+out with its token.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from recallspec.engine.request import Request
+from recallspec.spec.logprobs import TokenLogprob, token_logprob
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -33,6 +38,7 @@ class GenerationResult:
     error: str | None = None  # set (with finish_reason "error") when the request failed
     latency: float = 0.0  # seconds from the request's arrival (or the call) to its end
     cached_tokens: int = 0  # prompt tokens whose KV was reused, not prefilled (prefix cache)
+    logprobs: list[TokenLogprob] | None = None  # per token of token_ids (params.logprobs)
 
     @property
     def new_tokens(self) -> int:
@@ -111,6 +117,8 @@ class RequestOutput:
     error: str | None = None  # finish_reason "error": the message
     exception: BaseException | None = None  # ... and what was raised inside the step
     result: GenerationResult | None = None  # the last output: the whole request
+    # Per token of new_token_ids when the request asked for logprobs (else empty).
+    new_logprobs: tuple[TokenLogprob, ...] = ()
 
 
 # ---- committing text ---------------------------------------------------------------
@@ -139,6 +147,19 @@ def commit_tokens(
     if hit_stop(req, before):
         req.finish_reason = "stop"
     return taken
+
+
+def record_logprobs(
+    req: Request, logits: torch.Tensor | None, rows: Sequence[int], taken: Sequence[int],
+) -> None:
+    """Append the log-probabilities of committed tokens ``taken`` (token j chosen from
+    row ``rows[j]`` of ``logits``: ``Verdict.rows``) when the request asks for them."""
+    k = req.params.logprobs
+    if k is None:
+        return
+    assert logits is not None, "the runner keeps the rows of a request asking for logprobs"
+    req.logprobs.extend(token_logprob(logits[r], t, k)
+                        for r, t in zip(rows, taken, strict=False))
 
 
 def extend_text(req: Request, decode: Decode) -> None:
@@ -181,6 +202,7 @@ def take_output(req: Request, decode: Decode) -> RequestOutput:
     req.num_committed_out = len(req.generated)
     ids = req.output_ids
     new_ids = tuple(ids[req.num_reported :])
+    new_logprobs = tuple(req.logprobs[req.num_reported : len(ids)])
     req.num_reported = len(ids)
     result = None
     if req.is_finished:
@@ -192,6 +214,7 @@ def take_output(req: Request, decode: Decode) -> RequestOutput:
             finish_reason=req.finish_reason or "length", accept_lengths=list(req.accept_lengths),
             wall_time=now - req.t_start if req.t_start else 0.0, prefill_time=req.prefill_time,
             error=req.error, latency=now - req.arrival, cached_tokens=req.reused,
+            logprobs=req.logprobs[: len(ids)] if req.params.logprobs is not None else None,
         )
     else:
         stop = req.params.stop
@@ -204,4 +227,5 @@ def take_output(req: Request, decode: Decode) -> RequestOutput:
         finished=req.is_finished, finish_reason=req.finish_reason,
         num_prompt_tokens=len(req.prompt), num_committed=num_committed,
         spec=SpecStats.of(req), error=req.error, exception=req.exception, result=result,
+        new_logprobs=new_logprobs,
     )

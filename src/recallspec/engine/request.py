@@ -17,6 +17,7 @@ import numpy as np
 from recallspec.drafters.base import Drafter
 from recallspec.errors import RecallspecError
 from recallspec.spec.draft_sizing import Sizing
+from recallspec.spec.logprobs import TokenLogprob
 from recallspec.spec.sampling import SamplingParams
 from recallspec.step.sequence import DraftState
 
@@ -75,6 +76,8 @@ class Request:
     prefilled: int = 0  # prompt tokens already in the KV cache
     reused: int = 0  # of them, tokens whose KV a previous request left (prefix cache)
     generated: list[int] = field(default_factory=list)  # committed tokens incl. a final EOS
+    # With ``params.logprobs``: one per token of ``generated``, in order (empty otherwise).
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     accept_lengths: list[int] = field(default_factory=list)  # tokens per verification step
     finish_reason: str | None = None
     error: str | None = None  # finish_reason "error": what went wrong

@@ -7,9 +7,9 @@ Every decoding request feeds its root (the last committed token) and its draft t
 the plan's prompt chunks follow; all in ONE ragged forward with no padding of inputs or
 KV cache (EMS-SD). Each request then keeps its own accepted path: the KV cache compacts
 it and the slot advances by its own count. Greedy requests verify by each row's argmax
-as the native forward returns it (``BatchMetadata.argmax``), reading no logits; the
-logits rows are sliced only for sampling, for drafters that read them, and for forwards
-without it.
+as the native forward returns it (``BatchMetadata.argmax``), reading no logits, unless a
+penalty changes their argmax (``spec/penalties.py``); the logits rows are sliced only for
+sampling, penalties, logprobs, drafters that read them, and forwards without argmax.
 
 A ``Runner`` subclass may change the cost of a step, never its tokens, through two
 hooks: ``decoding_inputs`` may append rows after a request's root and tree (rows that
@@ -34,6 +34,7 @@ from recallspec.engine.scheduler import PrefillChunk
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.kv_cache import KVCache
 from recallspec.runtime.linear import forward_threads
+from recallspec.spec.penalties import Penalties
 from recallspec.spec.tree import DraftTree
 from recallspec.spec.verify import verify_greedy, verify_greedy_argmax, verify_sampling
 from recallspec.step.core import Verified
@@ -113,19 +114,22 @@ class Runner:
         for b, (req, tree) in enumerate(zip(decoding, trees, strict=True)):
             first, end, off = off, off + 1 + len(tree), off + n_rows[b]  # extra rows after end
             stats.draft_nodes += len(tree)
-            greedy_ids = argmax[first:end] if req.params.greedy else []
+            params = req.params
             try:
-                if greedy_ids:  # no tensor op unless the drafter reads the rows
+                pen = Penalties.of(params, req.prompt, req.generated)
+                greedy_ids = argmax[first:end] if params.greedy and pen is None else []
+                if greedy_ids:  # no tensor op unless the rows are read
                     verdict = verify_greedy_argmax(*as_lists[b], greedy_ids)
-                    rows = logits[first:end] if req.drafter.needs_logits else None
+                    rows = (logits[first:end] if req.drafter.needs_logits
+                            or params.logprobs is not None else None)
                 else:
                     rows = logits[first:end]
-                    verdict = (verify_greedy(tree, rows) if req.params.greedy
-                               else verify_sampling(tree, rows, req.params, req.generator))
+                    verdict = (verify_greedy(tree, rows, pen) if params.greedy else
+                               verify_sampling(tree, rows, params, req.generator, pen))
             except Exception as e:
                 failed.append((req, e))
                 continue
-            keep = [0, *(n + 1 for n in verdict.accepted_nodes)]
+            keep = [0, *(n + 1 for n in verdict.accepted_nodes)]  # root + accepted path
             cache.commit(req.slot, meta.cache_lens[b], keep)
             verified.append(Verified(req, tree, verdict, rows))
         first_rows: list[tuple[Request, torch.Tensor]] = []

@@ -1,7 +1,7 @@
 """An OpenAI-compatible server over the engine (``recallspec serve``).
 
 ``engine_loop``: the engine's own thread and the queues to it; ``protocol``: request
-validation and response shapes; ``app``: the FastAPI routes; ``corpora``: the live
+validation; ``responses``: response shapes; ``app``: the FastAPI routes; ``corpora``: the live
 corpus routes (``/v1/corpora``); ``errors``: error bodies and body parsing;
 ``metrics``: Prometheus.
 """

@@ -3,10 +3,11 @@
 Every error is an OpenAI error body with a 4xx status for the client's mistakes
 (malformed JSON, wrong types, unknown fields or model, unsupported parameters, prompts
 the engine refuses, a full queue: 429 with Retry-After, no or a wrong bearer token: 401)
-and 500 only for our own failures. The corpus routes (``/v1/corpora``) live in
-``corpora.py``. A streaming client that disconnects aborts its
-request (Starlette cancels the stream; the abort reaches the engine before its next
-step); a non-streaming one is watched for the same.
+and 500 only for our own failures. A request with ``n`` choices runs as ``n`` engine
+requests, added together and answered in one body or one stream of interleaved chunks.
+The corpus routes (``/v1/corpora``) live in ``corpora.py``. A streaming client that
+disconnects aborts its request (Starlette cancels the stream; the abort reaches the
+engine before its next step); a non-streaming one is watched for the same.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import contextlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recallspec.engine import RequestOutput
 from recallspec.server import protocol as P
+from recallspec.server import responses as R
 from recallspec.server.corpora import add_corpus_routes
-from recallspec.server.engine_loop import Accepted, EngineLoop, Rejected, RequestStream
+from recallspec.server.engine_loop import Accepted, EngineLoop, Rejected, RequestStream, merged
 from recallspec.server.errors import ApiError, parse
+from recallspec.spec.logprobs import TokenLogprob
 
 
 def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
@@ -116,95 +120,143 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
             sub = P.submission(req, engine.max_len, int(engine.model.config.vocab_size))
         except ValueError as e:
             raise ApiError(400, str(e)) from None
-        stream = RequestStream(asyncio.get_running_loop(), sub)
-        loop.submit(stream)
-        first = await stream.get()
-        if isinstance(first, Rejected):
-            headers = {"Retry-After": "1"} if first.status == 429 else None
-            raise ApiError(first.status, first.message, first.param, headers=headers)
-        assert isinstance(first, Accepted)
-        chat = isinstance(req, P.ChatRequest)
-        ids = bool(req.recallspec and req.recallspec.return_token_ids)
+        aloop = asyncio.get_running_loop()
+        streams = [RequestStream(aloop, sub, i) for i in range(sub.n)]
+        loop.submit(streams)
+        firsts = [await s.get() for s in streams]
+        for first in firsts:  # the engine thread takes or refuses the choices together
+            if isinstance(first, Rejected):
+                headers = {"Retry-After": "1"} if first.status == 429 else None
+                raise ApiError(first.status, first.message, first.param, headers=headers)
+        acc = firsts[0]
+        assert isinstance(acc, Accepted)
+        reply = _Reply(sub, streams, acc.num_prompt_tokens, isinstance(req, P.ChatRequest),
+                       bool(req.recallspec and req.recallspec.return_token_ids),
+                       engine.tokenizer.decode, loop)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _EventStream(sse(stream, first, chat, ids, usage),
-                                on_close=lambda: loop.abort(stream))
-        return await collect(request, stream, first, chat, ids)
+            return _EventStream(sse(reply, usage), on_close=reply.abort)
+        return await collect(request, reply)
 
-    async def collect(request: Request, stream: RequestStream, acc: Accepted, chat: bool,
-                      ids: bool) -> Response:
+    async def collect(request: Request, reply: _Reply) -> Response:
         async def watch() -> None:  # a client that hangs up aborts its request
             while (await request.receive())["type"] != "http.disconnect":
                 pass
-            loop.abort(stream)
+            reply.abort()
 
         watcher = asyncio.ensure_future(watch())
-        text: list[str] = []
-        tokens: list[int] = []
-        done = False
+        n = len(reply.streams)
+        text: list[list[str]] = [[] for _ in range(n)]
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
+        last: list[RequestOutput | None] = [None] * n
         try:
-            while True:
-                out = await stream.get()
-                if isinstance(out, Rejected):
-                    done = True
-                    raise ApiError(out.status, out.message)
-                assert isinstance(out, RequestOutput)
-                text.append(out.new_text)
-                tokens += out.new_token_ids
-                if out.finished:
-                    done = True
-                    break
+            async with contextlib.aclosing(merged(reply.streams)) as outs:
+                async for i, out in outs:
+                    if isinstance(out, Rejected):
+                        raise ApiError(out.status, out.message)
+                    assert isinstance(out, RequestOutput)
+                    text[i].append(out.new_text)
+                    tokens[i] += out.new_token_ids
+                    lps[i] += out.new_logprobs
+                    if out.finished:
+                        last[i] = out
+                        if out.finish_reason in ("abort", "error"):
+                            break
         finally:
             watcher.cancel()
-            if not done:  # cancelled (the server stops): free the slot
-                loop.abort(stream)
-        if out.finish_reason == "abort":
+            # Choices still running (another one failed, the server stops): free them.
+            reply.abort([s for s, o in zip(reply.streams, last, strict=True) if o is None])
+        ends = [o for o in last if o is not None]
+        if any(o.finish_reason == "abort" for o in ends):
             return Response(status_code=499)  # nobody is listening
-        if out.finish_reason == "error":
-            raise ApiError(500, f"the request failed: {out.error}")
-        body = P.envelope(stream.sub, model_name, chat, chunk=False)
-        body["choices"] = [P.choice(chat, "".join(text), out.finish_reason,
-                                    tokens if ids else None, delta=False)]
-        body.update(P.final_fields(out, acc.num_prompt_tokens, len(tokens)))
+        for o in ends:
+            if o.finish_reason == "error":
+                raise ApiError(500, f"the request failed: {o.error}")
+        assert len(ends) == n
+        body = R.envelope(reply.sub.request_id, model_name, reply.chat, chunk=False)
+        body["choices"] = [R.choice(
+            i, reply.chat, "".join(text[i]), o.finish_reason,
+            tokens[i] if reply.ids else None, delta=False,
+            logprobs=reply.logprobs(lps[i])[0] if reply.has_logprobs else None,
+        ) for i, o in enumerate(ends)]
+        body["usage"] = R.usage(reply.prompt_tokens, sum(map(len, tokens)), R.cached_tokens(ends))
+        body["metrics"] = R.spec_metrics(R.total_spec([o.spec for o in ends]))
         return JSONResponse(body)
 
-    async def sse(stream: RequestStream, acc: Accepted, chat: bool, ids: bool,
-                  usage: bool) -> AsyncIterator[str]:
+    async def sse(reply: _Reply, usage: bool) -> AsyncIterator[str]:
+        n = len(reply.streams)
         n_tokens = 0
-        if chat:  # OpenAI's first chunk: the role
-            yield _event(chunk(stream, chat, "", None, [] if ids else None, first=True))
-        while True:
-            out = await stream.get()
-            if isinstance(out, Rejected):
-                yield _event(P.error_body(out.message, "server_error"))
-                break
-            assert isinstance(out, RequestOutput)
-            n_tokens += len(out.new_token_ids)
-            if out.finish_reason == "error":
-                yield _event(P.error_body(f"the request failed: {out.error}", "server_error"))
-                break
-            if out.new_text or out.finished or (ids and out.new_token_ids):
-                c = chunk(stream, chat, out.new_text, out.finish_reason,
-                          list(out.new_token_ids) if ids else None)
+        offsets = [0] * n  # completions' text_offset, per choice
+        last: list[RequestOutput | None] = [None] * n
+        if reply.chat:  # OpenAI's first chunk of each choice: the role
+            for i in range(n):
+                yield _event(chunk(reply, i, "", None, [] if reply.ids else None, first=True))
+        async with contextlib.aclosing(merged(reply.streams)) as outs:
+            async for i, out in outs:
+                if isinstance(out, Rejected):
+                    yield _event(R.error_body(out.message, "server_error"))
+                    break
+                assert isinstance(out, RequestOutput)
+                n_tokens += len(out.new_token_ids)
+                if out.finish_reason == "error":
+                    yield _event(R.error_body(f"the request failed: {out.error}",
+                                              "server_error"))
+                    break
                 if out.finished:
-                    c["metrics"] = P.spec_metrics(out.spec)
-                yield _event(c)
-            if out.finished:
-                break
+                    last[i] = out
+                new_ids = bool(out.new_token_ids) and (reply.ids or reply.has_logprobs)
+                if out.new_text or out.finished or new_ids:
+                    lp = None
+                    if reply.has_logprobs and out.new_token_ids:
+                        lp, offsets[i] = reply.logprobs(out.new_logprobs, offsets[i])
+                    c = chunk(reply, i, out.new_text, out.finish_reason,
+                              list(out.new_token_ids) if reply.ids else None, logprobs=lp)
+                    if out.finished:
+                        c["metrics"] = R.spec_metrics(out.spec)
+                    yield _event(c)
         if usage:
-            c = P.envelope(stream.sub, model_name, chat, chunk=True)
-            cached = P.cached_tokens(out) if isinstance(out, RequestOutput) else 0
-            c.update(choices=[], usage=P.usage(acc.num_prompt_tokens, n_tokens, cached))
+            c = R.envelope(reply.sub.request_id, model_name, reply.chat, chunk=True)
+            c.update(choices=[], usage=R.usage(reply.prompt_tokens, n_tokens,
+                                               R.cached_tokens(last)))
             yield _event(c)
         yield "data: [DONE]\n\n"
 
-    def chunk(stream: RequestStream, chat: bool, text: str, reason: str | None,
-              token_ids: list[int] | None, first: bool = False) -> dict[str, Any]:
-        c = P.envelope(stream.sub, model_name, chat, chunk=True)
-        c["choices"] = [P.choice(chat, text, reason, token_ids, delta=True, first=first)]
+    def chunk(reply: _Reply, index: int, text: str, reason: str | None,
+              token_ids: list[int] | None, first: bool = False,
+              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        c = R.envelope(reply.sub.request_id, model_name, reply.chat, chunk=True)
+        c["choices"] = [R.choice(index, reply.chat, text, reason, token_ids, delta=True,
+                                 first=first, logprobs=logprobs)]
         return c
 
     return app
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """One response's request: its submission, a stream per choice, and its shape."""
+
+    sub: P.Submission
+    streams: list[RequestStream]  # [i]: choice i's
+    prompt_tokens: int
+    chat: bool
+    ids: bool  # choices carry token_ids
+    decode: Callable[[Sequence[int]], str]  # token texts of logprobs
+    loop: EngineLoop
+
+    @property
+    def has_logprobs(self) -> bool:
+        return self.sub.params.logprobs is not None
+
+    def logprobs(self, entries: Sequence[TokenLogprob], offset: int = 0,
+                 ) -> tuple[dict[str, Any], int]:
+        return R.logprobs(self.chat, entries, self.decode, offset)
+
+    def abort(self, streams: Sequence[RequestStream] | None = None) -> None:
+        """Abort ``streams`` (default: every choice; one that has ended ignores it)."""
+        for s in self.streams if streams is None else streams:
+            self.loop.abort(s)
 
 
 class _EventStream(StreamingResponse):

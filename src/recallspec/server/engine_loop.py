@@ -20,6 +20,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from recallspec.engine import Engine, RequestOutput, SpecStats
@@ -49,11 +50,14 @@ class Rejected:
 
 
 class RequestStream:
-    """One request's channel: commands go to the engine thread, outputs come back."""
+    """One engine request's channel (choice ``index`` of a submission): commands go to
+    the engine thread, outputs come back."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sub: Submission) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, sub: Submission, index: int = 0,
+                 ) -> None:
         self.loop = loop
         self.sub = sub
+        self.index = index
         self.queue: asyncio.Queue[Accepted | Rejected | RequestOutput] = asyncio.Queue()
         # Engine thread only:
         self.rid: int | None = None
@@ -70,12 +74,36 @@ class RequestStream:
         return await self.queue.get()
 
 
+async def merged(
+    streams: Sequence[RequestStream],
+) -> AsyncGenerator[tuple[int, Rejected | RequestOutput], None]:
+    """The items of several streams (a response's choices) as they come, each with its
+    stream's position, until each stream's last (finished or rejected); each stream's in
+    its order. Close it (``contextlib.aclosing``) to stop early."""
+    pending = {asyncio.ensure_future(s.get()): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=pending.__getitem__):
+                i = pending.pop(task)
+                item = task.result()
+                assert not isinstance(item, Accepted)  # (taken by the caller)
+                if not isinstance(item, Rejected) and not item.finished:
+                    pending[asyncio.ensure_future(streams[i].get())] = i
+                yield i, item
+    finally:
+        for task in pending:
+            task.cancel()
+
+
 class EngineLoop:
     def __init__(self, engine: Engine, metrics: Metrics, *, max_waiting: int) -> None:
         self.engine = engine
         self.metrics = metrics
         self.max_waiting = max_waiting
-        self._commands: queue.SimpleQueue[tuple[str, RequestStream]] = queue.SimpleQueue()
+        # ("add", a submission's streams) or ("abort", [one stream])
+        self._commands: queue.SimpleQueue[tuple[str, Sequence[RequestStream]]] = (
+            queue.SimpleQueue())
         self._streams: dict[int, RequestStream] = {}  # rid -> stream, engine thread only
         self._default_drafter = engine.config.default_drafter.name
         self._stop = threading.Event()
@@ -93,11 +121,12 @@ class EngineLoop:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, stream: RequestStream) -> None:
-        self._commands.put(("add", stream))
+    def submit(self, streams: Sequence[RequestStream]) -> None:
+        """Add a submission's choices, all or none (each stream's first item says)."""
+        self._commands.put(("add", list(streams)))
 
     def abort(self, stream: RequestStream) -> None:
-        self._commands.put(("abort", stream))
+        self._commands.put(("abort", [stream]))
 
     # ---- the engine thread -------------------------------------------------------------
     def _run(self) -> None:
@@ -118,11 +147,11 @@ class EngineLoop:
         except queue.Empty:
             cmd = None
         while cmd is not None:
-            kind, stream = cmd
+            kind, streams = cmd
             if kind == "add":
-                self._add(stream)
+                self._add(streams)
             else:
-                self._abort(stream)
+                self._abort(streams[0])
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
@@ -141,38 +170,51 @@ class EngineLoop:
             self.metrics.memory(eng.memory_stats())
             self.metrics.corpora(eng.corpora.list())
 
-    def _add(self, stream: RequestStream) -> None:
-        eng, sub = self.engine, stream.sub
+    def _add(self, streams: Sequence[RequestStream]) -> None:
+        """Add a submission's choices as engine requests: all of them, or (the queue is
+        full, the engine refuses one) none, each stream told which."""
+        eng = self.engine
         # Requests beyond the free slots wait; at most max_waiting of them.
-        if eng.num_waiting - eng.scheduler.free_slots >= self.max_waiting:
-            self.metrics.reject(429)
-            stream.post(Rejected(429, f"the server is busy ({eng.num_waiting} requests "
-                                      "waiting); retry later"))
+        if eng.num_waiting + len(streams) - 1 - eng.scheduler.free_slots >= self.max_waiting:
+            self._reject(streams, Rejected(429, f"the server is busy ({eng.num_waiting} "
+                                                "requests waiting); retry later"))
             return
+        rids: list[int] = []
+        try:
+            for stream in streams:
+                rids.append(self._add_one(stream))
+        except Exception as e:
+            for rid in rids:  # the choices already added go too (their outputs unsent)
+                eng.abort(rid)
+            if isinstance(e, RecallspecError):
+                param = "prompt" if isinstance(e, ContextLengthError) else None
+                self._reject(streams, Rejected(400, str(e), param))
+            else:
+                log.exception("adding a request failed")
+                self._reject(streams, Rejected(500, f"internal error: {type(e).__name__}: {e}"))
+            return
+        for stream, rid in zip(streams, rids, strict=True):
+            stream.rid = rid
+            self._streams[rid] = stream
+            req = eng.scheduler.get(rid)
+            n = len(req.prompt) if req is not None else 0
+            self.metrics.admitted(n)
+            stream.post(Accepted(rid, n))
+
+    def _add_one(self, stream: RequestStream) -> int:
+        sub = stream.sub
         # The default drafter by name gets the server's options (an --index, say) under
         # the request's own.
         drafter = None if sub.drafter in (None, self._default_drafter) else sub.drafter
-        try:
-            rid = eng.add_request(sub.prompt, sub.params, drafter=drafter,
-                                  drafter_options=sub.drafter_options, mode=sub.mode,
-                                  request_id=sub.request_id, tenant=sub.tenant,
-                                  memory=sub.memory)
-        except RecallspecError as e:
-            param = "prompt" if isinstance(e, ContextLengthError) else None
-            self.metrics.reject(400)
-            stream.post(Rejected(400, str(e), param))
-            return
-        except Exception as e:
-            log.exception("adding a request failed")
-            self.metrics.reject(500)
-            stream.post(Rejected(500, f"internal error: {type(e).__name__}: {e}"))
-            return
-        stream.rid = rid
-        self._streams[rid] = stream
-        req = eng.scheduler.get(rid)
-        n = len(req.prompt) if req is not None else 0
-        self.metrics.admitted(n)
-        stream.post(Accepted(rid, n))
+        return self.engine.add_request(
+            sub.prompt, sub.choice_params(stream.index), drafter=drafter,
+            drafter_options=sub.drafter_options, mode=sub.mode, request_id=sub.request_id,
+            tenant=sub.tenant, memory=sub.memory)
+
+    def _reject(self, streams: Sequence[RequestStream], why: Rejected) -> None:
+        self.metrics.reject(why.status)  # once per HTTP request
+        for stream in streams:
+            stream.post(why)
 
     def _abort(self, stream: RequestStream) -> None:
         if stream.rid is not None and stream.rid in self._streams:

@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from recallspec.server.protocol import error_body
+from recallspec.server.responses import error_body
 
 MAX_BODY = 8 << 20  # bytes; a prompt filling the context is far below this
 _KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",

@@ -1,18 +1,25 @@
 """The OpenAI request and response shapes the server speaks.
 
 Requests are validated strictly (pydantic, from the raw JSON): wrong types, missing or
-unknown fields and parameters we do not implement are a 400 naming the field, never a
-guess. Extensions: ``top_k`` and ``ignore_eos`` (as vLLM), and a ``recallspec`` object
+unknown fields, values out of range and parameters we do not implement (``logit_bias``,
+``best_of``, ``echo``, ``suffix``, tools, response formats) are a 400 naming the field,
+never a guess. Implemented beyond the basics: ``n`` (1..16 choices, each one engine
+request; with a ``seed``, choice i samples with seed + i, as vLLM), ``logprobs``
+(chat: ``logprobs`` + ``top_logprobs`` 0..20; completions: ``logprobs`` 0..5; the model's
+raw log-probabilities, ``spec/logprobs.py``), ``presence_penalty`` and
+``frequency_penalty`` (OpenAI's, -2..2). Extensions: ``top_k`` and ``ignore_eos`` (as
+vLLM), ``repeat_penalty`` and ``repeat_last_n`` (as llama.cpp's server; the penalties'
+semantics: ``spec/penalties.py``), and a ``recallspec`` object
 choosing the drafter, its options and the mode (the draft sizing, adaptive or fixed) per
 request (drafter "none" turns speculation off), the response-memory tenant and whether
 the request uses the memory, and asking for the generated token ids. The tenant is
 ``recallspec.tenant``, else OpenAI's ``user``: requests of one tenant draft from each
-other's outputs, never from another tenant's. Responses carry the request's speculation
-figures as ``metrics.speculative_decoding``.
+other's outputs, never from another tenant's. The responses' shapes: ``responses.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
@@ -20,12 +27,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from recallspec.engine import RequestOutput, SpecStats
-from recallspec.spec.sampling import SamplingParams
+from recallspec.spec.sampling import MAX_LOGPROBS, SamplingParams
 
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Scalar = StrictStr | StrictInt | StrictFloat | StrictBool
 Tenant = Annotated[str, Field(strict=True, min_length=1, max_length=256)]
+Penalty = Annotated[Finite, Field(ge=-2.0, le=2.0)]
+MAX_N = 16  # choices per request
+PENALTIES = ("presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n")
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's bound
 MIN_TEMPERATURE = 0.01  # 0 < t below this is taken as this (as vLLM): keeps logits / t finite
 # Drafter options naming files or models are the operator's (``recallspec serve``), not a
 # client's: a request may not make the server open paths.
@@ -68,35 +78,38 @@ class _Request(_Strict):
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
     recallspec: Extension | None = None
-    n: StrictInt | None = None
+    n: Annotated[int, Field(strict=True, ge=1, le=MAX_N)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repeat_penalty: Annotated[Finite, Field(gt=0.0)] | None = None  # llama.cpp's; 1 = off
+    repeat_last_n: Annotated[int, Field(strict=True, ge=-1)] | None = None  # -1: all
     # The response-memory tenant unless ``recallspec.tenant`` names one ("" = none).
     user: Annotated[str, Field(strict=True, max_length=256)] | None = None
     # Understood, not implemented: anything but the neutral value is a 400.
-    logprobs: Any = None
     logit_bias: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
 
     def unsupported(self) -> str | None:
         """The first parameter set to something we do not implement, if any."""
-        if self.n not in (None, 1):
-            return "n"
-        if self.logprobs not in (None, False):
-            return "logprobs"
         if self.logit_bias not in (None, {}):
             return "logit_bias"
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                return name
         return None
+
+    def top_logprobs_asked(self) -> int | None:
+        """Alternatives per token the response reports (None: no logprobs)."""
+        raise NotImplementedError
 
 
 class CompletionRequest(_Request):
     prompt: StrictStr | Annotated[list[StrictInt], Field(min_length=1)] | Annotated[
         list[StrictStr], Field(min_length=1, max_length=1)]
+    # The legacy API's: the chosen token's and this many alternatives' log-probabilities.
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_COMPLETION_LOGPROBS)] | None = None
     echo: StrictBool = False
     best_of: StrictInt | None = None
     suffix: StrictStr | None = None
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     def unsupported(self) -> str | None:
         if self.echo:
@@ -122,7 +135,8 @@ class Message(_Strict):
 class ChatRequest(_Request):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(strict=True, ge=1)] | None = None
-    top_logprobs: Any = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)] | None = None
     response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
@@ -130,9 +144,10 @@ class ChatRequest(_Request):
     metadata: dict[StrictStr, StrictStr] | None = None
     store: StrictBool | None = None
 
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def unsupported(self) -> str | None:
-        if self.top_logprobs not in (None, 0):
-            return "top_logprobs"
         if self.response_format not in (None, {"type": "text"}):
             return "response_format"
         if self.tools not in (None, []):
@@ -144,10 +159,11 @@ class ChatRequest(_Request):
 
 @dataclass(frozen=True)
 class Submission:
-    """A validated request, as the engine takes it."""
+    """A validated request, as the engine takes it: ``n`` engine requests, one per
+    choice, of the same prompt."""
 
     prompt: str | list[int] | list[dict[str, str]]
-    params: SamplingParams
+    params: SamplingParams  # choice 0's (``choice_params``)
     drafter: str | None
     drafter_options: dict[str, Any]
     mode: str | None
@@ -155,6 +171,15 @@ class Submission:
     t_submit: float  # perf_counter time the request came in
     tenant: str | None = None  # response-memory partition (None: the shared default)
     memory: bool = True  # False: this request neither drafts from nor feeds the memory
+    n: int = 1  # choices
+
+    def choice_params(self, index: int) -> SamplingParams:
+        """Choice ``index``'s parameters. With a seed, choice i samples with seed + i (as
+        vLLM): the choices differ, and each is the output of a single request with that
+        seed (the engine takes seeds mod 2^64). Without one, each choice draws its own."""
+        if index == 0 or self.params.seed is None:
+            return self.params
+        return dataclasses.replace(self.params, seed=self.params.seed + index)
 
 
 def submission(req: CompletionRequest | ChatRequest, max_len: int, vocab_size: int) -> Submission:
@@ -181,6 +206,8 @@ def submission(req: CompletionRequest | ChatRequest, max_len: int, vocab_size: i
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stop):
         raise ValueError("stop: stop strings must not be empty")
+    if isinstance(req, ChatRequest) and req.top_logprobs and not req.logprobs:
+        raise ValueError("top_logprobs: needs logprobs: true")
     t = 1.0 if req.temperature is None else req.temperature  # OpenAI's default
     top_k = req.top_k or 0
     params = SamplingParams(
@@ -190,75 +217,10 @@ def submission(req: CompletionRequest | ChatRequest, max_len: int, vocab_size: i
         # No more than the KV cache can hold: the request ends at the context anyway.
         max_new_tokens=min(max_tokens or max_len, max_len),
         stop=tuple(stop), seed=req.seed, ignore_eos=req.ignore_eos,
+        logprobs=req.top_logprobs_asked(),
+        # The penalties the request sets; the others keep SamplingParams' defaults (off).
+        **{k: getattr(req, k) for k in PENALTIES if getattr(req, k) is not None},
     )
     return Submission(prompt, params, ext.drafter, dict(ext.drafter_options), ext.mode,
                       f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", time.perf_counter(),
-                      tenant=ext.tenant or req.user or None, memory=ext.memory)
-
-
-# ---- responses ---------------------------------------------------------------------
-def finish_reason(reason: str | None) -> str | None:
-    """Our finish reasons in OpenAI's terms."""
-    return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(
-        reason or "", reason)
-
-
-def spec_metrics(spec: SpecStats) -> dict[str, Any]:
-    """vLLM's ``metrics.speculative_decoding`` shape, per request."""
-    return {"speculative_decoding": {
-        "mean_acceptance_length": round(spec.mean_acceptance_length, 4),
-        "num_steps": spec.num_steps,
-        "num_drafts": spec.num_drafts,
-        "num_draft_tokens": spec.num_draft_tokens,
-        "num_accepted_tokens": spec.num_accepted_tokens,
-        "num_accepted_tokens_per_pos": list(spec.accepted_per_pos),
-    }}
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: prompt tokens whose
-    KV came from the prefix cache."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
-
-
-def cached_tokens(out: RequestOutput) -> int:
-    """Prompt tokens of a finished request that the prefix cache gave (0 before its end)."""
-    return out.result.cached_tokens if out.result is not None else 0
-
-
-def choice(
-    chat: bool, text: str, reason: str | None, token_ids: list[int] | None, *, delta: bool,
-    first: bool = False,
-) -> dict[str, Any]:
-    """One choice of a response (``delta``: of a stream chunk)."""
-    c: dict[str, Any] = {"index": 0}
-    if not chat:
-        c.update(text=text, logprobs=None)
-    elif delta:
-        c["delta"] = {"role": "assistant", "content": text} if first else (
-            {"content": text} if text or reason is None else {})
-        c["logprobs"] = None
-    else:
-        c.update(message={"role": "assistant", "content": text}, logprobs=None)
-    c["finish_reason"] = finish_reason(reason)
-    if token_ids is not None:
-        c["token_ids"] = token_ids
-    return c
-
-
-def envelope(sub: Submission, model: str, chat: bool, *, chunk: bool) -> dict[str, Any]:
-    kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
-    return {"id": sub.request_id, "object": kind, "created": int(time.time()), "model": model}
-
-
-def final_fields(out: RequestOutput, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {"usage": usage(prompt_tokens, completion_tokens, cached_tokens(out)),
-            "metrics": spec_metrics(out.spec)}
-
-
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+                      tenant=ext.tenant or req.user or None, memory=ext.memory, n=req.n or 1)

@@ -11,21 +11,36 @@ import torch
 from recallspec import _kernels
 from recallspec.runtime import isa as _isa
 
+MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's ``top_logprobs`` bound)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens and when to stop. ``temperature == 0`` means greedy."""
+    """How to pick tokens and when to stop. ``temperature == 0`` means greedy.
+
+    Penalties change the distribution every token is taken from, greedy included, before
+    temperature, top-k and top-p (``spec/penalties.py`` says what each one counts).
+    ``logprobs``: report each generated token's log-probability and this many most
+    likely alternatives (None: none); they are the model's own (``spec/logprobs.py``).
+    """
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()  # stop strings; the text is cut before the first match
+    # Sampling's random source: the same seed gives the same tokens, whatever the drafts
+    # and the batch (``verify_sampling``); None: a fresh one.
     seed: int | None = None
     ignore_eos: bool = False
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]; 0 = off
+    frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]; 0 = off
+    repeat_penalty: float = 1.0  # llama.cpp's, > 0; 1 = off
+    repeat_last_n: int = 64  # repeat_penalty's window (llama.cpp's): 0 = off, -1 = all
+    logprobs: int | None = None  # 0..MAX_LOGPROBS alternatives; None = no logprobs
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
+        if not self.temperature >= 0:
             raise ValueError("temperature must be >= 0")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0")
@@ -33,10 +48,25 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:  # (NaN fails too)
+                raise ValueError(f"{name} must be in [-2, 2]")
+        if not 0.0 < self.repeat_penalty < math.inf:
+            raise ValueError("repeat_penalty must be > 0 (1 = off)")
+        if self.repeat_last_n < -1:
+            raise ValueError("repeat_last_n must be >= -1 (-1 = the whole context)")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty changes the logits (``spec/penalties.py``)."""
+        return bool(self.presence_penalty or self.frequency_penalty or (
+            self.repeat_penalty != 1.0 and self.repeat_last_n != 0))
 
 
 # A request's random source: numpy's (the engine's: a draw costs ~1 us, where torch.rand
@@ -93,9 +123,11 @@ def inverse_cdf(p: torch.Tensor, u: float) -> int:
 
 
 class Weights:
-    """The target distribution of one row of logits as unnormalised weights, and the
-    residuals of multi-draft rejection: ``prob`` of a token, ``remove`` a rejected token
-    (its mass set to 0, the rest implicitly renormalised), ``draw`` one token.
+    """The target distribution of one row of logits as unnormalised weights: ``draw`` one
+    token (what plain sampling and verification do, ``spec/verify.py``), ``prob`` of a
+    token, and ``remove`` a token (its mass set to 0, the rest implicitly renormalised:
+    the residual distributions of rejection schemes; verification no longer uses them,
+    it draws each position's token and compares it with the draft).
 
     Plain sampling (temperature only, a float32 CPU row) runs in the C++ kernels
     (``csrc/native/sample_bind.cpp``): w = exp(x / t - max(x) / t) in the native forward's exp,

@@ -64,6 +64,9 @@ class Committed(Generic[S]):
     tree: DraftTree  # the tree verified
     verdict: Verdict
     taken: list[int]  # tokens committed (the verdict's, cut by the caller's stop rules)
+    # The verified rows (``Verified.logits``): token j of ``taken`` was chosen from row
+    # ``verdict.rows[j]`` (what its log-probability is read from); None where not read.
+    logits: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -112,5 +115,5 @@ def speculative_step(
         err = tell_drafter(v.seq, taken, v.tree, v.logits, v.observed)
         if err is not None:
             failed.append((v.seq, err))
-        committed.append(Committed(v.seq, v.tree, v.verdict, taken))
+        committed.append(Committed(v.seq, v.tree, v.verdict, taken, v.logits))
     return StepOutcome(committed, failed, draft_s)
