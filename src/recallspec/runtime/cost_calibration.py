@@ -5,16 +5,14 @@ the engine's thread set-up, median of a few repeats; over a grid of T (and of co
 lengths, for the draft-sized decode grid and the prompt-chunk prefill grid), plus the
 extra cost of each additional sequence in a batch (its own attention call and mask).
 
-The cache: a curve is stored per ``curve_key`` (model, dtype, thread count, CPU, torch
-version, forward and kernels' build) and read back instead of measured again; one
-measured on a busy machine is only a provisional stand-in (see ``calibrate``).
+The cache (``curve_cache.py``): a curve is stored per ``curve_key`` (model, dtype, thread
+count, CPU, torch version, forward and kernels' build, measuring method) and read back
+instead of measured again; one measured on a busy machine is only a provisional
+stand-in (see ``calibrate``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +23,7 @@ import torch
 
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.cost_curve import REFERENCE_CONTEXT, CostCurve, CostGrid
+from recallspec.runtime.curve_cache import machine_busy, read_curve, write_curve
 from recallspec.runtime.linear import forward_threads
 from recallspec.runtime.threads import decode_threads
 
@@ -35,9 +34,6 @@ GRID_CONTEXTS = (128, 512, 1024, 2048)
 # Prompt chunks (the engine's prefill_chunk is 512) x the position they start at.
 PREFILL_SIZES = (32, 128, 256, 512)
 PREFILL_STARTS = (0, 512, 1024, 1536)
-# How the curve is measured, part of the cache key: a curve cached by an earlier method
-# is measured again (v2: sizes in interleaved rounds, non-decreasing in rows).
-CALIBRATION = "v2-interleaved-monotone"
 
 
 def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
@@ -181,36 +177,6 @@ def _per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int
     return max(t_many - t_one, 0.0) / (seqs - 1)
 
 
-def _busy() -> bool:
-    """1-min load above 1.5 runnable tasks per CPU beyond our own."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return False
-    return load > 1.5 * (os.cpu_count() or 1) + 1
-
-
-def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
-    """What a curve was measured for: the model (its tokenizer, shape, weight format and
-    KV-cache dtype), the forward that runs it (native or Python, the kernel path, the
-    kernels' build), the thread count, the CPU (with its family and model numbers), torch
-    and the measuring method (``CALIBRATION``). (The forward and the kernels count: the
-    native forward takes half the Python one's time on the same weights, and a faster
-    1-row product changes what a draft row costs.)"""
-    from recallspec.runtime.isa import ISA, cpu_identity, kernels_build
-
-    c = model.config
-    fmt = getattr(model, "weight_format", None) or str(getattr(model, "dtype", ""))
-    fmt += f"/kv:{model.kv_dtype}"  # (a 16-bit cache: other attention cost)
-    forward = "native" if getattr(model, "native", None) is not None else "python"
-    parts = [
-        tokenizer_fingerprint, str(c.num_layers), str(c.hidden_size), str(c.vocab_size), fmt,
-        str(threads), cpu_identity(), torch.__version__, forward, ISA, kernels_build(),
-        CALIBRATION,
-    ]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-
-
 PROVISIONAL_TTL = 1800.0  # seconds a curve measured on a busy machine stands in
 
 
@@ -229,13 +195,13 @@ def calibrate(
     for ``PROVISIONAL_TTL`` seconds while the machine stays busy (without it every new
     engine in a loaded process measured again: a test run under load took 30 min longer).
     On a quiet machine the curve is measured again and cached for good."""
-    is_busy = busy or _busy
-    cached = _read_curve(cache_path, key)
+    is_busy = busy or machine_busy
+    cached = read_curve(cache_path, key)
     if cached is not None and grid_agrees(cached):  # (else written before the check)
         return cached
     provisional = None if cache_path is None else cache_path.with_suffix(".busy.json")
     if provisional is not None and is_busy():
-        stand_in = _read_curve(provisional, key)
+        stand_in = read_curve(provisional, key)
         age = time.time() - provisional.stat().st_mtime if stand_in is not None else 0.0
         if stand_in is not None and age < PROVISIONAL_TTL:
             if say:
@@ -264,9 +230,9 @@ def calibrate(
         if say:
             say("the machine is busy: the cost curve is used for now, not cached for good")
         if provisional is not None:
-            _write_curve(provisional, curve)
+            write_curve(provisional, curve)
     elif cache_path is not None:
-        _write_curve(cache_path, curve)
+        write_curve(cache_path, curve)
         if provisional is not None:
             provisional.unlink(missing_ok=True)
     return curve
@@ -296,23 +262,3 @@ def grid_agrees(curve: CostCurve) -> bool:
         if ratios and not 1 / GRID_AGREEMENT <= statistics.median(ratios) <= GRID_AGREEMENT:
             return False
     return True
-
-
-def _read_curve(path: Path | None, key: str) -> CostCurve | None:
-    """The curve in ``path`` if it is one measured for ``key`` (None: absent, another
-    key, or stale or corrupt: measure again)."""
-    if path is None or not path.is_file():
-        return None
-    try:
-        curve = CostCurve.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
-        return None
-    return curve if curve.key == key else None
-
-
-def _write_curve(path: Path, curve: CostCurve) -> None:
-    """Atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(curve.to_json(), indent=1))
-    tmp.replace(path)
