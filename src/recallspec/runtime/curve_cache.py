@@ -18,7 +18,12 @@ import torch
 from recallspec.runtime.cost_curve import CostCurve
 
 # How the curve is measured, part of the cache key: a curve cached by an earlier method
-# is measured again (v2: sizes in interleaved rounds, non-decreasing in rows).
+# is measured again (v2: sizes in interleaved rounds, non-decreasing in rows). A plan
+# thinned to the budget (``calibration_plan.py``) is the same method on fewer points,
+# cached under the same key: a full curve cached before budgets is kept (the better
+# one), and a model whose full plan misses the budget is not measured again on every
+# start. (Bump it when a change of the ladder makes the curves cached by the old one
+# worse.)
 CALIBRATION = "v2-interleaved-monotone"
 
 
