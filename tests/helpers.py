@@ -22,7 +22,7 @@ from recallspec.runtime.kv_cache import KVCache
 class _Cfg:
     vocab_size: int
     max_position: int
-    # The shape ``runtime/cost_calibration.py``'s ``curve_key`` reads (one layer, one dim: as
+    # The shape ``runtime/curve_cache.py``'s ``curve_key`` reads (one layer, one dim: as
     # ``BigramModel.new_cache``'s cache), so default (adaptive) sizing can key a curve.
     num_layers: int = 1
     hidden_size: int = 1

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from recallspec.runtime import isa
-from recallspec.runtime.cost_calibration import curve_key
 from recallspec.runtime.cost_curve import CostCurve
+from recallspec.runtime.curve_cache import curve_key
 from recallspec.spec.draft_sizing import (
     FULL,
     MISS,

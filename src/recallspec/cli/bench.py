@@ -284,7 +284,7 @@ def _predict(args: argparse.Namespace, recs: list[dict[str, Any]], settings: dic
     if args.model_topk:
         from recallspec.bench.replay_logits import cached_answer_topk
         from recallspec.models.loader import cache_dir
-        from recallspec.runtime.cost_calibration import curve_key
+        from recallspec.runtime.curve_cache import curve_key
 
         key = curve_key(engine.model, getattr(engine.tokenizer, "fingerprint", ""), 1)
         topk = cached_answer_topk(engine.model, recs, Path(args.answers), key, cache_dir())

@@ -53,8 +53,9 @@ from recallspec.engine.scheduler import Scheduler, StepPlan
 from recallspec.errors import DataError, ResourceError
 from recallspec.recall.service import RecallSources
 from recallspec.recall.view import RecallView
-from recallspec.runtime.cost_calibration import calibrate, curve_key
+from recallspec.runtime.cost_calibration import calibrate
 from recallspec.runtime.cost_curve import CostCurve
+from recallspec.runtime.curve_cache import curve_key
 from recallspec.runtime.kv_cache import KVCache, KVPrefix
 from recallspec.runtime.threads import decode_threads
 from recallspec.spec.draft_sizing import Sizing, draft_room

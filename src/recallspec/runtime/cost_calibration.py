@@ -5,16 +5,17 @@ the engine's thread set-up, median of a few repeats; over a grid of T (and of co
 lengths, for the draft-sized decode grid and the prompt-chunk prefill grid), plus the
 extra cost of each additional sequence in a batch (its own attention call and mask).
 
-The cache: a curve is stored per ``curve_key`` (model, dtype, thread count, CPU, torch
-version, forward and kernels' build) and read back instead of measured again; one
-measured on a busy machine is only a provisional stand-in (see ``calibrate``).
+How many points, and how: ``calibration_plan.py`` (a few forwards first price the full
+plan; a model whose full plan would take minutes gets a thinner one within a budget).
+
+The cache (``curve_cache.py``): a curve is stored per ``curve_key`` (model, dtype, thread
+count, CPU, torch version, forward and kernels' build, measuring method) and read back
+instead of measured again; one measured on a busy machine is only a provisional
+stand-in (see ``calibrate``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -24,20 +25,30 @@ from typing import Any
 import torch
 
 from recallspec.runtime.batch import SequenceInput, build_batch
+from recallspec.runtime.calibration_plan import (
+    CALIBRATION_BUDGET_S,
+    DEFAULT_SIZES,
+    FEED_CHUNK,
+    PER_SEQ,
+    PER_SEQ_CACHED,
+    PROBE_CONTEXT,
+    PROBE_ROWS,
+    CalibrationPlan,
+    about,
+    describe,
+    full_plan,
+    plan_calibration,
+    plan_seconds,
+)
 from recallspec.runtime.cost_curve import REFERENCE_CONTEXT, CostCurve, CostGrid
+from recallspec.runtime.curve_cache import machine_busy, read_curve, write_curve
 from recallspec.runtime.linear import forward_threads
 from recallspec.runtime.threads import decode_threads
 
-DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-# Draft-sized forwards x context lengths (a draft is at most a few dozen rows).
-GRID_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-GRID_CONTEXTS = (128, 512, 1024, 2048)
-# Prompt chunks (the engine's prefill_chunk is 512) x the position they start at.
-PREFILL_SIZES = (32, 128, 256, 512)
-PREFILL_STARTS = (0, 512, 1024, 1536)
-# How the curve is measured, part of the cache key: a curve cached by an earlier method
-# is measured again (v2: sizes in interleaved rounds, non-decreasing in rows).
-CALIBRATION = "v2-interleaved-monotone"
+PROGRESS_EVERY_S = 5.0  # seconds between progress lines of a long measurement
+# A tiled context (``fill_context``): the keys and values of some real rows, repeated.
+Tile = tuple[torch.Tensor, torch.Tensor]  # k, v: [layers, kv_heads, rows, head_dim]
+Tick = Callable[[], None]  # called after each timed round (progress)
 
 
 def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
@@ -53,72 +64,95 @@ def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
 
 def forward_times(
     model: Any, cache: Any, threads: int, sizes: Sequence[int], *, cached: int = 256,
-    repeats: int = 3, warmup: int = 1,
+    repeats: int = 3, warmup: int = 1, tile: Tile | None = None, tick: Tick | None = None,
 ) -> dict[int, float]:
     """Median seconds of one forward of a chain of T new rows (all rows' logits) after
     ``cached`` random tokens, for each T in ``sizes``, with the engine's thread set-up.
     Needs one free slot of ``cache`` with room for cached + max(sizes) positions."""
-    grid = grid_times(model, cache, threads, sizes, (cached,), repeats=repeats, warmup=warmup)
+    grid = grid_times(model, cache, threads, sizes, (cached,), repeats=repeats, warmup=warmup,
+                      tile=tile, tick=tick)
     return grid[cached]
 
 
 def random_prefix(model: Any, cache: Any, slot: int, cached: int, extra: int) -> list[int]:
     """``cached + extra`` random token ids (seed 0) of which the first ``cached`` are
-    fed into ``slot`` of ``cache`` and committed (in chunks of 256): a context to time
-    forwards after. The rest are for the forwards' own rows."""
-    vocab = int(model.config.vocab_size)
-    g = torch.Generator().manual_seed(0)
-    ctx: list[int] = torch.randint(0, vocab, (cached + extra,), generator=g).tolist()
+    fed into ``slot`` of ``cache`` and committed (FEED_CHUNK a forward): a context to
+    time forwards after. The rest are for the forwards' own rows."""
+    ctx = _random_ids(model, cached + extra)
     with torch.inference_mode():
-        for s in range(0, cached, 256):
-            toks = ctx[s : min(s + 256, cached)]
+        for s in range(0, cached, FEED_CHUNK):
+            toks = ctx[s : min(s + FEED_CHUNK, cached)]
             model(build_batch([SequenceInput(slot, s, toks, logits="none")]), cache)
             cache.commit(slot, s, range(len(toks)))
     return ctx
 
 
+def _random_ids(model: Any, n: int, seed: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    ids: list[int] = torch.randint(0, int(model.config.vocab_size), (n,), generator=g).tolist()
+    return ids
+
+
+def fill_context(model: Any, cache: Any, slot: int, cached: int, extra: int,
+                 tile: Tile | None) -> list[int]:
+    """``random_prefix``, or with a ``tile`` its rows repeated into the freshly allocated
+    ``slot`` up to ``cached`` rows, without a forward: attention reads and multiplies
+    as many keys and values whatever they hold (feeding 2,048 tokens takes a minute at
+    8B). Returns the token ids (the rows past ``cached``: the forwards' own)."""
+    if tile is None:
+        return random_prefix(model, cache, slot, cached, extra)
+    k, v = tile
+    reps = -(-cached // k.shape[2])
+    cache.load(slot, k.repeat(1, 1, reps, 1), v.repeat(1, 1, reps, 1), cached)
+    return _random_ids(model, cached + extra)
+
+
 def grid_times(
     model: Any, cache: Any, threads: int, sizes: Sequence[int], contexts: Sequence[int], *,
-    logits: str = "all", repeats: int = 3, warmup: int = 1,
+    logits: str = "all", repeats: int = 3, warmup: int = 1, tile: Tile | None = None,
+    tick: Tick | None = None,
 ) -> dict[int, dict[int, float]]:
     """{context: {T: median seconds}} of one forward of a chain of T new rows after
     ``context`` cached random tokens (``logits``: the rows whose logits it computes, as
     ``SequenceInput``). Needs one free slot of ``cache`` with room for max(contexts) +
-    max(sizes) positions. The prefix is fed once, up to the largest context: a forward
-    at a smaller one overwrites some of its entries with other tokens, which changes
-    no timing."""
+    max(sizes) positions. The prefix is fed once (or tiled: ``fill_context``), up to
+    the largest context: a forward at a smaller one overwrites some of its entries with
+    other tokens, which changes no timing."""
     slot = cache.allocate()
     out: dict[int, dict[int, float]] = {}
     try:
-        ctx = random_prefix(model, cache, slot, max(contexts), max(sizes))
+        ctx = fill_context(model, cache, slot, max(contexts), max(sizes), tile)
         with torch.inference_mode():
             for c in contexts:
                 # Rows past the context are scratch: never committed, overwritten.
                 metas = {k: build_batch([SequenceInput(slot, c, ctx[c : c + k], logits=logits)])
                          for k in sizes}
-
-                def fwd(m: Any) -> Callable[[], None]:
-                    def run() -> None:
-                        with decode_threads(threads), forward_threads(m.num_tokens, threads):
-                            model(m, cache)
-                    return run
-
                 out[c] = monotone_in_rows(interleaved_times(
-                    {k: fwd(m) for k, m in metas.items()}, repeats, warmup))
+                    {k: _timed(model, cache, m, threads) for k, m in metas.items()}, repeats,
+                    warmup, tick))
     finally:
         cache.release(slot)
     return out
 
 
+def _timed(model: Any, cache: Any, meta: Any, threads: int) -> Callable[[], Any]:
+    """One forward of ``meta`` with the engine's thread set-up."""
+    def run() -> Any:
+        with decode_threads(threads), forward_threads(meta.num_tokens, threads):
+            return model(meta, cache)
+    return run
+
+
 def interleaved_times(
-    fns: dict[int, Callable[[], Any]], repeats: int, warmup: int = 1
+    fns: dict[int, Callable[[], Any]], repeats: int, warmup: int = 1, tick: Tick | None = None,
 ) -> dict[int, float]:
     """Median seconds of each function, timed in rounds that call every function once
     (sizes in order), not one size's repeats after another: a shared VM's speed drifts
     by 10-30% within seconds, and timed in blocks that drift made a 2-row forward look
     cheaper than a 1-row one in 6 of 20 cached curves (the sizing then drafted a node a
     step for a 14% chance of a token). Within a round, neighbouring sizes run
-    milliseconds apart, so the drift cancels from the comparisons the sizing makes."""
+    milliseconds apart, so the drift cancels from the comparisons the sizing makes.
+    ``tick``: called after each round, outside the timings."""
     for _ in range(warmup):
         for f in fns.values():
             f()
@@ -128,6 +162,8 @@ def interleaved_times(
             t0 = time.perf_counter()
             f()
             ts[k].append(time.perf_counter() - t0)
+        if tick is not None:
+            tick()
     return {k: statistics.median(v) for k, v in ts.items()}
 
 
@@ -145,7 +181,8 @@ def monotone_in_rows(times: dict[int, float]) -> dict[int, float]:
 
 def measure_grid(
     model: Any, threads: int, sizes: Sequence[int], contexts: Sequence[int], *,
-    logits: str = "all", repeats: int = 3,
+    logits: str = "all", repeats: int = 3, warmup: int = 1, tile: Tile | None = None,
+    tick: Tick | None = None,
 ) -> CostGrid | None:
     """A ``CostGrid`` over the contexts that fit the model's positions (None if none)."""
     limit = int(getattr(model.config, "max_position", 0) or 0)
@@ -153,62 +190,68 @@ def measure_grid(
     if not fit:
         return None
     cache = model.new_cache(1, max(fit) + max(sizes) + 1)
-    t = grid_times(model, cache, threads, sizes, fit, logits=logits, repeats=repeats)
+    t = grid_times(model, cache, threads, sizes, fit, logits=logits, repeats=repeats,
+                   warmup=warmup, tile=tile, tick=tick)
     return CostGrid(tuple(sizes), fit, tuple(tuple(t[c][k] for k in sizes) for c in fit))
 
 
-def _per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int) -> float:
+def _per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int, *,
+                  warmup: int = 1, tile: Tile | None = None, tick: Tick | None = None,
+                  ) -> float:
     """(t(seqs sequences x 1 row) - t(1 sequence x seqs rows)) / (seqs - 1)."""
     cache = model.new_cache(seqs, cached + seqs + 1)
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, int(model.config.vocab_size), (cached,), generator=g).tolist()
+    ids = _random_ids(model, cached, seed=1)
     slots = [cache.allocate() for _ in range(seqs)]
     with torch.inference_mode():
         for s in slots:
-            model(build_batch([SequenceInput(s, 0, ids, logits="none")]), cache)
-            cache.commit(s, 0, range(cached))
+            if tile is None:
+                model(build_batch([SequenceInput(s, 0, ids, logits="none")]), cache)
+                cache.commit(s, 0, range(cached))
+            else:
+                fill_context(model, cache, s, cached, 0, tile)
         many = build_batch([SequenceInput(s, cached, [ids[0]]) for s in slots])
         one = build_batch([SequenceInput(slots[0], cached, ids[:seqs])])
-
-        def run(m: Any) -> Callable[[], Any]:
-            def f() -> Any:
-                with decode_threads(threads), forward_threads(m.num_tokens, threads):
-                    return model(m, cache)
-            return f
-
-        t = interleaved_times({0: run(many), 1: run(one)}, repeats)
+        t = interleaved_times({0: _timed(model, cache, many, threads),
+                               1: _timed(model, cache, one, threads)}, repeats, warmup, tick)
         t_many, t_one = t[0], t[1]
     return max(t_many - t_one, 0.0) / (seqs - 1)
 
 
-def _busy() -> bool:
-    """1-min load above 1.5 runnable tasks per CPU beyond our own."""
+def probe(model: Any, threads: int) -> tuple[CostGrid, Tile]:
+    """What a forward costs, roughly, and rows to tile contexts from: a 1-row forward
+    (untimed: the first after loading faults the weights in), PROBE_ROWS rows fed at
+    position 0 (timed, then committed: their keys and values are the tile), then 1 row
+    at 0 and 1 and PROBE_ROWS rows after PROBE_CONTEXT tiled rows, once each (a few
+    seconds at 8B; a model of fewer positions: after as many as fit). The grid is made
+    non-decreasing in rows and in contexts."""
+    limit = int(getattr(model.config, "max_position", 0) or 0)
+    far_ctx = PROBE_CONTEXT if not limit else max(min(PROBE_CONTEXT, limit - PROBE_ROWS), 1)
+    cache = model.new_cache(1, far_ctx + PROBE_ROWS + 1)
+    slot = cache.allocate()
+    ids = _random_ids(model, PROBE_ROWS)
+
+    def seconds(rows: int, context: int) -> float:
+        run = _timed(model, cache, build_batch([SequenceInput(slot, context, ids[:rows])]),
+                     threads)
+        t0 = time.perf_counter()
+        run()
+        return time.perf_counter() - t0
+
     try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return False
-    return load > 1.5 * (os.cpu_count() or 1) + 1
-
-
-def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
-    """What a curve was measured for: the model (its tokenizer, shape, weight format and
-    KV-cache dtype), the forward that runs it (native or Python, the kernel path, the
-    kernels' build), the thread count, the CPU (with its family and model numbers), torch
-    and the measuring method (``CALIBRATION``). (The forward and the kernels count: the
-    native forward takes half the Python one's time on the same weights, and a faster
-    1-row product changes what a draft row costs.)"""
-    from recallspec.runtime.isa import ISA, cpu_identity, kernels_build
-
-    c = model.config
-    fmt = getattr(model, "weight_format", None) or str(getattr(model, "dtype", ""))
-    fmt += f"/kv:{model.kv_dtype}"  # (a 16-bit cache: other attention cost)
-    forward = "native" if getattr(model, "native", None) is not None else "python"
-    parts = [
-        tokenizer_fingerprint, str(c.num_layers), str(c.hidden_size), str(c.vocab_size), fmt,
-        str(threads), cpu_identity(), torch.__version__, forward, ISA, kernels_build(),
-        CALIBRATION,
-    ]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+        with torch.inference_mode():
+            seconds(1, 0)
+            fed = seconds(PROBE_ROWS, 0)
+            cache.commit(slot, 0, range(PROBE_ROWS))
+            tile = cache.rows(slot, PROBE_ROWS)
+            cache.rollback(slot, 0)
+            fill_context(model, cache, slot, far_ctx, 0, tile)
+            one, one_far, many_far = (seconds(1, 0), seconds(1, far_ctx),
+                                      seconds(PROBE_ROWS, far_ctx))
+    finally:
+        cache.release(slot)
+    many = max(fed, one)
+    far = (max(one_far, one), max(many_far, one_far, many))
+    return CostGrid((1, PROBE_ROWS), (0, far_ctx), ((one, many), far)), tile
 
 
 PROVISIONAL_TTL = 1800.0  # seconds a curve measured on a busy machine stands in
@@ -218,10 +261,14 @@ def calibrate(
     model: Any, threads: int, *, key: str = "", sizes: Sequence[int] = DEFAULT_SIZES,
     repeats: int = 3, cache_path: Path | None = None, say: Callable[[str], None] | None = None,
     contexts: bool = True, busy: Callable[[], bool] | None = None,
+    budget_s: float | None = CALIBRATION_BUDGET_S,
 ) -> CostCurve:
     """The model's cost curve with ``threads`` cores: read from ``cache_path`` when it was
-    measured for the same ``key`` (``curve_key``), else measured (about 20-30 s; the
-    context grids, ``contexts``, are about half of it) and written there.
+    measured for the same ``key`` (``curve_key``), else measured and written there.
+    ``sizes``, ``repeats`` and ``contexts`` (the decode and prefill grids) make the full
+    plan, measured as it is when the probe prices it under FULL_PLAN_S (SmolLM2-135M:
+    ~25 s), else thinned to ``budget_s`` seconds (None: never; ``calibration_plan.py``).
+    ``say`` hears the plan and its expected time, then progress every PROGRESS_EVERY_S.
 
     A curve measured while other jobs load the CPU (``busy``, default: the 1-min load)
     is wrong for good (2-thread steps stall on descheduled peers), so it is never written
@@ -229,47 +276,85 @@ def calibrate(
     for ``PROVISIONAL_TTL`` seconds while the machine stays busy (without it every new
     engine in a loaded process measured again: a test run under load took 30 min longer).
     On a quiet machine the curve is measured again and cached for good."""
-    is_busy = busy or _busy
-    cached = _read_curve(cache_path, key)
+    is_busy = busy or machine_busy
+    cached = read_curve(cache_path, key)
     if cached is not None and grid_agrees(cached):  # (else written before the check)
         return cached
     provisional = None if cache_path is None else cache_path.with_suffix(".busy.json")
     if provisional is not None and is_busy():
-        stand_in = _read_curve(provisional, key)
+        stand_in = read_curve(provisional, key)
         age = time.time() - provisional.stat().st_mtime if stand_in is not None else 0.0
         if stand_in is not None and age < PROVISIONAL_TTL:
             if say:
                 say(f"the machine is busy: using the cost curve measured while it was busy "
                     f"{age / 60:.0f} min ago (measured again once the machine is quiet)")
             return stand_in
-    if say:
-        say("measuring the verification cost curve of this model on this machine (once; "
-            "about 25 s, then cached) ...")
     was_busy = is_busy()
-    scratch = model.new_cache(1, REFERENCE_CONTEXT + max(sizes) + 1)
-    times = forward_times(model, scratch, threads, sizes, cached=REFERENCE_CONTEXT,
-                          repeats=repeats)
-    per_seq = _per_seq_cost(model, threads, 8, 128, repeats)
-    decode = prefill = None
-    if contexts:
-        # Draft-sized forwards are quick and the sizing compares neighbouring sizes, where
-        # one unlucky median of 3 (a 12-row forward slower than a 16-row one) misleads.
-        decode = measure_grid(model, threads, GRID_SIZES, GRID_CONTEXTS,
-                              repeats=2 * repeats + 1)
-        prefill = measure_grid(model, threads, PREFILL_SIZES, PREFILL_STARTS, logits="last",
-                               repeats=repeats)
-    curve = CostCurve(tuple(sorted(times)), tuple(times[k] for k in sorted(times)), per_seq, key,
-                      decode, prefill)
+    prices, tile = probe(model, threads)
+    full = full_plan(tuple(sizes), repeats, contexts)
+    plan = plan_calibration(prices, budget_s, full)
+    expected = plan_seconds(plan, prices)
+    if say:
+        thinned = "" if plan == full else f"; thinned to a {budget_s:.0f} s budget"
+        say(f"measuring the verification cost curve of this model on this machine (once, "
+            f"then cached; {describe(plan)}{thinned}): {about(expected)} ...")
+    tick = _Progress(say, expected) if say else None
+    curve = measure(model, threads, plan, key=key, tile=tile, tick=tick)
     if was_busy or is_busy() or not grid_agrees(curve):
         if say:
             say("the machine is busy: the cost curve is used for now, not cached for good")
         if provisional is not None:
-            _write_curve(provisional, curve)
+            write_curve(provisional, curve)
     elif cache_path is not None:
-        _write_curve(cache_path, curve)
+        write_curve(cache_path, curve)
         if provisional is not None:
             provisional.unlink(missing_ok=True)
     return curve
+
+
+def measure(model: Any, threads: int, plan: CalibrationPlan, *, key: str = "",
+            tile: Tile | None = None, tick: Tick | None = None) -> CostCurve:
+    """The cost curve of ``plan``'s points, its contexts fed or (``plan.fed`` False)
+    tiled from ``tile`` (the probe's)."""
+    if plan.fed:
+        tile = None
+    elif tile is None:
+        raise ValueError("a plan of tiled contexts needs the rows to tile")
+    sizes, w = plan.sizes, plan.warmup
+    scratch = model.new_cache(1, REFERENCE_CONTEXT + max(sizes) + 1)
+    times = forward_times(model, scratch, threads, sizes, cached=REFERENCE_CONTEXT,
+                          repeats=plan.repeats, warmup=w, tile=tile, tick=tick)
+    per_seq = _per_seq_cost(model, threads, PER_SEQ, PER_SEQ_CACHED, plan.repeats, warmup=w,
+                            tile=tile, tick=tick)
+    decode = prefill = None
+    if plan.grid_contexts:
+        decode = measure_grid(model, threads, plan.grid_sizes, plan.grid_contexts,
+                              repeats=plan.grid_repeats, warmup=w, tile=tile, tick=tick)
+    if plan.prefill_starts:
+        prefill = measure_grid(model, threads, plan.prefill_sizes, plan.prefill_starts,
+                               logits="last", repeats=plan.repeats, warmup=w, tile=tile,
+                               tick=tick)
+    return CostCurve(tuple(sorted(times)), tuple(times[k] for k in sorted(times)), per_seq, key,
+                     decode, prefill)
+
+
+class _Progress:
+    """A ``Tick`` that says how far a measurement is, every PROGRESS_EVERY_S seconds (as
+    a share of the expected time: the rounds' sizes differ, their time is what shows)."""
+
+    def __init__(self, say: Callable[[str], None], expected_s: float) -> None:
+        self.say, self.expected = say, max(expected_s, 1e-9)
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        done = now - self.start
+        share = min(done / self.expected, 0.99)
+        left = max(self.expected - done, 0.0)
+        self.say(f"cost curve: {share:.0%} measured ({done:.0f} s; {about(left)} left)")
 
 
 # How far the decode grid's forwards may be, as a median over the shared row counts, from
@@ -296,23 +381,3 @@ def grid_agrees(curve: CostCurve) -> bool:
         if ratios and not 1 / GRID_AGREEMENT <= statistics.median(ratios) <= GRID_AGREEMENT:
             return False
     return True
-
-
-def _read_curve(path: Path | None, key: str) -> CostCurve | None:
-    """The curve in ``path`` if it is one measured for ``key`` (None: absent, another
-    key, or stale or corrupt: measure again)."""
-    if path is None or not path.is_file():
-        return None
-    try:
-        curve = CostCurve.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
-        return None
-    return curve if curve.key == key else None
-
-
-def _write_curve(path: Path, curve: CostCurve) -> None:
-    """Atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(curve.to_json(), indent=1))
-    tmp.replace(path)
