@@ -58,3 +58,17 @@ def test_a_budget_below_one_sequence_is_refused() -> None:
         make_engine(kv_budget_tokens=63, **CFG)
     with pytest.raises(ValueError, match="kv_budget_tokens"):
         make_engine(kv_budget_tokens=0, **CFG)
+
+
+def test_the_pool_counts_against_the_budget() -> None:
+    """Conversations outnumbering the slots: the pool's copies and the slots' rows stay
+    within the budget together, the pool dropping its oldest entries first."""
+    budget = 100
+    eng = make_engine(kv_budget_tokens=budget, **{**CFG, "max_batch_size": 1})
+    firsts = [eng.generate(list(p), P) for p in PROMPTS]
+    assert eng.scheduler.pool is not None and eng.scheduler.pool.evictions >= 1
+    assert eng.scheduler.resident_rows() <= budget
+    follow = list(PROMPTS[-1]) + firsts[-1].token_ids + list(b" and")
+    again = eng.generate(follow, P)  # the latest conversation is still cached
+    assert again.cached_tokens >= len(PROMPTS[-1]) + len(firsts[-1].token_ids) - 1
+    assert eng.scheduler.resident_rows() <= budget

@@ -72,6 +72,15 @@ class PrefixPool:
         self._entries.append(PoolEntry(toks, tenant, k, v, self._stamp))
         return True
 
+    def evict_oldest(self) -> bool:
+        """Drop the least recently used entry (to make room in the KV budget: the
+        scheduler); False when there is none."""
+        if not self._entries:
+            return False
+        self._entries.remove(min(self._entries, key=lambda e: e.stamp))
+        self.evictions += 1
+        return True
+
     def best(self, prompt: Sequence[int], tenant: str) -> tuple[PoolEntry | None, int]:
         """The entry of ``tenant`` sharing the longest prefix with ``prompt`` and that
         length, at most len(prompt) - 1 (the last prompt token is always prefilled)."""

@@ -12,10 +12,11 @@ the slot it gives, and a request starts with those tokens prefilled; a slot's re
 rows go to the pool before another request overwrites them.
 
 KV memory (``runtime/kv_memory.py``): a slot holds memory for the rows it wrote, not for
-``max_len``. Admission keeps what the slots may hold within ``kv_budget`` rows: an
-admitted request counts the rows it may write (prompt, new tokens, a draft), a free slot
-its retained prefix; retained prefixes are given back, least recently retained first, to
-make room, and a request that still does not fit waits (with nothing running, any request
+``max_len``. Admission keeps what the slots and the pool hold within ``kv_budget`` rows:
+an admitted request counts the rows it may write (prompt, new tokens, a draft), a free
+slot its retained prefix, the pool its copies; pool entries, then retained prefixes, are
+dropped, least recently used first, to make room, and a request that still does not fit
+waits (with nothing running, any request
 fits: the budget holds at least one sequence of ``max_len``).
 """
 
@@ -147,14 +148,23 @@ class Scheduler:
         return min(len(req.prompt) + req.params.max_new_tokens + self.draft_rows,
                    self.cache.max_len)
 
+    def resident_rows(self) -> int:
+        """KV rows held in memory: what the slots may hold and the pool's copies."""
+        return self.cache.resident_rows() + (0 if self.pool is None else
+                                             self.pool.resident_tokens)
+
     def _make_room(self) -> None:
-        """Give back retained prefixes, least recently retained first, until what the
-        slots may hold fits the budget (admission checked that it can)."""
+        """Drop pool entries (least recently used first), then retained prefixes (least
+        recently retained first), until what the slots and the pool hold fits the budget
+        (admission checked that the running requests' rows do)."""
         if self.prefix is None:
             return  # free slots hold nothing: ``release`` gave their rows back
+        while self.resident_rows() > self.kv_budget and self.pool is not None:
+            if not self.pool.evict_oldest():
+                break
         free = set(self.cache.free_slot_ids())
         for slot in self.prefix.oldest():
-            if self.cache.resident_rows() <= self.kv_budget:
+            if self.resident_rows() <= self.kv_budget:
                 return
             self.prefix.forget(slot)
             self.prefix.evicted()

@@ -162,7 +162,7 @@ class EngineLoop:
         self.metrics.queue(eng.num_running, eng.num_waiting)
         self.metrics.prefix_cache(eng.prefix_cache_stats())
         sched = eng.scheduler
-        self.metrics.kv_cache(eng.cache.resident_rows(), sched.kv_budget,
+        self.metrics.kv_cache(sched.resident_rows(), sched.kv_budget,
                               0 if sched.pool is None else sched.pool.budget_tokens)
         now = time.perf_counter()
         if now - self._t_state >= STATE_INTERVAL:

@@ -77,9 +77,9 @@ class Metrics:
                                      "retained for reuse in free KV slots", m, registry=r)
         self.prefix_budget = Gauge("recallspec:prefix_cache_budget_tokens", "Tokens the "
                                    "prefix pool may hold (--prefix-cache-tokens)", m, registry=r)
-        self.kv_resident = Gauge("recallspec:kv_cache_resident_tokens", "KV rows the slots "
-                                 "may hold in memory now (running requests' and retained "
-                                 "prefixes')", m, registry=r)
+        self.kv_resident = Gauge("recallspec:kv_cache_resident_tokens", "KV rows held in "
+                                 "memory now: what the slots may hold (running requests', "
+                                 "retained prefixes) and the prefix pool's copies", m, registry=r)
         self.kv_budget = Gauge("recallspec:kv_cache_budget_tokens", "KV rows admission keeps "
                                "the slots within", m, registry=r)
         self._evictions = 0
