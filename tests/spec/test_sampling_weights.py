@@ -38,7 +38,9 @@ def test_probabilities_match_the_softmax(t: float) -> None:
     d = x / t - max(x / t) (both sides round those alike) taken in float64: within 5e-7
     relative for those above 1e-30, since only our exp (~1-2 ulp of float32, <= 1.2e-7)
     and the float64 sums differ. torch's float32 softmax (the top-k / top-p reference)
-    is itself ~3e-6 off here (its float32 sum over 49,192 entries), so it is held to 1e-5.
+    is itself off by its float32 sum over 49,192 entries, whose rounding errors add up to
+    about sqrt(49,192) x 2^-24 = 1.3e-5 relative (3e-6 seen with AVX-512's summation
+    order, 1.22e-5 on an AVX2-only Zen 3), so it is held to 3e-5.
     Below e^-86 of the largest our weights are exactly 0 (< 1e-37)."""
     x = _logits(49_152 + 40, seed=int(t * 10))  # (a partial last chunk)
     x[[0, 100, len(x) - 1]] = float("-inf")  # masked tokens: probability exactly 0
@@ -54,7 +56,7 @@ def test_probabilities_match_the_softmax(t: float) -> None:
     assert float(got[~big].max()) < 1e-30
     assert abs(float(got.sum()) - 1.0) < 1e-12  # the total is the sum the draws walk
     ref = probabilities(x, SamplingParams(temperature=t)).double()
-    assert float(((ref - exact).abs() / exact)[big].max()) < 1e-5
+    assert float(((ref - exact).abs() / exact)[big].max()) < 3e-5
 
 
 def test_same_bits_on_every_kernel_path() -> None:
