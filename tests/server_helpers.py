@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -101,3 +101,35 @@ def start_server(log: Path, *args: str) -> Iterator[Server]:
 
 def ext(**kw: Any) -> dict[str, Any]:
     return {"recallspec": {"return_token_ids": True, **kw}}
+
+
+@dataclass
+class Answer:
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    spec: dict[str, Any] | None = None
+    usage: Any = None
+    cancelled: bool = False
+
+
+async def stream_chat(client: openai.AsyncOpenAI, prompt: str, drafter: str, max_tokens: int,
+                      cancel_after: int | None = None) -> Answer:
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+        temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body=ext(drafter=drafter))
+    a, pieces, n = Answer(), [], 0
+    async for chunk in stream:
+        if chunk.choices:
+            c = chunk.choices[0]
+            a.ids += (c.model_extra or {}).get("token_ids") or []
+            pieces.append(c.delta.content or "")
+            n += bool(c.delta.content)
+            if cancel_after is not None and n >= cancel_after:
+                await stream.close()  # hang up mid-stream
+                a.cancelled = True
+                return a
+        a.spec = (chunk.model_extra or {}).get("metrics", {}).get("speculative_decoding", a.spec)
+        a.usage = chunk.usage or a.usage
+    a.text = "".join(pieces)
+    return a

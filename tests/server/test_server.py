@@ -10,7 +10,6 @@ import asyncio
 import json
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import httpx
 import openai
 import pytest
 from availability import IN_CI
-from server_helpers import MODEL, Server, ext, start_server, total
+from server_helpers import MODEL, Answer, Server, ext, start_server, stream_chat, total
 
 from recallspec.engine.prefix_pool import DEFAULT_POOL_TOKENS
 from recallspec.spec.sampling import SamplingParams
@@ -156,38 +155,6 @@ def test_a_chats_next_turn_starts_from_the_prefix_cache(server: Server, engine: 
     resident = total(after, "recallspec:kv_cache_resident_tokens")
     assert r2.usage.prompt_tokens <= resident <= total(after, "recallspec:kv_cache_budget_tokens")
     assert total(after, "recallspec:prefix_cache_budget_tokens") == DEFAULT_POOL_TOKENS
-
-
-@dataclass
-class Answer:
-    ids: list[int] = field(default_factory=list)
-    text: str = ""
-    spec: dict[str, Any] | None = None
-    usage: Any = None
-    cancelled: bool = False
-
-
-async def stream_chat(client: openai.AsyncOpenAI, prompt: str, drafter: str, max_tokens: int,
-                      cancel_after: int | None = None) -> Answer:
-    stream = await client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
-        temperature=0, stream=True, stream_options={"include_usage": True},
-        extra_body=ext(drafter=drafter))
-    a, pieces, n = Answer(), [], 0
-    async for chunk in stream:
-        if chunk.choices:
-            c = chunk.choices[0]
-            a.ids += (c.model_extra or {}).get("token_ids") or []
-            pieces.append(c.delta.content or "")
-            n += bool(c.delta.content)
-            if cancel_after is not None and n >= cancel_after:
-                await stream.close()  # hang up mid-stream
-                a.cancelled = True
-                return a
-        a.spec = (chunk.model_extra or {}).get("metrics", {}).get("speculative_decoding", a.spec)
-        a.usage = chunk.usage or a.usage
-    a.text = "".join(pieces)
-    return a
 
 
 def test_64_streaming_clients_with_mixed_drafters(server: Server, load_prompts: list[str],

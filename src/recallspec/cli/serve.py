@@ -63,6 +63,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prefix-cache-tokens", type=int, default=None, metavar="N",
                    help="tokens of evicted slots' KV kept in memory for reuse (default "
                         f"{DEFAULT_POOL_TOKENS}; 0: only what the free slots hold)")
+    p.add_argument("--kv-budget-tokens", type=int, default=None, metavar="N",
+                   help="KV rows the slots and the prefix pool may hold at once (default: "
+                        "as many as 80%% of the memory available at start holds)")
     p.add_argument("--max-draft-nodes", type=int, default=None, metavar="N",
                    help=MAX_DRAFT_NODES_HELP)
     p.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS)
@@ -134,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
             config["max_draft_nodes"] = args.max_draft_nodes
         if args.prefix_cache_tokens is not None:
             config["prefix_cache_tokens"] = args.prefix_cache_tokens
+        if args.kv_budget_tokens is not None:
+            config["kv_budget_tokens"] = args.kv_budget_tokens
         engine = Engine.load(args.model, **config)
     except ValueError as e:
         raise DataError(str(e)) from None

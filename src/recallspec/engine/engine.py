@@ -86,22 +86,18 @@ class Engine:
         except ResourceError as e:  # the engine's cache: its settings are what to lower
             raise ResourceError(f"{e}; lower max_len (--max-len) or max_batch_size "
                                 "(--max-batch-size)") from None
-        budget = self.config.kv_budget_tokens
-        if budget is not None and budget < self.max_len:
-            raise ValueError(f"kv_budget_tokens ({budget}) must hold one sequence of "
-                             f"max_len ({self.max_len}) positions")
         self.threads = self.config.threads or torch.get_num_threads()
         self.stats = StepStats()
         self._cost_curve: CostCurve | None = None
         self.planner = DraftPlanner(self.config.max_draft_nodes, self.cost_curve)
-        self.scheduler = Scheduler(self.cache, self.config.max_batch_size,
-                                   self.config.prefill_chunk,
-                                   PrefixCache() if self.config.prefix_cache else None,
-                                   PrefixPool(self.config.prefix_cache_tokens)
-                                   if self.config.prefix_cache and self.config.prefix_cache_tokens
-                                   else None,
-                                   kv_budget=budget or self.cache.budget_rows(),
-                                   draft_rows=self.config.max_draft_nodes + 1)
+        cfg = self.config
+        self.scheduler = Scheduler(
+            self.cache, cfg.max_batch_size, cfg.prefill_chunk,
+            PrefixCache() if cfg.prefix_cache else None,
+            PrefixPool(cfg.prefix_cache_tokens) if cfg.prefix_cache and cfg.prefix_cache_tokens
+            else None,
+            kv_budget=cfg.kv_budget_tokens or self.cache.budget_rows(),
+            draft_rows=cfg.max_draft_nodes + 1)
         self.runner = Runner(model, self.cache, self.max_len, self.threads)
         self.drafters = DrafterPool(self.drafter_context, self.config, lambda: {
             id(r.drafter) for r in chain(self.scheduler.waiting, self.scheduler.running.values())})

@@ -85,8 +85,8 @@ class Scheduler:
         # write past a sequence's tokens (its draft and root: ``max_draft_nodes + 1``).
         self.kv_budget = cache.num_slots * cache.max_len if kv_budget is None else kv_budget
         if self.kv_budget < cache.max_len:
-            raise ValueError(f"a KV budget of {self.kv_budget} rows cannot hold one "
-                             f"sequence of {cache.max_len}")
+            raise ValueError(f"kv_budget_tokens ({self.kv_budget}) must hold one sequence "
+                             f"of max_len ({cache.max_len}) positions")
         self.draft_rows = draft_rows
         self.prefix = prefix  # None: every prompt is prefilled from its first token
         self.pool = pool  # evicted slots' rows (None: only the slots keep prefixes)

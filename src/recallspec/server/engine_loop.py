@@ -162,8 +162,10 @@ class EngineLoop:
         self.metrics.queue(eng.num_running, eng.num_waiting)
         self.metrics.prefix_cache(eng.prefix_cache_stats())
         sched = eng.scheduler
+        pool = sched.pool
         self.metrics.kv_cache(sched.resident_rows(), sched.kv_budget,
-                              0 if sched.pool is None else sched.pool.budget_tokens)
+                              0 if pool is None else pool.resident_tokens,
+                              0 if pool is None else pool.budget_tokens)
         now = time.perf_counter()
         if now - self._t_state >= STATE_INTERVAL:
             self._t_state = now

@@ -80,6 +80,9 @@ class Metrics:
         self.kv_resident = Gauge("recallspec:kv_cache_resident_tokens", "KV rows held in "
                                  "memory now: what the slots may hold (running requests', "
                                  "retained prefixes) and the prefix pool's copies", m, registry=r)
+        self.pool_resident = Gauge("recallspec:prefix_pool_resident_tokens", "Tokens the "
+                                   "prefix pool holds now (copies of evicted slots' rows)", m,
+                                   registry=r)
         self.kv_budget = Gauge("recallspec:kv_cache_budget_tokens", "KV rows admission keeps "
                                "the slots within", m, registry=r)
         self._evictions = 0
@@ -145,9 +148,10 @@ class Metrics:
         self.prefix_resident.labels(m).set(stats.resident_tokens)
         self._prefix_seen = stats
 
-    def kv_cache(self, resident: int, budget: int, prefix_budget: int) -> None:
-        """What the KV slots may hold, the admission budget and the prefix pool's."""
+    def kv_cache(self, resident: int, budget: int, pool: int, prefix_budget: int) -> None:
+        """KV rows in memory, the admission budget, the pool's tokens and budget."""
         m = self._model
+        self.pool_resident.labels(m).set(pool)
         self.kv_resident.labels(m).set(resident)
         self.kv_budget.labels(m).set(budget)
         self.prefix_budget.labels(m).set(prefix_budget)
