@@ -49,7 +49,10 @@ class Seq:
 def _run(seconds: float, steps: int, accepted: bool = False) -> tuple[int, int]:
     """(proposals, drafted steps) of a request whose drafts are always rejected (or
     always accepted)."""
-    curve = CostCurve((1, 4), (0.01, 0.02), 0.0)  # a 1-row forward: 10 ms
+    # A 1-row forward of 0.5 s: "slow" starts at 2% of it, 10 ms, far above what a
+    # proposal that does not sleep takes even on a loaded machine (at a 10 ms forward the
+    # 0.2 ms threshold was crossed by the first call's overhead under load: a flake).
+    curve = CostCurve((1, 4), (0.5, 1.0), 0.0)
     d = Slow(seconds)
     planner = DraftPlanner(16, lambda: curve)
     seq = Seq(d)
@@ -64,7 +67,7 @@ def _run(seconds: float, steps: int, accepted: bool = False) -> tuple[int, int]:
 
 def test_idle_requests_of_slow_drafters_propose_only_to_probe() -> None:
     fast_calls, fast_drafted = _run(0.0, 60)
-    slow_calls, slow_drafted = _run(0.002, 60)  # 20% of a forward per proposal
+    slow_calls, slow_drafted = _run(0.1, 60)  # 20% of a forward per proposal
     assert fast_calls == 60  # cheap proposals: every step, as before
     # Slow: a few steps until it stops drafting, then a proposal per probe only (the
     # probe wait doubles after each rejected probe).
@@ -73,5 +76,5 @@ def test_idle_requests_of_slow_drafters_propose_only_to_probe() -> None:
     assert 0 < slow_drafted <= fast_drafted
     # Drafts that are accepted pay for a slow proposal: once its statistics have learned
     # that (at most one probe wait), it proposes and drafts every step.
-    calls, drafted = _run(0.002, 30, accepted=True)
+    calls, drafted = _run(0.1, 30, accepted=True)
     assert calls == drafted >= 30 - PROBE_EVERY
