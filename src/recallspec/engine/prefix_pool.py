@@ -65,9 +65,8 @@ class PrefixPool:
         self._entries = [e for e in self._entries if not (
             e.tenant == tenant and e.tokens.shape[0] <= n
             and common_prefix(e.tokens, toks) == e.tokens.shape[0])]
-        while self._entries and self.resident_tokens + n > self.budget_tokens:
-            self._entries.remove(min(self._entries, key=lambda e: e.stamp))
-            self.evictions += 1
+        while self.resident_tokens + n > self.budget_tokens and self.evict_oldest():
+            pass
         self._stamp += 1
         self._entries.append(PoolEntry(toks, tenant, k, v, self._stamp))
         return True

@@ -16,8 +16,8 @@ KV memory (``runtime/kv_memory.py``): a slot holds memory for the rows it wrote,
 an admitted request counts the rows it may write (prompt, new tokens, a draft), a free
 slot its retained prefix, the pool its copies; pool entries, then retained prefixes, are
 dropped, least recently used first, to make room, and a request that still does not fit
-waits (with nothing running, any request
-fits: the budget holds at least one sequence of ``max_len``).
+waits (with nothing running, any request fits: the budget holds at least one sequence of
+``max_len``).
 """
 
 from __future__ import annotations

@@ -56,13 +56,10 @@ class Penalties:
             return None
         recent: tuple[int, ...] = ()
         n = params.repeat_last_n
-        if _repeats(params):
-            tail = list(generated) if n < 0 or n >= len(generated) else list(generated[-n:])
-            if n < 0:
-                tail = [*prompt, *tail]
-            elif len(tail) < n:
-                tail = [*prompt[max(len(prompt) - (n - len(tail)), 0):], *tail]
-            recent = tuple(tail)
+        if _repeats(params):  # the last n of prompt + generated (n < 0: all of them)
+            tail = generated if n < 0 else generated[-n:]
+            head = prompt if n < 0 else prompt[max(len(prompt) - (n - len(tail)), 0):]
+            recent = (*head, *tail)
         counts: Mapping[int, int] = (
             Counter(generated) if params.presence_penalty or params.frequency_penalty else {})
         return Penalties(params, counts, recent)
