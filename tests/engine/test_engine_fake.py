@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from engine_helpers import PROMPTS, make_engine
+from engine_helpers import PROMPTS, chain_engine, make_engine
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
 from stats_helpers import chi2_pvalue
 
@@ -54,12 +54,7 @@ def test_batches_identical_to_single(batch: int) -> None:
 
 
 def test_eos_and_stop_strings() -> None:
-    v = 8
-    table = torch.full((v, v), -10.0)
-    for a, b in [(1, 2), (2, 3), (3, 4), (4, 0)]:  # 1 -> 2 -> 3 -> 4 -> EOS
-        table[a, b] = 10.0
-    eng = Engine(BigramModel(table), ByteTokenizer(),  # type: ignore[arg-type]
-                 EngineConfig(mode="fixed"))
+    eng = chain_engine()  # 1 -> 2 -> 3 -> 4 -> EOS
     r = eng.generate([1], SamplingParams(max_new_tokens=50), drafter="pld")
     assert isinstance(r, GenerationResult)
     assert r.token_ids == [2, 3, 4] and r.finish_reason == "eos"

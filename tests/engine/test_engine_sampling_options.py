@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from engine_helpers import PROMPTS, make_engine
+from engine_helpers import PROMPTS, chain_engine, make_engine
 from helpers import BigramModel, ByteTokenizer
 from stats_helpers import chi2_pvalue
 
@@ -151,12 +151,7 @@ def test_logprobs_are_each_rows_log_softmax(drafter: str) -> None:
 
 def test_streamed_logprobs_ride_with_their_tokens() -> None:
     """Online deltas: one logprob per new token id, and none for a final EOS."""
-    v = 8
-    table = torch.full((v, v), -10.0)
-    for a, b in [(1, 2), (2, 3), (3, 4), (4, 0)]:  # 1 -> 2 -> 3 -> 4 -> EOS
-        table[a, b] = 10.0
-    eng = Engine(BigramModel(table), ByteTokenizer(),  # type: ignore[arg-type]
-                 EngineConfig(mode="fixed"))
+    eng = chain_engine()  # 1 -> 2 -> 3 -> 4 -> EOS
     rid = eng.add_request([1], SamplingParams(max_new_tokens=20, logprobs=2), drafter="pld")
     ids: list[int] = []
     lps = []
