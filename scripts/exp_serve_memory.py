@@ -175,10 +175,17 @@ def main() -> None:
     ap.add_argument("--ctx-per-slot", type=int, default=4096)
     ap.add_argument("--targets", default="ours,llamacpp")
     ap.add_argument("--out", default="bench_out/serve_memory/run")
+    ap.add_argument("--shortest", action="store_true",
+                    help="the clients' questions: the shortest of Spec-Bench (a burst of many "
+                         "clients on a slow model in minutes), not the first 10 per category")
     args = ap.parse_args()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    qs = [q.turns[0] for q in load_suite("spec_bench", SuiteSelection(per_category=10))]
+    if args.shortest:
+        qs = sorted((q.turns[0] for q in load_suite("spec_bench", SuiteSelection())), key=len)
+        qs = qs[: args.clients]
+    else:
+        qs = [q.turns[0] for q in load_suite("spec_bench", SuiteSelection(per_category=10))]
     qs = (qs * (args.clients // len(qs) + 1))[: args.clients]
     file_mb = round(Path(args.model).stat().st_size / 1e6)
     recs = []
@@ -192,7 +199,8 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "targets": recs}
     Path(f"{out}.json").write_text(json.dumps(rep, indent=1))
     lines = [f"# Serve memory: {Path(args.model).name} ({file_mb} MB file), {args.clients} "
-             f"clients at once, {args.max_tokens} tokens, {args.disconnect:.0%} disconnect "
+             f"clients at once{' (shortest questions)' if args.shortest else ''}, "
+             f"{args.max_tokens} tokens, {args.disconnect:.0%} disconnect "
              f"({rep['date']})", "",
              "| target | start s | burst s | RSS ready MB | RSS peak MB | peak / file | "
              "RSS after MB | outcomes |", "|---|---|---|---|---|---|---|---|"]

@@ -93,6 +93,25 @@ def test_agent_loop_and_shared_document(engine: Any, spec_bench_prompts: list[st
     assert got_on[1].cached_tokens > len(prompts[1]) // 2
 
 
+@pytest.mark.parametrize("drafter", ["none", "sam"])
+def test_requests_together_copy_a_running_prefill(
+    engine: Any, spec_bench_prompts: list[str], drafter: str
+) -> None:
+    """Three questions over one document sent together (as ``n`` choices or a RAG burst
+    are): the second and third copy the document's rows from the first's running slot
+    instead of prefilling them, and every answer is as with the cache off."""
+    doc = max(spec_bench_prompts, key=len)
+    on, off = _engine(engine, 3, True), _engine(engine, 3, False)
+    prompts = [on.encode_prompt(f"{doc}\n\n{q}", chat=True)
+               for q in ("What is the main point?", "Who is involved?", "Who is involved?")]
+    params = SamplingParams(max_new_tokens=NEW)
+    got_on = on.generate(prompts, params, drafter=drafter)
+    got_off = off.generate(prompts, params, drafter=drafter)
+    assert [r.token_ids for r in got_on] == [r.token_ids for r in got_off]
+    assert got_on[0].cached_tokens == 0
+    assert min(r.cached_tokens for r in got_on[1:]) > len(prompts[1]) // 2
+
+
 def test_tenants_do_not_share_prefixes(engine: Any, spec_bench_prompts: list[str]) -> None:
     eng = _engine(engine, 2, True)
     prompt = eng.encode_prompt(spec_bench_prompts[3], chat=True)

@@ -134,3 +134,46 @@ def test_prefix_cache_off() -> None:
     prompt = list(b"hello hello hello")
     assert _run(eng, prompt, 4).cached_tokens == _run(eng, prompt, 4).cached_tokens == 0
     assert eng.scheduler.prefix is None
+
+
+def _together(eng: Any, prompts: list[list[int]], params: SamplingParams,
+              tenants: list[str] | None = None) -> list[Any]:
+    """Add the requests at once, run them to the end; their results in order."""
+    rids = [eng.add_request(p, params, tenant=(tenants or [None] * len(prompts))[i])
+            for i, p in enumerate(prompts)]
+    done: dict[int, Any] = {}
+    while eng.has_unfinished():
+        done.update({o.rid: o.result for o in eng.step() if o.finished})
+    return [done[r] for r in rids]
+
+
+def test_requests_together_share_one_prefill() -> None:
+    """``n`` choices of one prompt (and RAG questions over one document) arriving together:
+    the first prefills, the others wait for it and copy its rows from its running slot,
+    with the same outputs as with the cache off, seeded sampling included; another
+    tenant's request never starts from them, and short shared prefixes do not wait."""
+    doc = list(bytes(range(32, 127))) * 2  # 190 tokens shared
+    prompts = [doc + list(b" q1?"), doc + list(b" q1?"), doc + list(b" q2?"), doc + list(b"x")]
+    for params in (SamplingParams(max_new_tokens=8),
+                   SamplingParams(max_new_tokens=8, temperature=1.0, seed=7)):
+        outs = {}
+        for on in (True, False):
+            eng = make_engine(max_batch_size=4, prefix_cache=on, prefill_chunk=64)
+            outs[on] = _together(eng, prompts, params, tenants=["", "", "", "eve"])
+            stats = eng.prefix_cache_stats()
+            if on:
+                assert stats is not None
+                # Only the first prompt (and eve's) prefilled all; the others waited
+                # until fewer than SHARE_WAIT_TOKENS of the shared tokens were left to
+                # prefill (chunks of 64: 192 of 194), then copied the committed rows.
+                cached = [o.cached_tokens for o in outs[on]]
+                assert cached[0] == cached[3] == 0
+                assert len(doc) <= cached[1] <= len(prompts[1]) - 1
+                assert len(doc) <= cached[2] <= len(doc) + 2  # (doc + " q" is shared)
+                assert stats.hits == sum(cached)
+        assert [o.token_ids for o in outs[True]] == [o.token_ids for o in outs[False]]
+    # A shared prefix under SHARE_WAIT_TOKENS (and nothing committed yet): no wait.
+    short = [list(b"the cat sat on the mat") + [c] for c in b"abc"]
+    eng = make_engine(max_batch_size=3)
+    assert [o.cached_tokens for o in _together(eng, short, SamplingParams(max_new_tokens=4))
+            ] == [0, 0, 0]

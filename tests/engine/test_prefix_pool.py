@@ -7,7 +7,12 @@ from typing import Any
 import torch
 from engine_helpers import make_engine
 
-from recallspec.engine.prefix_pool import PrefixPool
+from recallspec.engine.prefix_pool import (
+    DEFAULT_POOL_BYTES,
+    DEFAULT_POOL_TOKENS,
+    PrefixPool,
+    default_pool_tokens,
+)
 from recallspec.spec.sampling import SamplingParams
 
 
@@ -94,3 +99,13 @@ def common_len(x: list[int], y: list[int]) -> int:
     while n < min(len(x), len(y)) and x[n] == y[n]:
         n += 1
     return n
+
+
+def test_default_pool_is_bounded_in_bytes_too() -> None:
+    """The default pool holds 16,384 tokens of a light model but no more than 2 GiB of
+    keys and values of a heavy one (the SmolLM2-1.7B shape: 393,216 bytes a token)."""
+    assert default_pool_tokens(46_080) == DEFAULT_POOL_TOKENS  # SmolLM2-135M, float32
+    assert default_pool_tokens(393_216) == DEFAULT_POOL_BYTES // 393_216 == 5461
+    eng = make_engine(max_batch_size=1)
+    assert eng.scheduler.pool is not None
+    assert eng.scheduler.pool.budget_tokens == default_pool_tokens(eng.cache.bytes_per_token())

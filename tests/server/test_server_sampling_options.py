@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import MODEL, Server, ext, start_server
+from server_helpers import MODEL, Server, ext, start_server, total
 
 from recallspec.spec.sampling import SamplingParams
 
@@ -204,3 +204,21 @@ def test_unsupported_and_out_of_range_fields_are_400_naming_them(server: Server)
             assert r.status_code == 400, (path, fields, r.text)
             assert name in r.json()["error"]["message"], (path, fields, r.text)
     server.wait_idle()
+
+
+def test_n_choices_prefill_their_prompt_once(server: Server) -> None:
+    """``n`` choices of a long prompt: one prefills it, the others copy its rows (the
+    prefix cache's hits grow by nearly (n - 1) prompts); greedy, all four answer alike."""
+    server.wait_idle()
+    before = server.metrics()
+    days = " ".join(["Monday Tuesday Wednesday Thursday Friday Saturday Sunday"] * 12)
+    r = server.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": f"Count these words: {days}"}],
+        max_tokens=6, temperature=0, n=4, extra_body=ext())
+    assert r.usage is not None and r.usage.prompt_tokens > 100
+    assert len({c.message.content for c in r.choices}) == 1
+    after = server.wait_idle()
+    hits = (total(after, "recallspec:prefix_cache_hits_total")
+            - total(before, "recallspec:prefix_cache_hits_total"))
+    # Each of the three others reuses all but the last <= SHARE_WAIT_TOKENS (64) tokens.
+    assert hits >= 3 * (r.usage.prompt_tokens - 64)

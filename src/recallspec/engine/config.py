@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from recallspec.drafters.spec import NO_DRAFTER, DrafterSpec
-from recallspec.engine.prefix_pool import DEFAULT_POOL_TOKENS
 from recallspec.errors import UnknownNameError
 from recallspec.params import (
     DEFAULT_KV_DTYPE,
@@ -59,9 +58,11 @@ class EngineConfig:
     # Prefix reuse (``engine/prefix_cache.py``): a request starts from the KV a finished
     # request of its tenant left in a free slot for the longest prefix of its prompt;
     # a slot's rows about to be overwritten are copied to a pool of at most
-    # ``prefix_cache_tokens`` tokens first (``engine/prefix_pool.py``; 0: slots only).
+    # ``prefix_cache_tokens`` tokens first (``engine/prefix_pool.py``; 0: slots only;
+    # None: 16,384 tokens or 2 GiB of keys and values, whichever is fewer,
+    # ``default_pool_tokens``).
     prefix_cache: bool = True
-    prefix_cache_tokens: int = DEFAULT_POOL_TOKENS
+    prefix_cache_tokens: int | None = None
     # KV memory is taken as rows are written (``runtime/kv_memory.py``); admission keeps
     # the rows every slot may hold within this many (``engine/scheduler.py``). None: as
     # many as 80% of the memory available when the engine starts holds, at most every
@@ -108,7 +109,7 @@ class EngineConfig:
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
                              f"got {self.kv_dtype!r}")
-        if self.prefix_cache_tokens < 0:
+        if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
             raise ValueError("prefix_cache_tokens must be >= 0 (0: slots only)")
         if self.max_batch_size < 1 or self.prefill_chunk < 1 or self.max_draft_nodes < 0:
             raise ValueError("max_batch_size and prefill_chunk must be >= 1, max_draft_nodes >= 0")

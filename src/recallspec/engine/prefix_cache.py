@@ -87,33 +87,43 @@ class PrefixCache:
         """The slot's rows are no longer trusted (e.g. a failed or aborted request)."""
         self._slots.pop(slot, None)
 
-    def choose(
+    def best(
         self, prompt: Sequence[int], tenant: str, free: Sequence[tuple[int, int]]
-    ) -> tuple[int, int, Retained | None]:
-        """(slot, reused, dropped): the free slot to give a request with this prompt, how
-        many of its first tokens' KV that slot already holds, and what the slot retained
-        (None: nothing), which it no longer does (the request's rows overwrite it past
-        ``reused``: the caller may copy it out first, ``prefix_pool.py``). At least the
-        prompt's last token is always prefilled (its row's logits give the first new
-        token). ``free``: the cache's free slots (non-empty) with their allocation
-        counts; a slot allocated since it was retained (by anyone) retains nothing."""
-        if not free:
-            raise ValueError("no free slot to choose from")
+    ) -> tuple[int, int]:
+        """(slot, reused): the free slot of ``tenant`` retaining the longest prefix of
+        ``prompt`` (the most recently retained among equals) and its length, at most
+        len(prompt) - 1 (the prompt's last token is always prefilled: its row's logits
+        give the first new token); (-1, 0) when none shares a token. ``free``: the
+        cache's free slots with their allocation counts; a slot allocated since it was
+        retained (by anyone) retains nothing and is forgotten here."""
         for s, allocation in free:
             r = self._slots.get(s)
             if r is not None and r.allocation != allocation:
                 del self._slots[s]  # its rows were overwritten since
-        slots = [s for s, _ in free]
         best_slot, best = -1, 0
         limit = max(len(prompt) - 1, 0)
-        for s in slots:
+        for s, _ in free:
             r = self._slots.get(s)
             if r is None or r.tenant != tenant:
                 continue
             n = min(common_prefix(r.tokens, prompt), limit)
             if n > best or (n == best and n > 0 and r.stamp > self._slots[best_slot].stamp):
                 best_slot, best = s, n
+        return best_slot, best
+
+    def choose(
+        self, prompt: Sequence[int], tenant: str, free: Sequence[tuple[int, int]]
+    ) -> tuple[int, int, Retained | None]:
+        """(slot, reused, dropped): the free slot to give a request with this prompt
+        (``best``'s, else an empty slot, else the least recently retained), how many of
+        its first tokens' KV that slot already holds, and what the slot retained (None:
+        nothing), which it no longer does (the request's rows overwrite it past
+        ``reused``: the caller may copy it out first, ``prefix_pool.py``)."""
+        if not free:
+            raise ValueError("no free slot to choose from")
+        best_slot, best = self.best(prompt, tenant, free)
         if best == 0:  # nothing to reuse: an empty slot, else the least recently retained
+            slots = [s for s, _ in free]
             empty = [s for s in slots if s not in self._slots]
             best_slot = empty[0] if empty else min(slots, key=lambda s: self._slots[s].stamp)
         return best_slot, best, self._slots.pop(best_slot, None)

@@ -8,8 +8,12 @@ first) ride in the decoding batch's forward, so running requests keep decoding.
 
 With the prefix cache (``prefix_cache.py``, ``prefix_pool.py``) admission picks the free
 slot holding the longest prefix of the prompt, or copies a longer one from the pool into
-the slot it gives, and a request starts with those tokens prefilled; a slot's retained
-rows go to the pool before another request overwrites them.
+the slot it gives, or copies them from a running request of its tenant (``n`` choices of
+one prompt, questions over one document arriving together), and a request starts with
+those tokens prefilled; a slot's retained rows go to the pool before another request
+overwrites them. A request whose prompt shares ``SHARE_WAIT_TOKENS`` more tokens with a
+prompt still being prefilled than any of these holds waits for that prefill (admission
+stays in arrival order): one prefill instead of several.
 
 KV memory (``runtime/kv_memory.py``): a slot holds memory for the rows it wrote, not for
 ``max_len``. Admission keeps what the slots and the pool hold within ``kv_budget`` rows:
@@ -28,12 +32,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from recallspec.engine.prefix_cache import PrefixCache, PrefixCacheStats
+import numpy as np
+
+from recallspec.engine.prefix_cache import PrefixCache, PrefixCacheStats, common_prefix
 from recallspec.engine.prefix_pool import PrefixPool
 from recallspec.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from recallspec.runtime.kv_cache import KVCache
+
+
+# Tokens a waiting request must gain by waiting for a running request's prefill (over
+# the best prefix it could start from now) to wait: below, prefilling them itself costs
+# about as little as a step's delay.
+SHARE_WAIT_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,8 @@ class Scheduler:
             running = sum(self.cache.resident_rows(r.slot) for r in self.running.values())
             if running + need > self.kv_budget:
                 break  # waits for running requests to end (in arrival order)
+            if self.prefix is not None and self._share_soon(self.waiting[0]):
+                break  # waits for a running prefill of its prompt (a few steps)
             req = self.waiting.popleft()
             if self.prefix is None:
                 req.slot = self.cache.allocate()
@@ -190,10 +204,12 @@ class Scheduler:
         free = [(s, self.cache.allocations(s)) for s in self.cache.free_slot_ids()]
         slot, reused, dropped = self.prefix.choose(req.prompt, req.tenant, free)
         entry, n = (None, 0) if self.pool is None else self.pool.best(req.prompt, req.tenant)
-        from_pool = entry is not None and n > reused
+        src, m = self._running_rows(req)
+        from_pool = entry is not None and n > reused and n >= m
+        from_running = src is not None and m > max(reused, n)
         # What the slot held past the reused rows is about to be overwritten (e.g. a
         # conversation sharing only the system prompt with the new one): keep it.
-        if dropped is not None and (from_pool or len(dropped.tokens) > reused):
+        if dropped is not None and (from_pool or from_running or len(dropped.tokens) > reused):
             n_old = len(dropped.tokens)  # its rows are intact until the slot is allocated
             kept = self.pool is not None and self.pool.put(
                 dropped.tokens, dropped.tenant, *self.cache.rows(slot, n_old))
@@ -207,10 +223,54 @@ class Scheduler:
             self.cache.load(slot, entry.k, entry.v, n)
             self.pool.used(entry)
             reused = n
+        elif from_running:
+            assert src is not None
+            self.cache.copy(src.slot, slot, m)
+            reused = m
         else:
             self.cache.resume(slot, reused)
         self.prefix.admitted(len(req.prompt), reused)
         req.prefilled = req.reused = reused
+
+    def _sources(self, req: Request) -> Iterator[Request]:
+        """Running requests whose rows ``req`` may start from: its tenant's, unfinished,
+        holding a slot without padding entries."""
+        for r in self.running.values():
+            if (r.tenant == req.tenant and not r.is_finished and r.slot >= 0
+                    and self.cache.valid_prefix(r.slot) is None):
+                yield r
+
+    def _running_rows(self, req: Request) -> tuple[Request | None, int]:
+        """The running request whose committed rows hold the longest prefix of
+        ``req``'s prompt (at most all but its last token), and that length."""
+        best: Request | None = None
+        most, limit = 0, max(len(req.prompt) - 1, 0)
+        for r in self._sources(req):
+            length = self.cache.length(r.slot)  # rows of prompt + generated[:-1]
+            held = np.asarray((r.prompt + r.generated)[:length], dtype=np.int64)
+            n = min(common_prefix(held, req.prompt), limit)
+            if n > most:
+                best, most = r, n
+        return best, most
+
+    def _share_soon(self, req: Request) -> bool:
+        """Whether a running request still prefilling a prompt that shares
+        ``SHARE_WAIT_TOKENS`` more tokens with ``req``'s than any prefix ``req`` could
+        start from now will hold them within a few steps (then ``req`` copies them)."""
+        assert self.prefix is not None
+        limit = len(req.prompt) - 1
+        prefilling = [r for r in self._sources(req) if not r.is_prefilled]
+        if not prefilling or limit < SHARE_WAIT_TOKENS:
+            return False
+        prompt = np.asarray(req.prompt, dtype=np.int64)
+        soon = max(min(common_prefix(prompt, r.prompt), limit) for r in prefilling)
+        if soon < SHARE_WAIT_TOKENS:
+            return False
+        free = [(s, self.cache.allocations(s)) for s in self.cache.free_slot_ids()]
+        now = max(self.prefix.best(req.prompt, req.tenant, free)[1],
+                  0 if self.pool is None else self.pool.best(req.prompt, req.tenant)[1],
+                  self._running_rows(req)[1])
+        return soon - now >= SHARE_WAIT_TOKENS
 
     def stats(self) -> PrefixCacheStats | None:
         """The prefix cache's counters (None: it is off)."""

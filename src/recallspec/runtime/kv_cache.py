@@ -172,6 +172,17 @@ class KVCache:
         self.k[:, slot, :, :n] = k[:, :, :n]
         self.v[:, slot, :, :n] = v[:, :, :n]
 
+    def copy(self, src: int, dst: int, n: int) -> None:
+        """Write the first ``n`` committed rows of slot ``src`` (in use) into the freshly
+        allocated slot ``dst`` and take them as committed there (``resume``): bit for bit,
+        one copy (a request starting from a running request's prompt)."""
+        self._check_slot(src)
+        if n > self._lengths[src] or self._holes[src]:
+            raise ValueError(f"slot {src} holds {self._lengths[src]} plain rows, not {n}")
+        self.resume(dst, n)
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+
     @property
     def free_slots(self) -> int:
         return len(self._free)
