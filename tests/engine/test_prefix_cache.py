@@ -173,7 +173,7 @@ def test_requests_together_share_one_prefill() -> None:
                 assert stats.hits == sum(cached)
         assert [o.token_ids for o in outs[True]] == [o.token_ids for o in outs[False]]
     # A shared prefix under SHARE_WAIT_TOKENS (and nothing committed yet): no wait.
-    short = [list(b"the cat sat on the mat") + [c] for c in b"abc"]
+    short = [[*b"the cat sat on the mat", c] for c in b"abc"]
     eng = make_engine(max_batch_size=3)
     assert [o.cached_tokens for o in _together(eng, short, SamplingParams(max_new_tokens=4))
             ] == [0, 0, 0]

@@ -62,8 +62,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "prefix of its prompt: a chat's next turn, an agent's next step)")
     p.add_argument("--prefix-cache-tokens", type=int, default=None, metavar="N",
                    help="tokens of evicted slots' KV kept in memory for reuse (default "
-                        f"{DEFAULT_POOL_TOKENS} or {DEFAULT_POOL_BYTES >> 30} GiB of keys and values, "
-                        "whichever is fewer; 0: only what the free slots hold)")
+                        f"{DEFAULT_POOL_TOKENS} or {DEFAULT_POOL_BYTES >> 30} GiB of keys and "
+                        "values, whichever is fewer; 0: only what the free slots hold)")
     p.add_argument("--kv-budget-tokens", type=int, default=None, metavar="N",
                    help="KV rows the slots and the prefix pool may hold at once (default: "
                         "as many as 80%% of the memory available at start holds)")
