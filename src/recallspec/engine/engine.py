@@ -44,8 +44,7 @@ from recallspec.engine.outputs import (
     record_logprobs,
     take_output,
 )
-from recallspec.engine.prefix_cache import PrefixCache, PrefixCacheStats
-from recallspec.engine.prefix_pool import PrefixPool, default_pool_tokens
+from recallspec.engine.prefix_cache import PrefixCacheStats
 from recallspec.engine.prompts import Prompt
 from recallspec.engine.request import Request, RequestStatus
 from recallspec.engine.runner import NativeVerifier, Runner
@@ -90,15 +89,7 @@ class Engine:
         self.stats = StepStats()
         self._cost_curve: CostCurve | None = None
         self.planner = DraftPlanner(self.config.max_draft_nodes, self.cost_curve)
-        cfg = self.config
-        pool_tokens = (default_pool_tokens(self.cache.bytes_per_token())
-                       if cfg.prefix_cache_tokens is None else cfg.prefix_cache_tokens)
-        self.scheduler = Scheduler(
-            self.cache, cfg.max_batch_size, cfg.prefill_chunk,
-            PrefixCache() if cfg.prefix_cache else None,
-            PrefixPool(pool_tokens) if cfg.prefix_cache and pool_tokens else None,
-            kv_budget=cfg.kv_budget_tokens or self.cache.budget_rows(),
-            draft_rows=cfg.max_draft_nodes + 1)
+        self.scheduler = Scheduler.from_config(self.cache, self.config)
         self.runner = Runner(model, self.cache, self.max_len, self.threads)
         self.drafters = DrafterPool(self.drafter_context, self.config, lambda: {
             id(r.drafter) for r in chain(self.scheduler.waiting, self.scheduler.running.values())})

@@ -35,10 +35,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from recallspec.engine.prefix_cache import PrefixCache, PrefixCacheStats, common_prefix
-from recallspec.engine.prefix_pool import PrefixPool
+from recallspec.engine.prefix_pool import PrefixPool, default_pool_tokens
 from recallspec.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
+    from recallspec.engine.config import EngineConfig
     from recallspec.runtime.kv_cache import KVCache
 
 
@@ -106,6 +107,18 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.waiting: deque[Request] = deque()  # arrival order
         self.running: dict[int, Request] = {}  # rid -> request holding a slot, admission order
+
+    @classmethod
+    def from_config(cls, cache: KVCache, cfg: EngineConfig) -> Scheduler:
+        """The engine's scheduler: its prefix cache and pool as ``cfg`` says (the pool's
+        default budget weighs a token of this cache), admission within its KV budget."""
+        pool_tokens = (default_pool_tokens(cache.bytes_per_token())
+                       if cfg.prefix_cache_tokens is None else cfg.prefix_cache_tokens)
+        return cls(cache, cfg.max_batch_size, cfg.prefill_chunk,
+                   PrefixCache() if cfg.prefix_cache else None,
+                   PrefixPool(pool_tokens) if cfg.prefix_cache and pool_tokens else None,
+                   kv_budget=cfg.kv_budget_tokens or cache.budget_rows(),
+                   draft_rows=cfg.max_draft_nodes + 1)
 
     # ---- queue -----------------------------------------------------------------
     def add(self, req: Request) -> None:
