@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
+from qweight_helpers import FP16_BYTES, TYPES, random_raw
 from safetensors.torch import load_file, save_file
 
 from recallspec import _kernels
@@ -19,7 +20,6 @@ from recallspec.runtime import isa
 from recallspec.runtime.qlinear import QuantizedWeight, qlinear
 
 VARIANTS = isa.variants()  # every path this CPU runs, incl. AVX-512 without VNNI
-TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 N, K = 37, 512  # 37: a partial last group of 16; 512: two K-quant super-blocks
 U = 2.0**-24  # unit roundoff of fp32
 
@@ -27,27 +27,6 @@ U = 2.0**-24  # unit roundoff of fp32
 def bits(t: torch.Tensor) -> np.ndarray:
     """Bit patterns (tells -0.0 from 0.0 and compares NaN payloads)."""
     return t.contiguous().numpy().view(np.uint32)
-
-
-# Where each type's fp16 fields sit in its block (the rest: quantized values and scales).
-FP16_BYTES = {T.Q4_0: slice(0, 2), T.Q4_1: slice(0, 4), T.Q5_0: slice(0, 2),
-              T.Q5_1: slice(0, 4), T.Q8_0: slice(0, 2), T.Q4_K: slice(0, 4),
-              T.Q5_K: slice(0, 4), T.Q6_K: slice(208, 210)}
-
-
-def random_raw(qtype: T, n: int, k: int, seed: int = 0) -> np.ndarray:
-    """GGUF block bytes: ggml's own quantizer where gguf-py has it, else random bytes
-    with finite fp16 fields (every other byte pattern of a K-quant block is valid)."""
-    rng = np.random.default_rng(seed)
-    if qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
-        return gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
-    bs, ts = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, (n, k // bs, ts), dtype=np.uint8)
-    halves = (rng.standard_normal((n, k // bs, 2)) * 0.01).astype(np.float16)
-    fields = halves.view(np.uint8).reshape(n, k // bs, 4)
-    at = FP16_BYTES[qtype]
-    raw[..., at] = fields[..., : at.stop - at.start]
-    return raw.reshape(n, -1)
 
 
 def activations(m: int, k: int, seed: int = 1) -> torch.Tensor:
