@@ -308,9 +308,7 @@ def _gguf_weights(gguf: Path, directory: Path, config: ModelConfig, fmt: str) ->
         cached = quantized.load_quantized(path)
         if cached is not None:
             return cached
-        reader = gguf_loader.open_reader(gguf)
-        cfg = gguf_loader.hf_config_from_gguf(reader)
-        weights = internal_weights(config, quantized.quantized_state_dict(reader, cfg))
+        weights = internal_weights(config, quantized.quantized_state_dict(gguf, config))
         quantized.save_quantized(weights, path)
         return weights
     internal = directory / gguf_loader.INTERNAL_WEIGHTS
