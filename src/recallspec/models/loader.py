@@ -183,9 +183,11 @@ def internal_weights(config: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
     Matrices may be tensors or ``QuantizedWeight``s (fused alike); norm weights become
     effective scales (Gemma: ``1 + w``).
     """
-    # Multimodal Gemma 3 checkpoints nest the text model under "language_model".
-    hf = {k.replace("model.language_model.", "model.").replace("language_model.", ""): v
-          for k, v in hf.items()}
+    # Multimodal Gemma 3 checkpoints nest the text model under "language_model". Moved
+    # out of the caller's dict, so that fused parts are freed as they are fused (the
+    # caller still holds that dict during the call).
+    hf = {k.replace("model.language_model.", "model.").replace("language_model.", ""): hf.pop(k)
+          for k in list(hf)}
 
     def take(name: str) -> Any:
         t = hf.pop(name, None)

@@ -110,13 +110,17 @@ class Segment:
             return s.zero if s.zero is not None else torch.zeros((s.n + 15) // 16 * 16,
                                                                  dtype=torch.int32)
 
+        def cat(parts: list[torch.Tensor]) -> torch.Tensor:
+            out = qrepack.zeros(sum(p.numel() for p in parts), parts[0].dtype)
+            return torch.cat(parts, out=out)
+
         has_mins = any(s.mins is not None for s in run)
         has_zero = any(s.zero is not None for s in run)
         return Segment(
             n_off, sum(s.n for s in run), first.k, first.sb, first.u4, kinds,
-            torch.cat([s.qs for s in run]), torch.cat([s.scale for s in run]),
-            torch.cat([mins(s) for s in run]) if has_mins else None,
-            torch.cat([zero(s) for s in run]) if has_zero else None)
+            cat([s.qs for s in run]), cat([s.scale for s in run]),
+            cat([mins(s) for s in run]) if has_mins else None,
+            cat([zero(s) for s in run]) if has_zero else None)
 
 
 def _ggml_type(t: int | T) -> T:

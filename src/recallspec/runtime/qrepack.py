@@ -9,6 +9,7 @@ canonical temporaries. Every byte equals the reference's (tests/runtime/test_qre
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -50,16 +51,34 @@ class Packed:
     zero: torch.Tensor | None  # int32
 
 
+_HUGE = 2 << 20  # a transparent huge page
+
+
+def zeros(count: int, dtype: torch.dtype) -> torch.Tensor:
+    """A flat tensor of zeros. From 2 MiB up, in an anonymous mapping of its own
+    advised to use huge pages: the kernel zeroes its pages as they are first written
+    (no memset pass), 2 MiB per fault where THP allows (first-touch faults of 4 KiB
+    pages cost 0.36 s per GB on a Zen 3 VM: 2.5 s for an 8B model's weights). The
+    mapping lives as long as the tensor (``torch.frombuffer`` holds it)."""
+    nbytes = count * torch.empty(0, dtype=dtype).element_size()
+    if nbytes < _HUGE:
+        return torch.zeros(count, dtype=dtype)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(m, dtype=dtype, count=count)
+
+
 def allocate(qtype: T, n: int, k: int) -> Packed:
     """Zeroed arrays for n rows of ``qtype`` (zero is what ``pack`` pads rows with)."""
     lay = LAYOUTS[qtype]
     g, nsb = (n + 15) // 16, k // lay.sb
     sdt = torch.float16 if lay.f16 else torch.float32
     return Packed(
-        qs=torch.zeros(g * nsb * (8 if lay.u4 else 16) * lay.sb, dtype=torch.uint8),
-        scale=torch.zeros(g * nsb * 16, dtype=sdt),
-        mins=torch.zeros(g * nsb * 16, dtype=sdt) if lay.mins else None,
-        zero=torch.zeros(g * 16, dtype=torch.int32) if lay.zero else None,
+        qs=zeros(g * nsb * (8 if lay.u4 else 16) * lay.sb, torch.uint8),
+        scale=zeros(g * nsb * 16, sdt),
+        mins=zeros(g * nsb * 16, sdt) if lay.mins else None,
+        zero=zeros(g * 16, torch.int32) if lay.zero else None,
     )
 
 
