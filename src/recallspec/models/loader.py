@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -249,11 +250,15 @@ def load_tokenizer(model: str | os.PathLike[str] | None = None) -> Tokenizer:
 
 def load_model(
     path: str | os.PathLike[str] | None = None, dtype: str | torch.dtype = "auto",
-    kv_dtype: KVDtype = DEFAULT_KV_DTYPE,
+    kv_dtype: KVDtype = DEFAULT_KV_DTYPE, repack_cache: bool = True,
 ) -> tuple[CausalLM, Tokenizer]:
     """Load a model and its tokenizer; ``dtype`` is a weight format (``WEIGHT_FORMATS``)
     or a torch dtype (float32, bfloat16); ``kv_dtype`` the KV cache's, one of
-    ``params.KV_DTYPES`` (``ValueError`` otherwise, before anything loads)."""
+    ``params.KV_DTYPES`` (``ValueError`` otherwise, before anything loads).
+    ``repack_cache``: a GGUF's quantized weights, repacked at its first load, are saved
+    in the cache for later loads (a file ~1.4x the GGUF's size, reported on stderr when
+    written); False repacks in memory at every load and writes nothing (a cache file
+    already there is still read)."""
     if kv_dtype not in KV_DTYPES:  # (EngineConfig checked the engine's; callers may not)
         raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     directory, gguf = _model_source(path)
@@ -261,7 +266,7 @@ def load_model(
     config = read_config(directory)
     tokenizer = Tokenizer.from_dir(directory, extra_eos_ids=_extra_eos(directory))
     if gguf is not None:
-        weights = _gguf_weights(gguf, directory, config, fmt)
+        weights = _gguf_weights(gguf, directory, config, fmt, repack_cache)
     else:
         weights = internal_weights(config, _read_safetensors(directory))
         if fmt == "quantized":
@@ -301,8 +306,10 @@ def weight_format(dtype: str | torch.dtype, gguf: Path | None) -> str:
     return dtype
 
 
-def _gguf_weights(gguf: Path, directory: Path, config: ModelConfig, fmt: str) -> dict[str, Any]:
-    """A converted GGUF's weights in our internal layout, from the cache or built once."""
+def _gguf_weights(gguf: Path, directory: Path, config: ModelConfig, fmt: str,
+                  repack_cache: bool = True) -> dict[str, Any]:
+    """A converted GGUF's weights in our internal layout, from the cache or built once
+    (the quantized ones saved only with ``repack_cache``)."""
     from recallspec.models import gguf_loader, quantized
 
     if fmt == "quantized":
@@ -311,7 +318,12 @@ def _gguf_weights(gguf: Path, directory: Path, config: ModelConfig, fmt: str) ->
         if cached is not None:
             return cached
         weights = internal_weights(config, quantized.quantized_state_dict(gguf, config))
-        quantized.save_quantized(weights, path)
+        if repack_cache:
+            quantized.save_quantized(weights, path)
+            size, src = path.stat().st_size, gguf.stat().st_size
+            print(f"recallspec: cached the repacked weights ({size / 1e6:,.0f} MB, "
+                  f"{size / src:.2f}x the GGUF) in {path}; --no-repack-cache "
+                  "(repack_cache=False) to skip", file=sys.stderr, flush=True)
         return weights
     internal = directory / gguf_loader.INTERNAL_WEIGHTS
     if not internal.is_file():
