@@ -28,6 +28,7 @@
 namespace nb = nanobind;
 
 void register_qkernels(nb::module_& m);  // qbind.cpp
+void register_qrepack(nb::module_& m);   // qrepack.cpp
 void register_native(nb::module_& m);    // native_bind.cpp
 void register_sampling(nb::module_& m);  // sample_bind.cpp
 
@@ -326,6 +327,7 @@ NB_MODULE(_kernels, m) {
         nb::arg("out").noconvert(), nb::arg("threads") = 1,
         "bf16 data passed as int16 views; AVX512_BF16 only");
   register_qkernels(m);
+  register_qrepack(m);
   register_native(m);
   register_sampling(m);
 }

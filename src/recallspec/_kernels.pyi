@@ -19,6 +19,14 @@ def qgemm(
 ) -> None: ...
 def qrows(seg: QSeg, ids: Any, out: Any, threads: int = 1) -> None: ...
 def qquantize(x: Any, q: Any, d: Any, xs: Any, dxs: Any, sb: int, isa: int) -> None: ...
+# Rows [row_off, row_off + len(raw)) of a segment of n rows (k columns) from their GGUF
+# block bytes raw (uint8 [rows, bytes per row]) of GGML type `type`, written in the
+# kernel layout into the segment's arrays (qs, scale and mins as uint8 views, zero
+# int32; mins and zero empty where the type has none). csrc/qgemm/qrepack.cpp.
+def qrepack(
+    raw: Any, type: int, n: int, k: int, row_off: int, qs: Any, scale: Any, mins: Any,
+    zero: Any, threads: int = 1,
+) -> None: ...
 
 # The native forward of a quantized CausalLM (csrc/native/; runtime/native.py).
 # A matrix is a list of (segment, first row) pairs or a dense float32 [n, k] tensor.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import sys
 
@@ -12,14 +11,15 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
+from qweight_helpers import FP16_BYTES, TYPES, random_raw
 from safetensors.torch import load_file, save_file
 
 from recallspec import _kernels
+from recallspec.models.gguf_header import read_header
 from recallspec.runtime import isa
 from recallspec.runtime.qlinear import QuantizedWeight, qlinear
 
 VARIANTS = isa.variants()  # every path this CPU runs, incl. AVX-512 without VNNI
-TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 N, K = 37, 512  # 37: a partial last group of 16; 512: two K-quant super-blocks
 U = 2.0**-24  # unit roundoff of fp32
 
@@ -27,27 +27,6 @@ U = 2.0**-24  # unit roundoff of fp32
 def bits(t: torch.Tensor) -> np.ndarray:
     """Bit patterns (tells -0.0 from 0.0 and compares NaN payloads)."""
     return t.contiguous().numpy().view(np.uint32)
-
-
-# Where each type's fp16 fields sit in its block (the rest: quantized values and scales).
-FP16_BYTES = {T.Q4_0: slice(0, 2), T.Q4_1: slice(0, 4), T.Q5_0: slice(0, 2),
-              T.Q5_1: slice(0, 4), T.Q8_0: slice(0, 2), T.Q4_K: slice(0, 4),
-              T.Q5_K: slice(0, 4), T.Q6_K: slice(208, 210)}
-
-
-def random_raw(qtype: T, n: int, k: int, seed: int = 0) -> np.ndarray:
-    """GGUF block bytes: ggml's own quantizer where gguf-py has it, else random bytes
-    with finite fp16 fields (every other byte pattern of a K-quant block is valid)."""
-    rng = np.random.default_rng(seed)
-    if qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0):
-        return gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
-    bs, ts = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, (n, k // bs, ts), dtype=np.uint8)
-    halves = (rng.standard_normal((n, k // bs, 2)) * 0.01).astype(np.float16)
-    fields = halves.view(np.uint8).reshape(n, k // bs, 4)
-    at = FP16_BYTES[qtype]
-    raw[..., at] = fields[..., : at.stop - at.start]
-    return raw.reshape(n, -1)
 
 
 def activations(m: int, k: int, seed: int = 1) -> torch.Tensor:
@@ -295,61 +274,15 @@ def test_bias_shapes_and_errors(weights: dict) -> None:
 
 
 def real_tensors(path, names: list[str], rows: int) -> list[tuple[str, np.ndarray, T, int]]:
-    """The first ``rows`` rows of block bytes of tensors ``names``: (name, raw, type, k).
-    Reads the GGUF header directly: GGUFReader spends seconds on Gemma's 262k-token
-    vocabulary, which these tests do not need."""
+    """The first ``rows`` rows of block bytes of tensors ``names``: (name, raw, type, k)."""
+    infos = {t.name: t for t in read_header(path).tensors}
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    pos = 0
-
-    def take(fmt: str) -> int:
-        nonlocal pos
-        (v,) = struct.unpack_from("<" + fmt, data, pos)
-        pos += struct.calcsize(fmt)
-        return v
-
-    def skip_value(vtype: int) -> None:
-        nonlocal pos
-        sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-        if vtype == 8:  # string
-            length = take("Q")  # (not "pos += take(...)": that adds to the old pos)
-            pos += length
-        elif vtype == 9:  # array
-            etype, count = take("I"), take("Q")
-            if etype in sizes:
-                pos += sizes[etype] * count
-            else:
-                for _ in range(count):
-                    skip_value(etype)
-        else:
-            pos += sizes[vtype]
-
-    assert bytes(data[:4]) == b"GGUF"
-    pos = 8
-    n_tensors, n_kv = take("Q"), take("Q")
-    alignment = 32
-    for _ in range(n_kv):
-        key = bytes(data[pos + 8:pos + 8 + take("Q")]).decode()
-        pos += len(key.encode())
-        vtype = take("I")
-        if key == "general.alignment":
-            alignment = take("I")
-        else:
-            skip_value(vtype)
-    infos = {}
-    for _ in range(n_tensors):
-        name = bytes(data[pos + 8:pos + 8 + take("Q")]).decode()
-        pos += len(name.encode())
-        dims = [take("Q") for _ in range(take("I"))]
-        infos[name] = (dims, T(take("I")), take("Q"))
-    start = (pos + alignment - 1) // alignment * alignment
     out = []
     for name in names:
-        dims, qtype, offset = infos[name]
-        bs, ts = gguf.GGML_QUANT_SIZES[qtype]
-        row_bytes = dims[0] // bs * ts
-        begin = start + offset
-        raw = np.array(data[begin:begin + rows * row_bytes]).reshape(rows, row_bytes)
-        out.append((name, raw, qtype, dims[0]))
+        t = infos[name]
+        row_bytes = t.n_bytes // t.shape[0]
+        raw = np.array(data[t.offset:t.offset + rows * row_bytes]).reshape(rows, row_bytes)
+        out.append((name, raw, t.ggml_type, t.shape[1]))
     return out
 
 

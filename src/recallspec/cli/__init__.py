@@ -14,12 +14,16 @@ import sys
 from recallspec.errors import RecallspecError
 from recallspec.params import MAX_DRAFT_NODES
 
-# The --kv-dtype and --max-draft-nodes help the commands that load a model share.
+# The --kv-dtype, --no-repack-cache and --max-draft-nodes help the commands that load a
+# model share.
 KV_HELP = ("KV cache: auto = float32 (measured: no gain at Spec-Bench lengths); float16 "
            "halves its memory and the bytes a decode row's attention reads (plain decoding "
            "1.1-1.4x faster at 1,000 cached tokens, 1.3-1.7x at 2,000 on a Zen 4), but "
            "the attention of verification and prefill rows is 10-25 percent slower. Its "
            "outputs differ from float32's; each is lossless on its own.")
+REPACK_CACHE_HELP = ("do not save a GGUF's repacked quantized weights in the cache at its "
+                     "first load (a file ~1.4x the GGUF's size, read by later loads): "
+                     "repack in memory at every start instead")
 MAX_DRAFT_NODES_HELP = (f"draft-tree nodes verified per request and step, at most (default "
                         f"{MAX_DRAFT_NODES}; cost-aware sizing drafts fewer where rows do not "
                         "pay; workloads that re-send long texts gain from more, e.g. 32)")

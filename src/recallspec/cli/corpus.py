@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from recallspec.cli import REPACK_CACHE_HELP
 from recallspec.params import DEFAULT_WEIGHT_FORMAT, WEIGHT_FORMATS
 
 
@@ -39,6 +40,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS,
                    help="weights: auto = a GGUF's own blocks (quantized kernel), float32 = "
                         "the dequantized reference")
+    g.add_argument("--no-repack-cache", dest="repack_cache", action="store_false",
+                   help=REPACK_CACHE_HELP)
     g.add_argument("--no-progress", action="store_true")
     g.set_defaults(handler=run_generate)
 
@@ -62,7 +65,8 @@ def run_generate(args: argparse.Namespace) -> int:
     n = sum(1 for _ in iter_prompts(args.prompts, cfg.per_file))
     total = min(n, cfg.limit) if cfg.limit else n
     done = len(read_done(args.out))
-    engine = Engine.load(args.model, dtype=args.dtype, max_batch_size=cfg.batch_size)
+    engine = Engine.load(args.model, dtype=args.dtype, max_batch_size=cfg.batch_size,
+                         repack_cache=args.repack_cache)
     bar = tqdm(total=total, initial=min(done, total), unit="prompt", desc="generate",
                disable=args.no_progress, file=sys.stderr)
 

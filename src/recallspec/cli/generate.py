@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from recallspec.cli import KV_HELP, MAX_DRAFT_NODES_HELP
+from recallspec.cli import KV_HELP, MAX_DRAFT_NODES_HELP, REPACK_CACHE_HELP
 from recallspec.errors import DataError
 from recallspec.params import DEFAULT_KV_DTYPE, DEFAULT_WEIGHT_FORMAT, KV_DTYPES, WEIGHT_FORMATS
 from recallspec.policy import POLICY
@@ -38,6 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="weights: auto = a GGUF's own blocks (quantized kernel), float32 = "
                         "the dequantized reference")
     p.add_argument("--kv-dtype", default=DEFAULT_KV_DTYPE, choices=KV_DTYPES, help=KV_HELP)
+    p.add_argument("--no-repack-cache", dest="repack_cache", action="store_false",
+                   help=REPACK_CACHE_HELP)
     p.add_argument("--max-draft-nodes", type=int, default=None, metavar="N",
                    help=MAX_DRAFT_NODES_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -74,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     limits: dict[str, int] = ({} if args.max_draft_nodes is None
                               else {"max_draft_nodes": args.max_draft_nodes})
     try:
-        engine = Engine.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype, **limits)
+        engine = Engine.load(args.model, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                             repack_cache=args.repack_cache, **limits)
     except ValueError as e:  # EngineConfig's checks (e.g. a negative --max-draft-nodes)
         raise DataError(str(e)) from None
     ids = engine.encode_prompt(prompt, chat=args.chat)

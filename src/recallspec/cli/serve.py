@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recallspec.cli import KV_HELP, MAX_DRAFT_NODES_HELP
+from recallspec.cli import KV_HELP, MAX_DRAFT_NODES_HELP, REPACK_CACHE_HELP
 from recallspec.engine.prefix_pool import DEFAULT_POOL_BYTES, DEFAULT_POOL_TOKENS
 from recallspec.errors import DataError, RecallspecError
 from recallspec.params import DEFAULT_KV_DTYPE, DEFAULT_WEIGHT_FORMAT, KV_DTYPES, WEIGHT_FORMATS
@@ -71,6 +71,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help=MAX_DRAFT_NODES_HELP)
     p.add_argument("--dtype", default=DEFAULT_WEIGHT_FORMAT, choices=WEIGHT_FORMATS)
     p.add_argument("--kv-dtype", default=DEFAULT_KV_DTYPE, choices=KV_DTYPES, help=KV_HELP)
+    p.add_argument("--no-repack-cache", dest="repack_cache", action="store_false",
+                   help=REPACK_CACHE_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("RECALLSPEC_API_KEY"),
@@ -125,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config: dict[str, object] = {"max_batch_size": args.max_batch_size, "dtype": args.dtype,
                                      "kv_dtype": args.kv_dtype,
+                                     "repack_cache": args.repack_cache,
                                      "drafter": drafter, "mode": args.mode,
                                      "memory_tokens": args.memory_tokens,
                                      "memory_prompts": args.memory_prompts,

@@ -50,6 +50,9 @@ class EngineConfig:
     model: str | None = None  # path, alias, or None for the default model
     dtype: WeightFormat = DEFAULT_WEIGHT_FORMAT  # one of WEIGHT_FORMATS
     kv_dtype: KVDtype = DEFAULT_KV_DTYPE  # one of KV_DTYPES
+    # Save a GGUF's repacked quantized weights in the cache at its first load (a file
+    # ~1.4x the GGUF, read by later loads); False: repack in memory at each load.
+    repack_cache: bool = True
     max_batch_size: int = 1  # sequences decoded together (KV-cache slots)
     max_len: int | None = None  # KV positions per sequence; default min(context, 4096)
     prefill_chunk: int = 512  # prompt tokens per step (ride in the decoding forward)
@@ -109,6 +112,8 @@ class EngineConfig:
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
                              f"got {self.kv_dtype!r}")
+        if not isinstance(self.repack_cache, bool):
+            raise ValueError(f"repack_cache must be True or False, got {self.repack_cache!r}")
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
             raise ValueError("prefix_cache_tokens must be >= 0 (0: slots only)")
         if self.max_batch_size < 1 or self.prefill_chunk < 1 or self.max_draft_nodes < 0:

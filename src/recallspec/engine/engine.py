@@ -103,7 +103,8 @@ class Engine:
         from recallspec.models import load_model
 
         cfg = EngineConfig(model=model, **config)
-        m, tok = load_model(model, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype)
+        m, tok = load_model(model, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype,
+                            repack_cache=cfg.repack_cache)
         return cls(m, tok, cfg)
 
     # ---- what steps run with: the cost curve (adaptive sizing), the runner -----------

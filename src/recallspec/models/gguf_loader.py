@@ -85,7 +85,11 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 
 
 def gguf_architecture(reader: Any) -> str:
-    arch = _field(reader, "general.architecture")
+    return check_architecture(_field(reader, "general.architecture"))
+
+
+def check_architecture(arch: object) -> str:
+    """A GGUF's ``general.architecture`` value, refused unless we run it."""
     if not isinstance(arch, str):
         raise ModelLoadError("GGUF file has no general.architecture")
     if arch not in _MODEL_TYPES:
@@ -275,5 +279,6 @@ def write_float_weights(path: Path, out: Path) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
-__all__ = ["check_magic", "convert_gguf", "gguf_architecture", "hf_config_from_gguf",
+__all__ = ["check_architecture", "check_magic", "convert_gguf", "gguf_architecture",
+           "hf_config_from_gguf",
            "open_reader", "unsupported_architecture", "write_float_weights"]

@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -183,9 +184,11 @@ def internal_weights(config: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
     Matrices may be tensors or ``QuantizedWeight``s (fused alike); norm weights become
     effective scales (Gemma: ``1 + w``).
     """
-    # Multimodal Gemma 3 checkpoints nest the text model under "language_model".
-    hf = {k.replace("model.language_model.", "model.").replace("language_model.", ""): v
-          for k, v in hf.items()}
+    # Multimodal Gemma 3 checkpoints nest the text model under "language_model". Moved
+    # out of the caller's dict, so that fused parts are freed as they are fused (the
+    # caller still holds that dict during the call).
+    hf = {k.replace("model.language_model.", "model.").replace("language_model.", ""): hf.pop(k)
+          for k in list(hf)}
 
     def take(name: str) -> Any:
         t = hf.pop(name, None)
@@ -247,11 +250,15 @@ def load_tokenizer(model: str | os.PathLike[str] | None = None) -> Tokenizer:
 
 def load_model(
     path: str | os.PathLike[str] | None = None, dtype: str | torch.dtype = "auto",
-    kv_dtype: KVDtype = DEFAULT_KV_DTYPE,
+    kv_dtype: KVDtype = DEFAULT_KV_DTYPE, repack_cache: bool = True,
 ) -> tuple[CausalLM, Tokenizer]:
     """Load a model and its tokenizer; ``dtype`` is a weight format (``WEIGHT_FORMATS``)
     or a torch dtype (float32, bfloat16); ``kv_dtype`` the KV cache's, one of
-    ``params.KV_DTYPES`` (``ValueError`` otherwise, before anything loads)."""
+    ``params.KV_DTYPES`` (``ValueError`` otherwise, before anything loads).
+    ``repack_cache``: a GGUF's quantized weights, repacked at its first load, are saved
+    in the cache for later loads (a file ~1.4x the GGUF's size, reported on stderr when
+    written); False repacks in memory at every load and writes nothing (a cache file
+    already there is still read)."""
     if kv_dtype not in KV_DTYPES:  # (EngineConfig checked the engine's; callers may not)
         raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     directory, gguf = _model_source(path)
@@ -259,7 +266,7 @@ def load_model(
     config = read_config(directory)
     tokenizer = Tokenizer.from_dir(directory, extra_eos_ids=_extra_eos(directory))
     if gguf is not None:
-        weights = _gguf_weights(gguf, directory, config, fmt)
+        weights = _gguf_weights(gguf, directory, config, fmt, repack_cache)
     else:
         weights = internal_weights(config, _read_safetensors(directory))
         if fmt == "quantized":
@@ -299,8 +306,10 @@ def weight_format(dtype: str | torch.dtype, gguf: Path | None) -> str:
     return dtype
 
 
-def _gguf_weights(gguf: Path, directory: Path, config: ModelConfig, fmt: str) -> dict[str, Any]:
-    """A converted GGUF's weights in our internal layout, from the cache or built once."""
+def _gguf_weights(gguf: Path, directory: Path, config: ModelConfig, fmt: str,
+                  repack_cache: bool = True) -> dict[str, Any]:
+    """A converted GGUF's weights in our internal layout, from the cache or built once
+    (the quantized ones saved only with ``repack_cache``)."""
     from recallspec.models import gguf_loader, quantized
 
     if fmt == "quantized":
@@ -308,10 +317,13 @@ def _gguf_weights(gguf: Path, directory: Path, config: ModelConfig, fmt: str) ->
         cached = quantized.load_quantized(path)
         if cached is not None:
             return cached
-        reader = gguf_loader.open_reader(gguf)
-        cfg = gguf_loader.hf_config_from_gguf(reader)
-        weights = internal_weights(config, quantized.quantized_state_dict(reader, cfg))
-        quantized.save_quantized(weights, path)
+        weights = internal_weights(config, quantized.quantized_state_dict(gguf, config))
+        if repack_cache:
+            quantized.save_quantized(weights, path)
+            size, src = path.stat().st_size, gguf.stat().st_size
+            print(f"recallspec: cached the repacked weights ({size / 1e6:,.0f} MB, "
+                  f"{size / src:.2f}x the GGUF) in {path}; --no-repack-cache "
+                  "(repack_cache=False) to skip", file=sys.stderr, flush=True)
         return weights
     internal = directory / gguf_loader.INTERNAL_WEIGHTS
     if not internal.is_file():

@@ -1,6 +1,6 @@
 """Compact weights: a GGUF's matrices kept in their own block formats.
 
-``quantized_state_dict`` reads a GGUF (memory-mapped) into HF names and conventions, like
+``quantized_state_dict`` reads a GGUF into HF names and conventions, like
 ``gguf_loader.dequantized_state_dict``, but every matrix becomes a ``QuantizedWeight``
 (``runtime/qlinear.py``) holding the file's own integers and scales, repacked once for
 the batch-invariant kernel; 1-D tensors (norms, biases) stay float32. The two llama.cpp
@@ -9,7 +9,8 @@ un-permuted (a row permutation, exact on block rows), Gemma norms get ``- 1``.
 Float matrices (F32/F16/BF16 GGUFs, HF safetensors) are quantized to Q8_0 at load.
 
 The repacked weights of a converted model are cached next to its fp32 ones
-(``save_quantized`` / ``load_quantized``), so a later load is one file read.
+(``save_quantized`` / ``load_quantized``), so a later load is one file read; the loader
+skips that file when asked to (``load_model(repack_cache=False)``).
 """
 
 from __future__ import annotations
@@ -17,53 +18,68 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from recallspec.errors import ModelLoadError
+from recallspec.models.config import ModelConfig
+from recallspec.models.gguf_header import Header, read_header
 from recallspec.runtime.qlinear import QuantizedWeight
 
 QUANTIZED_WEIGHTS = "recallspec-quantized.safetensors"
 QUANT_FORMAT = 1  # bump when QuantizedWeight's state_dict layout changes
 # Float matrices (no block format of their own) are quantized to this at load.
 FLOAT_MATRIX_KIND = "Q8_0"
+# Bytes of a quantized tensor read (and held) at a time while repacking: bounds the
+# load's transient memory whatever the tensor's size (an 8B vocabulary's embedding is
+# 430 MB of Q6_K), and is large enough that the per-chunk call costs nothing.
+CHUNK_BYTES = 16 << 20
 
 Weights = dict[str, "torch.Tensor | QuantizedWeight"]
 
 
-def quantized_state_dict(reader: Any, cfg: dict[str, Any]) -> Weights:
-    """Every tensor of a GGUF with HF names: matrices quantized, the rest float32."""
+def quantized_state_dict(path: Path, config: ModelConfig) -> Weights:
+    """Every tensor of a GGUF with HF names: matrices quantized, the rest float32.
+    The header is read without its metadata arrays (``gguf_header``); quantized matrices
+    are read in chunks of rows and repacked as they arrive (``runtime/qrepack.py``)."""
+    header = read_header(path)
+    with open(path, "rb", buffering=0) as f:
+        return _state_dict(header, config, f.fileno())
+
+
+def _state_dict(header: Header, config: ModelConfig, fd: int) -> Weights:
     import gguf
 
-    from recallspec.models.gguf_loader import _hf_name, _unpermute_qk, gguf_architecture
+    from recallspec.models.gguf_loader import _hf_name, _unpermute_qk, check_architecture
 
-    arch = gguf_architecture(reader)
-    heads = int(cfg["num_attention_heads"])
-    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    arch = check_architecture(header.metadata.get("general.architecture"))
     float_types = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
                    gguf.GGMLQuantizationType.BF16}
     out: Weights = {}
-    for t in reader.tensors:
+    for t in header.tensors:
         name = _hf_name(arch, t.name)
         if name is None:
             if t.name.startswith("rope_"):
                 continue
             raise ModelLoadError(f"unexpected tensor {t.name!r} in {arch} GGUF")
-        shape = tuple(int(d) for d in reversed(t.shape))  # [rows, cols] as numpy sees it
+        shape, qtype = t.shape, t.ggml_type  # [rows, cols] as numpy sees it
         permute = (
-            heads if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias"))
-            else kv_heads if arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias"))
+            config.num_heads if arch == "llama" and t.name.endswith(("attn_q.weight",
+                                                                     "attn_q.bias"))
+            else config.num_kv_heads if arch == "llama" and t.name.endswith(("attn_k.weight",
+                                                                            "attn_k.bias"))
             else 0
         )
-        if len(shape) == 1 or t.tensor_type in float_types:
+        rows = shape[0] if len(shape) == 2 else 1
+        if len(shape) == 1 or qtype in float_types:
+            _, raw = next(_row_chunks(fd, t.offset, rows, t.n_bytes // rows, 0))
             try:
-                arr = gguf.quants.dequantize(t.data, t.tensor_type)
+                arr = gguf.quants.dequantize(raw, qtype)
             except Exception as e:
-                raise ModelLoadError(f"cannot read {t.name} ({t.tensor_type.name}): {e}") from None
+                raise ModelLoadError(f"cannot read {t.name} ({qtype.name}): {e}") from None
             arr = np.asarray(arr, dtype=np.float32).reshape(shape)
             if permute:
                 arr = _unpermute_qk(arr, permute)
@@ -75,19 +91,39 @@ def quantized_state_dict(reader: Any, cfg: dict[str, Any]) -> Weights:
                 else QuantizedWeight.from_float(tensor, FLOAT_MATRIX_KIND)
             )
             continue
-        raw = np.asarray(t.data)  # [rows, bytes per row], uint8, memory-mapped
+        # Q/K rows are permuted within heads: read whole (hidden rows at most), unpermuted.
+        chunks: Iterable[tuple[int, np.ndarray]] = _row_chunks(
+            fd, t.offset, rows, t.n_bytes // rows, 0 if permute else CHUNK_BYTES)
         if permute:
-            raw = _unpermute_qk(raw, permute)
+            chunks = [(0, _unpermute_qk(whole, permute)) for _, whole in chunks]
         try:
-            out[name] = QuantizedWeight.from_gguf(
-                np.ascontiguousarray(raw), t.tensor_type, shape[0], shape[1]
-            )
+            out[name] = QuantizedWeight.from_gguf_rows(qtype, rows, shape[1], chunks)
         except (ValueError, NotImplementedError) as e:
             raise ModelLoadError(
-                f"{t.name}: block type {t.tensor_type.name} is not supported by the quantized "
+                f"{t.name}: block type {qtype.name} is not supported by the quantized "
                 f"path ({e}); load with dtype='float32'"
             ) from None
     return out
+
+
+def _row_chunks(fd: int, offset: int, rows: int, row_bytes: int,
+                chunk_bytes: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, uint8 [rows, row_bytes]) pieces of a tensor at ``offset`` in the file,
+    read with pread: the file is not memory-mapped, so its pages never count in this
+    process's resident memory. With chunk_bytes > 0, pieces of whole groups of 16 rows
+    in one reused buffer: each is valid until the next is asked for (a consumer repacks
+    it first); with chunk_bytes=0, the whole tensor in a buffer of its own."""
+    step = rows if chunk_bytes <= 0 else max(16, chunk_bytes // max(1, row_bytes) // 16 * 16)
+    buf = np.empty((min(step, rows), row_bytes), dtype=np.uint8)
+    for r0 in range(0, rows, step):
+        view = buf[:min(step, rows - r0)]
+        mem, pos = view.data.cast("B"), offset + r0 * row_bytes
+        while len(mem):
+            got = os.preadv(fd, [mem], pos)
+            if got <= 0:
+                raise ModelLoadError(f"GGUF file ends inside a tensor (offset {pos})")
+            mem, pos = mem[got:], pos + got
+        yield r0, view
 
 
 def quantize_floats(weights: Mapping[str, torch.Tensor]) -> Weights:

@@ -1,7 +1,8 @@
 """Quantized dense layers: GGUF weights kept in their own bits, batch-invariant products.
 
 ``QuantizedWeight`` holds an [n, k] weight repacked once from GGUF block bytes (or
-quantized from fp32 at load) into the layout of the C++ kernels (``runtime.qformats``);
+quantized from fp32 at load) into the layout of the C++ kernels (``runtime.qformats``
+defines it, ``runtime.qrepack`` writes it);
 ``qlinear(x, w)`` computes ``x @ W^T``. Activations are quantized per row to int8 in
 blocks of 32 (``d = max|x| / 127``, round half to even), integer block dot products
 are exact, and the float steps per output are fixed (csrc/qgemm/qkernels.h): so row m of the
@@ -17,7 +18,7 @@ so every row keeps its own format's bits and bytes (no 4-bit part is widened).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,7 @@ from gguf import quants as gguf_quants
 from recallspec import _kernels
 from recallspec.runtime import isa as _isa
 from recallspec.runtime import qformats as qf
+from recallspec.runtime import qrepack
 from recallspec.runtime.threads import kernel_threads
 
 _FLOAT_TYPES = (T.F32, T.F16, T.BF16)
@@ -85,6 +87,41 @@ class Segment:
         return Segment(n_off, n, k, c.sb, c.u4, kinds, torch.from_numpy(qs),
                        torch.from_numpy(scale), t(mins), t(zero))
 
+    @staticmethod
+    def stack(run: Sequence[Segment], n_off: int, kinds: tuple[str, ...]) -> Segment:
+        """Segments of one storage, sub-block length and scale dtype as one, when every
+        one but the last fills its groups of 16 rows: then the packed arrays are the
+        parts' arrays one after the other, exactly ``qf.pack(qf.concat(canons))``, with
+        ``qf.concat``'s fill for a part without mins (-0.0 on its real rows; padding rows
+        keep pack's 0.0) or without zero points (0)."""
+        first = run[0]
+        if any(s.n % 16 for s in run[:-1]):
+            raise ValueError("stack: a part other than the last ends inside a group")
+
+        def mins(s: Segment) -> torch.Tensor:
+            if s.mins is not None:
+                return s.mins
+            g, nsb = (s.n + 15) // 16, s.k // s.sb
+            m = torch.full((g * 16, nsb), -0.0, dtype=s.scale.dtype)
+            m[s.n:] = 0.0  # padding rows
+            return m.reshape(g, 16, nsb).transpose(1, 2).reshape(-1)
+
+        def zero(s: Segment) -> torch.Tensor:
+            return s.zero if s.zero is not None else torch.zeros((s.n + 15) // 16 * 16,
+                                                                 dtype=torch.int32)
+
+        def cat(parts: list[torch.Tensor]) -> torch.Tensor:
+            out = qrepack.zeros(sum(p.numel() for p in parts), parts[0].dtype)
+            return torch.cat(parts, out=out)
+
+        has_mins = any(s.mins is not None for s in run)
+        has_zero = any(s.zero is not None for s in run)
+        return Segment(
+            n_off, sum(s.n for s in run), first.k, first.sb, first.u4, kinds,
+            cat([s.qs for s in run]), cat([s.scale for s in run]),
+            cat([mins(s) for s in run]) if has_mins else None,
+            cat([zero(s) for s in run]) if has_zero else None)
+
 
 def _ggml_type(t: int | T) -> T:
     try:
@@ -114,9 +151,24 @@ class QuantizedWeight:
             data = np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1)
             w = np.ascontiguousarray(gguf_quants.dequantize(data, qtype)).reshape(n, k)
             return cls.from_float(torch.from_numpy(w), float_kind)
+        rows = np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1)
+        return cls.from_gguf_rows(qtype, n, k, [(0, rows)])
+
+    @classmethod
+    def from_gguf_rows(cls, ggml_type: int | T, n: int, k: int,
+                       chunks: Iterable[tuple[int, np.ndarray]]) -> QuantizedWeight:
+        """From a quantized GGUF tensor's block bytes given as (first row, rows) chunks
+        that cover its n rows (a loader reads a large tensor a piece at a time). Packed
+        in C++ (``runtime.qrepack``), byte for byte ``qformats.pack(qformats.decode())``."""
+        qtype = _ggml_type(ggml_type)
         if qtype not in qf.BLOCKS:
             raise ValueError(f"GGUF type {qtype.name} is not supported by the quantized kernels")
-        seg = Segment.build(qf.decode(raw, qtype, n, k), 0, (qtype.name,))
+        if k % qf.BLOCKS[qtype][0]:
+            raise ValueError(f"{qtype.name}: row length {k} is not a multiple of "
+                             f"{qf.BLOCKS[qtype][0]}")
+        p = qrepack.repack(qtype, n, k, chunks)
+        lay = qrepack.LAYOUTS[qtype]
+        seg = Segment(0, n, k, lay.sb, lay.u4, (qtype.name,), p.qs, p.scale, p.mins, p.zero)
         return cls(n, k, qtype.name, (seg,))
 
     @classmethod
@@ -157,7 +209,9 @@ class QuantizedWeight:
             if len(run) == 1:
                 c = run[0]
                 seg = Segment(off, c.n, k, c.sb, c.u4, kinds, c.qs, c.scale, c.mins, c.zero)
-            else:
+            elif all(s.n % 16 == 0 for s in run[:-1]):
+                seg = Segment.stack(run, off, kinds)
+            else:  # a part ends inside a group of 16 rows: rows move between groups
                 seg = Segment.build(qf.concat([s.canon() for s in run]), off, kinds)
             out.append(seg)
             off += seg.n

@@ -1,0 +1,257 @@
+// GGUF block bytes -> the quantized kernels' packed layout (qkernels.h), in one pass
+// per row: the decode of runtime/qformats.py (GGUF blocks -> canonical u, s, m, z) and
+// its pack (canonical -> kernel layout) fused, with no canonical array in between.
+// runtime/qformats.py is the reference: every byte written here equals what
+// qformats.pack(qformats.decode(...)) gives (tests/runtime/test_qrepack.py checks it on
+// every type). The Python side (runtime/qrepack.py) allocates zeroed arrays for a whole
+// segment and calls this once per chunk of rows; padding rows are never written, so
+// they stay zero as pack's padding does.
+//
+// Values (qformats.py's table): legacy types keep their fp16 d (and m) bits as they are;
+// K-quants' scale is float(d) * float(sc) and their min -(float(dmin) * float(mn)) in
+// fp32, the same IEEE products numpy computes (the module is built with
+// -ffp-contract=off and without -ffast-math, so nothing is reassociated or fused).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include "common/kernel_common.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+// GGML type ids (ggml.h's enum ggml_type; gguf.GGMLQuantizationType).
+enum Type : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+// A type's block and its canonical layout (qformats.py's table).
+struct Format {
+  int block, bytes;  // elements and bytes per GGUF block
+  int sb;            // canonical sub-block length (32, or 16 for Q6_K)
+  bool u4, f16, mins;
+  int32_t zero;      // z; 0 means no zero-point array
+};
+
+bool format_of(int t, Format& f) {
+  switch (t) {
+    case Q4_0: f = {32, 18, 32, true, true, false, 8}; return true;
+    case Q4_1: f = {32, 20, 32, true, true, true, 0}; return true;
+    case Q5_0: f = {32, 22, 32, false, true, false, 16}; return true;
+    case Q5_1: f = {32, 24, 32, false, true, true, 0}; return true;
+    case Q8_0: f = {32, 34, 32, false, true, false, 128}; return true;
+    case Q4_K: f = {256, 144, 32, true, false, true, 0}; return true;
+    case Q5_K: f = {256, 176, 32, false, false, true, 0}; return true;
+    case Q6_K: f = {256, 210, 16, false, false, false, 32}; return true;
+    default: return false;
+  }
+}
+
+// IEEE binary16 bits -> float, exact for every input (subnormals normalised; inf and
+// NaN keep sign and payload, as numpy's conversion does).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu, bits;
+  if (exp == 0 && man == 0) {
+    bits = sign;
+  } else if (exp == 0) {  // subnormal: man * 2^-24
+    uint32_t e = 113;     // the biased exponent of 2^-14, lowered once per shift below
+    while (!(man & 0x400u)) { man <<= 1; --e; }
+    bits = sign | (e << 23) | ((man & 0x3ffu) << 13);
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t le16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
+
+// Where one row's data goes in a segment of the packed layout: row r is lane r % 16 of
+// group r / 16; sub-block b of that group starts at qs + (g * nsb + b) * sb_bytes.
+struct Out {
+  uint8_t* qs;
+  uint8_t* scale;  // fp16 or fp32 elements [G][nsb][16]
+  uint8_t* mins;   // same, or nullptr
+  int32_t* zero;   // [G * 16] or nullptr
+  int64_t nsb, sb_bytes;
+  int esize;       // 2 (fp16) or 4 (fp32)
+};
+
+// One row's writer: sub-block b of this row.
+struct RowOut {
+  const Out& o;
+  int64_t g, lane;
+  uint8_t* vec(int64_t b) const { return o.qs + (g * o.nsb + b) * o.sb_bytes + lane * 4; }
+  int64_t at(int64_t b) const { return (g * o.nsb + b) * 16 + lane; }
+  void scale16(int64_t b, const uint8_t* src) const { std::memcpy(o.scale + at(b) * 2, src, 2); }
+  void mins16(int64_t b, const uint8_t* src) const { std::memcpy(o.mins + at(b) * 2, src, 2); }
+  void scale32(int64_t b, float s) const { std::memcpy(o.scale + at(b) * 4, &s, 4); }
+  void mins32(int64_t b, float m) const { std::memcpy(o.mins + at(b) * 4, &m, 4); }
+  // u8 storage: u[0..sb) of sub-block b, 4 consecutive k per 64-byte vector.
+  void u8(int64_t b, const uint8_t* u, int sb) const {
+    uint8_t* p = vec(b);
+    for (int c = 0; c < sb / 4; ++c) std::memcpy(p + c * 64, u + 4 * c, 4);
+  }
+  // u4 storage: byte (v, j) = u[4v + j] | u[4v + 16 + j] << 4, given as the 16 bytes
+  // (v, j) in order.
+  void u4(int64_t b, const uint8_t* bytes16) const {
+    uint8_t* p = vec(b);
+    for (int v = 0; v < 4; ++v) std::memcpy(p + v * 64, bytes16 + 4 * v, 4);
+  }
+};
+
+// The 8 six-bit scales and mins of a K-quant block's 12 bytes (qformats._k_scales).
+void k_scales(const uint8_t* s, uint8_t sc[8], uint8_t mn[8]) {
+  for (int i = 0; i < 4; ++i) {
+    sc[i] = s[i] & 0x3f;
+    mn[i] = s[i + 4] & 0x3f;
+    sc[i + 4] = uint8_t((s[i + 8] & 0x0f) | ((s[i] >> 2) & 0x30));
+    mn[i + 4] = uint8_t((s[i + 8] >> 4) | ((s[i + 4] >> 2) & 0x30));
+  }
+}
+
+// One GGUF block at block index `blk` of a row (its sub-blocks start at blk * block / sb).
+void legacy_block(int t, const uint8_t* p, int64_t blk, const RowOut& r) {
+  uint8_t u[32];
+  switch (t) {
+    case Q4_0: r.scale16(blk, p); r.u4(blk, p + 2); return;  // the bytes are (v, j) already
+    case Q4_1: r.scale16(blk, p); r.mins16(blk, p + 2); r.u4(blk, p + 4); return;
+    case Q5_0:
+    case Q5_1: {
+      const int off = t == Q5_0 ? 2 : 4;
+      const uint32_t qh = uint32_t(p[off]) | uint32_t(p[off + 1]) << 8 |
+                          uint32_t(p[off + 2]) << 16 | uint32_t(p[off + 3]) << 24;
+      const uint8_t* qs = p + off + 4;
+      for (int l = 0; l < 16; ++l) {
+        u[l] = uint8_t((qs[l] & 0x0f) | ((qh >> l) & 1u) << 4);
+        u[l + 16] = uint8_t((qs[l] >> 4) | ((qh >> (l + 16)) & 1u) << 4);
+      }
+      r.scale16(blk, p);
+      if (t == Q5_1) r.mins16(blk, p + 2);
+      r.u8(blk, u, 32);
+      return;
+    }
+    case Q8_0:
+      for (int l = 0; l < 32; ++l) u[l] = uint8_t(p[2 + l] ^ 0x80);
+      r.scale16(blk, p);
+      r.u8(blk, u, 32);
+      return;
+    default: throw std::logic_error("qrepack: not a legacy type");
+  }
+}
+
+void k_block(int t, const uint8_t* p, int64_t blk, const RowOut& r) {
+  if (t == Q6_K) {  // ql 128, qh 64, int8 scales 16, d
+    const uint8_t *ql = p, *qh = p + 128;
+    const float d = half_to_float(le16(p + 208));
+    uint8_t u[256];
+    for (int h = 0; h < 2; ++h)
+      for (int t64 = 0; t64 < 64; ++t64) {
+        const int i = t64 / 32, l = t64 % 32;  // element t64 and t64 + 64 of half h
+        const uint8_t q = ql[64 * h + t64];
+        u[128 * h + t64] = uint8_t((q & 0x0f) | ((qh[32 * h + l] >> (2 * i)) & 3) << 4);
+        u[128 * h + t64 + 64] = uint8_t((q >> 4) | ((qh[32 * h + l] >> (2 * i + 4)) & 3) << 4);
+      }
+    for (int b = 0; b < 16; ++b) {
+      r.scale32(blk * 16 + b, d * float(int8_t(p[192 + b])));
+      r.u8(blk * 16 + b, u + 16 * b, 16);
+    }
+    return;
+  }
+  const float d = half_to_float(le16(p)), dmin = half_to_float(le16(p + 2));
+  uint8_t sc[8], mn[8];
+  k_scales(p + 4, sc, mn);
+  for (int b = 0; b < 8; ++b) {
+    r.scale32(blk * 8 + b, d * float(sc[b]));
+    r.mins32(blk * 8 + b, -(dmin * float(mn[b])));
+  }
+  // 4 runs c of 32 bytes: low nibbles are sub-block 2c, high nibbles 2c + 1.
+  if (t == Q4_K) {
+    const uint8_t* q = p + 16;
+    uint8_t lo[16], hi[16];
+    for (int c = 0; c < 4; ++c, q += 32) {
+      for (int i = 0; i < 16; ++i) {
+        lo[i] = uint8_t((q[i] & 0x0f) | (q[16 + i] << 4));
+        hi[i] = uint8_t((q[i] >> 4) | (q[16 + i] & 0xf0));
+      }
+      r.u4(blk * 8 + 2 * c, lo);
+      r.u4(blk * 8 + 2 * c + 1, hi);
+    }
+    return;
+  }
+  // Q5_K: bit i of qh[l] is the fifth bit of sub-block i, element l.
+  const uint8_t *qh = p + 16, *q = p + 48;
+  uint8_t u[64];
+  for (int c = 0; c < 4; ++c, q += 32) {
+    for (int l = 0; l < 32; ++l) {
+      u[l] = uint8_t((q[l] & 0x0f) | ((qh[l] >> (2 * c)) & 1) << 4);
+      u[32 + l] = uint8_t((q[l] >> 4) | ((qh[l] >> (2 * c + 1)) & 1) << 4);
+    }
+    r.u8(blk * 8 + 2 * c, u, 32);
+    r.u8(blk * 8 + 2 * c + 1, u + 32, 32);
+  }
+}
+
+template <class T>
+using Vec = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Raw = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// Rows [row_off, row_off + len(raw)) of a segment of n rows and k columns, from their
+// GGUF block bytes raw [rows, k / block * bytes], into the segment's arrays (sized for
+// n rows: qs, scale and mins as bytes, zero as int32; mins and zero empty when the type
+// has none).
+void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8_t> qs,
+             Vec<uint8_t> scale, Vec<uint8_t> mins, Vec<int32_t> zero, unsigned threads) {
+  Format f;
+  if (!format_of(type, f)) throw std::invalid_argument("qrepack: unsupported GGML type");
+  const int64_t rows = int64_t(raw.shape(0));
+  if (n <= 0 || k <= 0 || k % f.block != 0 || row_off < 0 || row_off + rows > n)
+    throw std::invalid_argument("qrepack: bad n, k or row range");
+  const int64_t nblk = k / f.block;
+  if (rows && int64_t(raw.shape(1)) != nblk * f.bytes)
+    throw std::invalid_argument("qrepack: raw rows do not hold k / block blocks");
+  const int64_t groups = (n + 15) / 16, nsb = k / f.sb;
+  const int esize = f.f16 ? 2 : 4;
+  const int64_t sb_bytes = f.u4 ? 8 * f.sb : 16 * f.sb;
+  const size_t scale_bytes = size_t(groups * nsb * 16 * esize);
+  if (qs.size() != size_t(groups * nsb * sb_bytes) || scale.size() != scale_bytes ||
+      mins.size() != (f.mins ? scale_bytes : 0) || zero.size() != size_t(f.zero ? groups * 16 : 0))
+    throw std::invalid_argument("qrepack: segment arrays do not match n, k and the type");
+  const Out o{qs.data(), scale.data(), f.mins ? mins.data() : nullptr,
+              f.zero ? zero.data() : nullptr, nsb, sb_bytes, esize};
+  const uint8_t* src = raw.data();
+  const int64_t row_bytes = nblk * f.bytes;
+  const bool kquant = f.block == 256;
+  nb::gil_scoped_release release;
+  // Parts by whole groups of the segment, so no two threads write one cache line.
+  const int64_t g0 = row_off / 16, g1 = rows ? (row_off + rows - 1) / 16 + 1 : g0;
+  rs::split(g1 - g0, threads, [&](int64_t a, int64_t b) {
+    const int64_t r0 = std::max(row_off, (g0 + a) * 16);
+    const int64_t r1 = std::min(row_off + rows, (g0 + b) * 16);
+    for (int64_t row = r0; row < r1; ++row) {
+      const RowOut r{o, row / 16, row % 16};
+      const uint8_t* p = src + (row - row_off) * row_bytes;
+      for (int64_t blk = 0; blk < nblk; ++blk, p += f.bytes) {
+        if (kquant) k_block(type, p, blk, r); else legacy_block(type, p, blk, r);
+      }
+      if (o.zero) o.zero[row] = f.zero;
+    }
+  });
+}
+
+}  // namespace
+
+void register_qrepack(nb::module_& m) {
+  m.def("qrepack", &qrepack, nb::arg("raw"), nb::arg("type"), nb::arg("n"), nb::arg("k"),
+        nb::arg("row_off"), nb::arg("qs").noconvert(), nb::arg("scale").noconvert(),
+        nb::arg("mins").noconvert(), nb::arg("zero").noconvert(), nb::arg("threads") = 1,
+        "rows of GGUF block bytes into a segment's arrays in the kernel layout (qkernels.h)");
+}

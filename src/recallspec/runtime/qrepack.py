@@ -1,0 +1,112 @@
+"""GGUF block bytes straight into the kernel layout, in C++ (``_kernels.qrepack``).
+
+``runtime.qformats`` defines the layout in numpy (``pack(decode(raw))``) and stays the
+reference; this module is the fast path that loads use: the arrays of a segment are
+allocated once, zeroed (the zero padding rows of ``pack``), and the GGUF rows are
+written into them chunk by chunk, at any row offset, in one pass over the bytes with no
+canonical temporaries. Every byte equals the reference's (tests/runtime/test_qrepack.py).
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as T
+
+from recallspec import _kernels
+from recallspec.runtime.threads import kernel_threads
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A GGUF type's canonical layout (``qformats``' table): sub-block, storage, scale
+    dtype, whether it has mins, and its zero point (0: no zero-point array)."""
+
+    sb: int
+    u4: bool
+    f16: bool
+    mins: bool
+    zero: int
+
+
+LAYOUTS: dict[T, Layout] = {
+    T.Q4_0: Layout(32, True, True, False, 8), T.Q4_1: Layout(32, True, True, True, 0),
+    T.Q5_0: Layout(32, False, True, False, 16), T.Q5_1: Layout(32, False, True, True, 0),
+    T.Q8_0: Layout(32, False, True, False, 128), T.Q4_K: Layout(32, True, False, True, 0),
+    T.Q5_K: Layout(32, False, False, True, 0), T.Q6_K: Layout(16, False, False, False, 32),
+}
+
+
+@dataclass(frozen=True)
+class Packed:
+    """The flat arrays of one segment of n rows in the kernel layout (qkernels.h)."""
+
+    qs: torch.Tensor  # uint8
+    scale: torch.Tensor  # float16 or float32
+    mins: torch.Tensor | None
+    zero: torch.Tensor | None  # int32
+
+
+_HUGE = 2 << 20  # a transparent huge page
+
+
+def zeros(count: int, dtype: torch.dtype) -> torch.Tensor:
+    """A flat tensor of zeros. From 2 MiB up, in an anonymous mapping of its own
+    advised to use huge pages: the kernel zeroes its pages as they are first written
+    (no memset pass), 2 MiB per fault where THP allows (first-touch faults of 4 KiB
+    pages cost 0.36 s per GB on a Zen 3 VM: 2.5 s for an 8B model's weights). The
+    mapping lives as long as the tensor (``torch.frombuffer`` holds it)."""
+    nbytes = count * torch.empty(0, dtype=dtype).element_size()
+    if nbytes < _HUGE:
+        return torch.zeros(count, dtype=dtype)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(m, dtype=dtype, count=count)
+
+
+def allocate(qtype: T, n: int, k: int) -> Packed:
+    """Zeroed arrays for n rows of ``qtype`` (zero is what ``pack`` pads rows with)."""
+    lay = LAYOUTS[qtype]
+    g, nsb = (n + 15) // 16, k // lay.sb
+    sdt = torch.float16 if lay.f16 else torch.float32
+    return Packed(
+        qs=zeros(g * nsb * (8 if lay.u4 else 16) * lay.sb, torch.uint8),
+        scale=zeros(g * nsb * 16, sdt),
+        mins=zeros(g * nsb * 16, sdt) if lay.mins else None,
+        zero=zeros(g * 16, torch.int32) if lay.zero else None,
+    )
+
+
+_NONE_U8 = torch.empty(0, dtype=torch.uint8)
+_NONE_I32 = torch.empty(0, dtype=torch.int32)
+
+
+def write_rows(out: Packed, qtype: T, n: int, k: int, row_off: int, raw: np.ndarray,
+               threads: int | None = None) -> None:
+    """Rows [row_off, row_off + len(raw)) of an [n, k] weight, from their GGUF block
+    bytes (uint8 [rows, bytes per row], or any array of those bytes in row order)."""
+    rows = np.ascontiguousarray(raw).view(np.uint8).reshape(len(raw), -1)
+    mins = _NONE_U8 if out.mins is None else out.mins.view(torch.uint8)
+    zero = _NONE_I32 if out.zero is None else out.zero
+    _kernels.qrepack(rows, int(qtype), n, k, row_off, out.qs, out.scale.view(torch.uint8),
+                     mins, zero, kernel_threads() if threads is None else threads)
+
+
+def repack(qtype: T, n: int, k: int, chunks: Iterable[tuple[int, np.ndarray]]) -> Packed:
+    """An [n, k] weight from (first row, block bytes of consecutive rows) chunks that
+    cover its rows once each."""
+    if qtype not in LAYOUTS:
+        raise ValueError(f"no kernel layout for GGUF type {qtype.name}")
+    out = allocate(qtype, n, k)
+    covered = 0
+    for row_off, raw in chunks:
+        write_rows(out, qtype, n, k, row_off, raw)
+        covered += len(raw)
+    if covered != n:
+        raise ValueError(f"repack: chunks hold {covered} rows, the weight {n}")
+    return out

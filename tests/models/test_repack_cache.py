@@ -1,0 +1,127 @@
+"""A GGUF's first quantized load: the C++ repack gives today's numpy weights byte for
+byte on whole real models, and the repack cache is written (and reported) or not."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from recallspec.cli import build_parser
+from recallspec.engine import EngineConfig
+from recallspec.errors import ModelLoadError
+from recallspec.models import load_model, loader, quantized, resolve_model
+from recallspec.runtime import qformats as qf
+from recallspec.runtime.qlinear import QuantizedWeight, Segment
+
+
+@pytest.fixture
+def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RECALLSPEC_CACHE_DIR", str(cache))
+    return cache
+
+
+def packed_bytes(weights: dict[str, Any]) -> dict[str, bytes]:
+    """Every tensor of a weights dict (quantized ones through their state_dict) as bytes."""
+    out: dict[str, bytes] = {}
+    for name, w in weights.items():
+        tensors = w.state_dict(name + ".") if isinstance(w, QuantizedWeight) else {name: w}
+        for key, t in tensors.items():
+            out[key] = str(t.dtype).encode() + t.contiguous().view(torch.uint8).numpy().tobytes()
+    return out
+
+
+def numpy_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Route loads through the numpy path the C++ repack replaced: decode + pack of each
+    whole tensor, and fused weights unpacked, concatenated and packed again."""
+
+    def from_rows(cls: type[QuantizedWeight], ggml_type: Any, n: int, k: int,
+                  chunks: Any) -> QuantizedWeight:
+        qtype = qf.T(int(ggml_type))
+        parts = sorted(((r0, np.array(raw)) for r0, raw in chunks), key=lambda p: p[0])
+        raw = np.concatenate([p for _, p in parts])
+        return cls(n, k, qtype.name, (Segment.build(qf.decode(raw, qtype, n, k), 0,
+                                                    (qtype.name,)),))
+
+    def stack(run: Any, n_off: int, kinds: tuple[str, ...]) -> Segment:
+        return Segment.build(qf.concat([s.canon() for s in run]), n_off, kinds)
+
+    monkeypatch.setattr(QuantizedWeight, "from_gguf_rows", classmethod(from_rows))
+    monkeypatch.setattr(Segment, "stack", staticmethod(stack))
+
+
+def first_load_weights(model: str) -> dict[str, Any]:
+    """What a first quantized load of ``model`` builds (the cache file aside)."""
+    config = loader.read_config(loader._hf_dir_for(model))
+    weights = quantized.quantized_state_dict(resolve_model(model), config)
+    return loader.internal_weights(config, weights)
+
+
+def real_models() -> list[str]:
+    models = ["smollm2-135m"]
+    try:
+        loader.gemma3_path()
+        models.append("gemma3-270m")
+    except ModelLoadError:
+        pass
+    return models
+
+
+@pytest.mark.parametrize("model", real_models())
+def test_first_load_equals_numpy_path(model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SmolLM2 (Q4_1, Q8_0, llama's un-permuted Q/K) and Gemma 3 (Q4_K, Q5_0, Q6_K, Q8_0,
+    fused across formats): every packed array identical, with a small chunk size so that
+    large tensors arrive in many pieces."""
+    monkeypatch.setattr(quantized, "CHUNK_BYTES", 1 << 20)
+    fast = packed_bytes(first_load_weights(model))
+    with monkeypatch.context() as m:
+        numpy_reference(m)
+        ref = packed_bytes(first_load_weights(model))
+    assert fast.keys() == ref.keys()
+    assert [k for k in fast if fast[k] != ref[k]] == []
+
+
+CACHED = re.compile(r"recallspec: cached the repacked weights \(([\d,]+) MB, ([\d.]+)x the "
+                    r"GGUF\) in (\S+); --no-repack-cache")
+
+
+def test_repack_cache_written_and_reported(isolated_cache: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    gguf = resolve_model(None)
+    load_model(None, repack_cache=False)
+    assert "cached the repacked" not in capsys.readouterr().err
+    written = list(isolated_cache.rglob(quantized.QUANTIZED_WEIGHTS + "*"))
+    assert written == []  # nothing of the weights, not even a temporary file
+    directory, _ = loader._model_source(None)
+    in_memory = loader._gguf_weights(gguf, directory, loader.read_config(directory),
+                                     "quantized", repack_cache=False)
+
+    load_model(None)  # the default: cached
+    match = CACHED.search(capsys.readouterr().err)
+    assert match is not None
+    path = Path(match[3])
+    assert path == directory / quantized.QUANTIZED_WEIGHTS and path.is_file()
+    size = path.stat().st_size
+    assert match[1] == f"{size / 1e6:,.0f}"
+    assert match[2] == f"{size / gguf.stat().st_size:.2f}"
+    cached = quantized.load_quantized(path)
+    assert cached is not None and packed_bytes(cached) == packed_bytes(in_memory)
+
+    load_model(None, repack_cache=False)  # a cache already there is read, and kept
+    assert path.stat().st_size == size and "cached the" not in capsys.readouterr().err
+
+
+def test_repack_cache_option() -> None:
+    assert EngineConfig().repack_cache is True
+    with pytest.raises(ValueError, match="repack_cache must be True or False"):
+        EngineConfig(repack_cache="no")  # type: ignore[arg-type]
+    parser = build_parser()
+    for argv in (["generate", "--prompt", "x"], ["serve"],
+                 ["corpus", "generate", "--prompts", "p", "--out", "o"]):
+        assert parser.parse_args(argv).repack_cache is True
+        assert parser.parse_args([*argv, "--no-repack-cache"]).repack_cache is False

@@ -1,0 +1,155 @@
+"""The C++ repack (runtime/qrepack.py) against the numpy reference (runtime/qformats.py):
+the same packed arrays, byte for byte, for every GGUF type, chunked or whole, and fused."""
+
+from __future__ import annotations
+
+import itertools
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from qweight_helpers import FP16_BYTES, TYPES, random_raw
+
+from recallspec import _kernels
+from recallspec.runtime import qformats as qf
+from recallspec.runtime import qrepack
+from recallspec.runtime.qlinear import QuantizedWeight, Segment
+
+
+def reference(raw: np.ndarray, qtype: T, n: int, k: int) -> Segment:
+    """The packed segment of the numpy path: pack(decode(raw))."""
+    with np.errstate(invalid="ignore"):  # inf * 0 in special_fields' scales
+        return Segment.build(qf.decode(raw, qtype, n, k), 0, (qtype.name,))
+
+
+def as_bytes(t: torch.Tensor | None) -> bytes | None:
+    return None if t is None else t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def assert_same(got: Segment, ref: Segment) -> None:
+    assert (got.n, got.k, got.sb, got.u4, got.kinds) == (ref.n, ref.k, ref.sb, ref.u4, ref.kinds)
+    for name in ("qs", "scale", "mins", "zero"):
+        a, b = getattr(got, name), getattr(ref, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            assert as_bytes(a) == as_bytes(b), name
+
+
+def special_fields(raw: np.ndarray, qtype: T) -> np.ndarray:
+    """raw with its fp16 fields set to edge values in turn: +-0, subnormals, the largest
+    finite, inf, quiet and signalling NaNs with payloads (the conversion to fp32 of
+    K-quants' d and dmin must be exact; inf * 0 makes NaN scales too)."""
+    ts = gguf.GGML_QUANT_SIZES[qtype][1]
+    out = raw.reshape(len(raw), -1, ts).copy()
+    edge = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x0200, 0x7BFF, 0xFBFF, 0x7C00, 0x3C00,
+                     0x7E01, 0xFC05],
+                    dtype=np.uint16).view(np.uint8).reshape(-1, 2)
+    at = FP16_BYTES[qtype]
+    for i in range(0, at.stop - at.start, 2):
+        field = slice(at.start + i, at.start + i + 2)
+        blocks = out[..., field].reshape(-1, 2)
+        blocks[:] = edge[(np.arange(len(blocks)) + i) % len(edge)]
+        out[..., field] = blocks.reshape(out[..., field].shape)
+    return out.reshape(len(raw), -1)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n", [1, 16, 37, 64])
+def test_repack_equals_reference(qtype: T, n: int) -> None:
+    k = 512  # two K-quant super-blocks, 16 legacy blocks
+    for seed, edges in ((n, False), (n + 100, True)):
+        raw = random_raw(qtype, n, k, seed=seed)
+        if edges:
+            raw = special_fields(raw, qtype)
+        w = QuantizedWeight.from_gguf(raw, qtype, n, k)
+        assert w.kind == qtype.name and len(w.segments) == 1
+        assert_same(w.segments[0], reference(raw, qtype, n, k))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_chunks_at_any_row_offset(qtype: T) -> None:
+    n, k = 45, 256
+    raw = random_raw(qtype, n, k, seed=5)
+    bounds = [0, 5, 21, 32, 33, 45]  # chunks inside groups, across them, of one row
+    chunks = [(a, raw[a:b]) for a, b in itertools.pairwise(bounds)]
+    w = QuantizedWeight.from_gguf_rows(qtype, n, k, reversed(chunks))
+    assert_same(w.segments[0], reference(raw, qtype, n, k))
+    typed = raw.view(np.uint16) if raw.shape[1] % 2 == 0 else raw  # a reader's typed view
+    assert_same(QuantizedWeight.from_gguf(typed, qtype, n, k).segments[0], w.segments[0])
+
+
+def test_layout_table_matches_decode() -> None:
+    for qtype in TYPES:
+        c = qf.decode(random_raw(qtype, 3, 256), qtype, 3, 256)
+        lay = qrepack.LAYOUTS[qtype]
+        assert (lay.sb, lay.u4, lay.mins) == (c.sb, c.u4, c.mins is not None), qtype
+        assert lay.f16 == (c.scale.dtype == np.float16), qtype
+        assert lay.zero == (0 if c.zero is None else int(c.zero[0])), qtype
+    assert set(qrepack.LAYOUTS) == set(qf.BLOCKS)
+
+
+def reference_concat(parts: list[tuple[np.ndarray, T, int]], k: int) -> list[Segment]:
+    """The fused segments of the numpy path: runs of one storage, sub-block and scale
+    dtype, each qf.concat of the parts' canonical forms, packed."""
+    canons = [(qf.decode(raw, t, n, k), t) for raw, t, n in parts]
+    out: list[Segment] = []
+    off = 0
+    for _key, run in itertools.groupby(
+            canons, key=lambda ct: (ct[0].u4, ct[0].sb, ct[0].scale.dtype)):
+        items = list(run)
+        kinds = tuple(dict.fromkeys(t.name for _, t in items))
+        seg = Segment.build(qf.concat([c for c, _ in items]), off, kinds)
+        out.append(seg)
+        off += seg.n
+    return out
+
+
+# (types, rows): Llama's QKV (Q4_K, Q4_K, Q6_K) and gate-up, Gemma's Q5_0 q/k with Q8_0 v
+# (zero points 16 and 128 in one segment), mins present in some parts only (Q4_0 with
+# Q4_1, both orders), and parts ending inside a group of 16 (the fallback, and a last
+# part's padding rows next to a mins-less part's -0.0 fill).
+FUSED = [
+    ([T.Q4_K, T.Q4_K, T.Q6_K], [64, 32, 32]),
+    ([T.Q4_K, T.Q4_K], [48, 48]),
+    ([T.Q5_0, T.Q5_0, T.Q8_0], [32, 16, 16]),
+    ([T.Q4_0, T.Q4_1], [16, 21]),
+    ([T.Q4_1, T.Q4_0], [32, 7]),
+    ([T.Q4_1, T.Q4_0, T.Q4_1], [5, 16, 9]),
+    ([T.Q6_K, T.Q6_K], [37, 40]),
+    ([T.Q8_0, T.Q5_1, T.Q5_0], [16, 32, 3]),
+]
+
+
+@pytest.mark.parametrize(("types", "rows"), FUSED)
+def test_concat_equals_reference(types: list[T], rows: list[int]) -> None:
+    k = 256
+    parts = [(random_raw(t, n, k, seed=i), t, n)
+             for i, (t, n) in enumerate(zip(types, rows, strict=True))]
+    cat = QuantizedWeight.concat([QuantizedWeight.from_gguf(r, t, n, k) for r, t, n in parts])
+    ref = reference_concat(parts, k)
+    assert len(cat.segments) == len(ref)
+    for got, want in zip(cat.segments, ref, strict=True):
+        assert got.n_off == want.n_off
+        assert_same(got, want)
+
+
+def test_errors() -> None:
+    raw = random_raw(T.Q4_K, 4, 256)
+    with pytest.raises(ValueError, match="not supported"):
+        QuantizedWeight.from_gguf_rows(T.IQ2_XXS, 4, 256, [])
+    with pytest.raises(ValueError, match="multiple of 256"):
+        QuantizedWeight.from_gguf(raw, T.Q4_K, 4, 288)
+    with pytest.raises(ValueError, match="chunks hold 3 rows"):
+        QuantizedWeight.from_gguf_rows(T.Q4_K, 4, 256, [(0, raw[:3])])
+    out = qrepack.allocate(T.Q4_K, 4, 256)
+    with pytest.raises(ValueError, match="row range"):
+        qrepack.write_rows(out, T.Q4_K, 4, 256, 2, raw[:3])
+    with pytest.raises(ValueError, match="do not match"):
+        qrepack.write_rows(out, T.Q6_K, 4, 256, 0, random_raw(T.Q6_K, 4, 256))
+    with pytest.raises(ValueError, match="unsupported"):
+        _kernels.qrepack(raw, int(T.F16), 4, 256, 0, out.qs, out.scale.view(torch.uint8),
+                         out.mins.view(torch.uint8) if out.mins is not None else out.qs,
+                         torch.empty(0, dtype=torch.int32))
