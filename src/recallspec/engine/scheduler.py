@@ -209,12 +209,16 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
 
+    def _free_slots(self) -> list[tuple[int, int]]:
+        """The cache's free slots with their allocation counts (``PrefixCache.best``)."""
+        return [(s, self.cache.allocations(s)) for s in self.cache.free_slot_ids()]
+
     def _take_slot(self, req: Request, need: int) -> None:
         """Give ``req`` the free slot holding the longest prefix of its prompt, or load
         a longer one from the pool into the slot it gets; a slot's retained rows that are
         about to be overwritten go to the pool first (when there is one)."""
         assert self.prefix is not None
-        free = [(s, self.cache.allocations(s)) for s in self.cache.free_slot_ids()]
+        free = self._free_slots()
         slot, reused, dropped = self.prefix.choose(req.prompt, req.tenant, free)
         entry, n = (None, 0) if self.pool is None else self.pool.best(req.prompt, req.tenant)
         src, m = self._running_rows(req)
@@ -279,7 +283,7 @@ class Scheduler:
         soon = max(min(common_prefix(prompt, r.prompt), limit) for r in prefilling)
         if soon < SHARE_WAIT_TOKENS:
             return False
-        free = [(s, self.cache.allocations(s)) for s in self.cache.free_slot_ids()]
+        free = self._free_slots()
         now = max(self.prefix.best(req.prompt, req.tenant, free)[1],
                   0 if self.pool is None else self.pool.best(req.prompt, req.tenant)[1],
                   self._running_rows(req)[1])

@@ -179,9 +179,7 @@ class KVCache:
         self._check_slot(src)
         if n > self._lengths[src] or self._holes[src]:
             raise ValueError(f"slot {src} holds {self._lengths[src]} plain rows, not {n}")
-        self.resume(dst, n)
-        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
-        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        self.load(dst, self.k[:, src], self.v[:, src], n)  # (views: no copy before load's)
 
     @property
     def free_slots(self) -> int:
