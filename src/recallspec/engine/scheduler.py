@@ -214,9 +214,10 @@ class Scheduler:
         return [(s, self.cache.allocations(s)) for s in self.cache.free_slot_ids()]
 
     def _take_slot(self, req: Request, need: int) -> None:
-        """Give ``req`` the free slot holding the longest prefix of its prompt, or load
-        a longer one from the pool into the slot it gets; a slot's retained rows that are
-        about to be overwritten go to the pool first (when there is one)."""
+        """Give ``req`` the free slot holding the longest prefix of its prompt, or copy
+        a longer one into the slot it gets, from the pool or from a running request's
+        slot (the pool on a tie); a slot's retained rows that are about to be
+        overwritten go to the pool first (when there is one)."""
         assert self.prefix is not None
         free = self._free_slots()
         slot, reused, dropped = self.prefix.choose(req.prompt, req.tenant, free)
