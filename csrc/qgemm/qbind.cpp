@@ -105,9 +105,9 @@ void qquantize(Mat<const float> x, Mat<int8_t> q, Mat<float> d, Mat<int32_t> xs,
 void register_qkernels(nb::module_& m) {
   nb::class_<QSeg>(m, "QSeg", "one quantized weight segment in the kernel layout (qkernels.h)")
       .def(nb::init<Vec<const uint8_t>, Vec<const uint8_t>, Vec<const uint8_t>, Vec<const int32_t>,
-                    int64_t, int64_t, int, bool, bool>(),
+                    int64_t, int64_t, int, bool, int>(),
            nb::arg("qs"), nb::arg("scale"), nb::arg("mins"), nb::arg("zero"), nb::arg("n"),
-           nb::arg("k"), nb::arg("sb"), nb::arg("u4"), nb::arg("f16"));
+           nb::arg("k"), nb::arg("sb"), nb::arg("u4"), nb::arg("sfmt"));
   m.def("qgemm", &qgemm, nb::arg("seg"), nb::arg("x_addr"), nb::arg("m"), nb::arg("out_addr"),
         nb::arg("ldo"), nb::arg("n_off"), nb::arg("threads"), nb::arg("isa"),
         "out[:, n_off:n_off+n] = x @ W^T for fp32 x [m, k] and out [m, ldo] at raw addresses");

@@ -67,8 +67,18 @@ void widen_pairs(const QXBuf& buf, int64_t k, int64_t m0, int64_t m1) {
 
 namespace {
 
-inline float load_scale(const void* p, bool f16, int64_t i) {
-  if (f16) return half_to_float(static_cast<const uint16_t*>(p)[i]);
+// The scale (or min) of row lane r of group g in sub-block b, from p in w's format.
+inline float load_scale(const QW& w, const void* p, int64_t g, int64_t b, int r) {
+  if (w.sfmt == kKS) {
+    const uint8_t* t = static_cast<const uint8_t*>(p);
+    const int64_t od = w.sb == 32 ? KS<32>::d(w, g, b) : KS<16>::d(w, g, b);
+    const int64_t os = w.sb == 32 ? KS<32>::sc(w, g, b) : KS<16>::sc(w, g, b);
+    uint16_t d;
+    std::memcpy(&d, t + od + 2 * r, 2);
+    return half_to_float(d) * float(int8_t(t[os + r]));  // exact (qkernels.h)
+  }
+  const int64_t i = (g * w.nsb() + b) * 16 + r;
+  if (w.sfmt == kF16) return half_to_float(static_cast<const uint16_t*>(p)[i]);
   return static_cast<const float*>(p)[i];
 }
 
@@ -96,10 +106,9 @@ void gemm_scalar(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, 
           int32_t isum = 0;
           for (int o = 0; o < w.sb; ++o) isum += weight(w, g, b, r, o) * q[b * w.sb + o];
           isum -= z * x.xs[m * nsb + b];
-          const int64_t si = (g * nsb + b) * 16 + r;
           const float f = float(isum) * x.d[m * nb + (b * w.sb) / 32];
-          acc = std::fma(load_scale(w.scale, w.f16, si), f, acc);
-          if (w.mins) acc = std::fma(load_scale(w.mins, w.f16, si), x.dxs[m * nsb + b], acc);
+          acc = std::fma(load_scale(w, w.scale, g, b, r), f, acc);
+          if (w.mins) acc = std::fma(load_scale(w, w.mins, g, b, r), x.dxs[m * nsb + b], acc);
         }
         out[m * ldo + n] = acc;
       }
@@ -114,10 +123,9 @@ void dequant_rows(const QW& w, const int64_t* ids, int64_t n_ids, float* out) {
     const int32_t z = w.zero ? w.zero[ids[i]] : 0;
     float* o = out + i * w.k;
     for (int64_t b = 0; b < nsb; ++b) {
-      const int64_t si = (g * nsb + b) * 16 + r;
-      const float s = load_scale(w.scale, w.f16, si);
+      const float s = load_scale(w, w.scale, g, b, r);
       if (w.mins) {
-        const float mn = load_scale(w.mins, w.f16, si);
+        const float mn = load_scale(w, w.mins, g, b, r);
         for (int e = 0; e < w.sb; ++e) o[b * w.sb + e] = s * float(weight(w, g, b, r, e) - z) + mn;
       } else {
         for (int e = 0; e < w.sb; ++e) o[b * w.sb + e] = s * float(weight(w, g, b, r, e) - z);

@@ -11,6 +11,13 @@
 //   scale [G][K/SB][16] fp16 or fp32 (s), mins the same or absent (m),
 //   zero  [G*16] int32 per row (z) or absent (all zero).
 // An element is w = s * (u - z) + m.
+// K-quant scales (SFmt kKS) keep GGUF's own factors instead of their fp32 products: per
+// group and super-block of 256 along K, a tile of 16 fp16 d (32 bytes) then int8 sc
+// [256/SB][16]; s of (row lane r, sub-block b) = float(d[r]) * float(sc[b % (256/SB)][r]).
+// Mins the same, with d = -dmin and sc = the 6-bit min. An fp16 times an 8-bit integer
+// has at most 19 significant bits, so that product is exact in fp32: the same s and m as
+// the fp32 form, at 1.25 instead of 8 bytes per 16 lanes and sub-block (Q4_K 148 bytes
+// per 256 weights of a row against GGUF's 144; the fp32 form took 192).
 //
 // Activation format (row-local, so the product is batch-invariant): per row and block
 // of 32 along K, amax = max|x|, d = amax / 127, id = d ? 1/d : 0, q = nearbyint(x*id)
@@ -29,6 +36,9 @@
 
 namespace qk {
 
+// How scales and mins are stored (the Python side's Segment.sfmt).
+enum SFmt : int { kF32 = 0, kF16 = 1, kKS = 2 };
+
 struct QW {
   const uint8_t* qs;
   const void* scale;
@@ -36,9 +46,25 @@ struct QW {
   const int32_t* zero;   // nullptr: z = 0 for every row
   int64_t n, k, groups;  // real output rows, K, G = ceil(n / 16)
   int sb;                // 32 or 16
-  bool u4, f16;          // nibble storage; fp16 (else fp32) scales and mins
+  bool u4;               // nibble storage
+  int sfmt;              // SFmt of scale and mins
   int64_t nsb() const { return k / sb; }
   int64_t sb_bytes() const { return u4 ? 8 * sb : 16 * sb; }  // qs bytes per (group, b)
+  // Bytes of the scale (or mins) array of a segment.
+  int64_t scale_bytes() const {
+    if (sfmt == kKS) return groups * (k / 256) * (32 + 16 * (256 / sb));
+    return groups * nsb() * 16 * (sfmt == kF16 ? 2 : 4);
+  }
+};
+
+// kKS offsets for sub-block length SB (a template argument, so that the kernels' inner
+// loops divide by constants): the bytes of one (group, super-block) tile, and where the
+// 16 lanes' d and sc of (group g, sub-block b) start in the array.
+template <int SB>
+struct KS {
+  static constexpr int64_t kSpb = 256 / SB, kTile = 32 + 16 * kSpb;
+  static int64_t d(const QW& w, int64_t g, int64_t b) { return (g * (w.k / 256) + b / kSpb) * kTile; }
+  static int64_t sc(const QW& w, int64_t g, int64_t b) { return d(w, g, b) + 32 + 16 * (b % kSpb); }
 };
 
 // Quantized activations of M rows; xs and dxs are per weight sub-block (sb of the QW).

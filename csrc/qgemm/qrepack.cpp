@@ -8,9 +8,9 @@
 // they stay zero as pack's padding does.
 //
 // Values (qformats.py's table): legacy types keep their fp16 d (and m) bits as they are;
-// K-quants' scale is float(d) * float(sc) and their min -(float(dmin) * float(mn)) in
-// fp32, the same IEEE products numpy computes (the module is built with
-// -ffp-contract=off and without -ffast-math, so nothing is reassociated or fused).
+// K-quants keep GGUF's factors in the kKS tiles of qkernels.h: d's fp16 bits and the
+// integer sc, and for mins dmin's bits with the sign flipped (-dmin, exact) and the 6-bit
+// min, whose products the kernels form exactly.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -32,7 +32,7 @@ enum Type : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q
 struct Format {
   int block, bytes;  // elements and bytes per GGUF block
   int sb;            // canonical sub-block length (32, or 16 for Q6_K)
-  bool u4, f16, mins;
+  bool u4, f16, mins;  // f16: fp16 scales (legacy types), else kKS tiles (K-quants)
   int32_t zero;      // z; 0 means no zero-point array
 };
 
@@ -50,39 +50,17 @@ bool format_of(int t, Format& f) {
   }
 }
 
-// IEEE binary16 bits -> float, exact for every input (subnormals normalised; inf and
-// NaN keep sign and payload, as numpy's conversion does).
-float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t man = h & 0x3ffu, bits;
-  if (exp == 0 && man == 0) {
-    bits = sign;
-  } else if (exp == 0) {  // subnormal: man * 2^-24
-    uint32_t e = 113;     // the biased exponent of 2^-14, lowered once per shift below
-    while (!(man & 0x400u)) { man <<= 1; --e; }
-    bits = sign | (e << 23) | ((man & 0x3ffu) << 13);
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 uint16_t le16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
 
 // Where one row's data goes in a segment of the packed layout: row r is lane r % 16 of
 // group r / 16; sub-block b of that group starts at qs + (g * nsb + b) * sb_bytes.
 struct Out {
   uint8_t* qs;
-  uint8_t* scale;  // fp16 or fp32 elements [G][nsb][16]
+  uint8_t* scale;  // fp16 elements [G][nsb][16], or kKS tiles [G][K/256][tile]
   uint8_t* mins;   // same, or nullptr
   int32_t* zero;   // [G * 16] or nullptr
   int64_t nsb, sb_bytes;
-  int esize;       // 2 (fp16) or 4 (fp32)
+  int64_t nsup, spb;  // kKS: super-blocks per row, sub-blocks per super-block
 };
 
 // One row's writer: sub-block b of this row.
@@ -93,8 +71,13 @@ struct RowOut {
   int64_t at(int64_t b) const { return (g * o.nsb + b) * 16 + lane; }
   void scale16(int64_t b, const uint8_t* src) const { std::memcpy(o.scale + at(b) * 2, src, 2); }
   void mins16(int64_t b, const uint8_t* src) const { std::memcpy(o.mins + at(b) * 2, src, 2); }
-  void scale32(int64_t b, float s) const { std::memcpy(o.scale + at(b) * 4, &s, 4); }
-  void mins32(int64_t b, float m) const { std::memcpy(o.mins + at(b) * 4, &m, 4); }
+  // kKS: this lane's fp16 d (bits) of super-block s, and its integer factor of sub-block
+  // b, in the tiles at base (scale or mins).
+  uint8_t* tile(uint8_t* base, int64_t s) const { return base + (g * o.nsup + s) * (32 + 16 * o.spb); }
+  void ks_d(uint8_t* base, int64_t s, uint16_t bits) const { std::memcpy(tile(base, s) + 2 * lane, &bits, 2); }
+  void ks_sc(uint8_t* base, int64_t b, int8_t v) const {
+    tile(base, b / o.spb)[32 + 16 * (b % o.spb) + lane] = uint8_t(v);
+  }
   // u8 storage: u[0..sb) of sub-block b, 4 consecutive k per 64-byte vector.
   void u8(int64_t b, const uint8_t* u, int sb) const {
     uint8_t* p = vec(b);
@@ -151,7 +134,6 @@ void legacy_block(int t, const uint8_t* p, int64_t blk, const RowOut& r) {
 void k_block(int t, const uint8_t* p, int64_t blk, const RowOut& r) {
   if (t == Q6_K) {  // ql 128, qh 64, int8 scales 16, d
     const uint8_t *ql = p, *qh = p + 128;
-    const float d = half_to_float(le16(p + 208));
     uint8_t u[256];
     for (int h = 0; h < 2; ++h)
       for (int t64 = 0; t64 < 64; ++t64) {
@@ -160,18 +142,20 @@ void k_block(int t, const uint8_t* p, int64_t blk, const RowOut& r) {
         u[128 * h + t64] = uint8_t((q & 0x0f) | ((qh[32 * h + l] >> (2 * i)) & 3) << 4);
         u[128 * h + t64 + 64] = uint8_t((q >> 4) | ((qh[32 * h + l] >> (2 * i + 4)) & 3) << 4);
       }
+    r.ks_d(r.o.scale, blk, le16(p + 208));
     for (int b = 0; b < 16; ++b) {
-      r.scale32(blk * 16 + b, d * float(int8_t(p[192 + b])));
+      r.ks_sc(r.o.scale, blk * 16 + b, int8_t(p[192 + b]));
       r.u8(blk * 16 + b, u + 16 * b, 16);
     }
     return;
   }
-  const float d = half_to_float(le16(p)), dmin = half_to_float(le16(p + 2));
   uint8_t sc[8], mn[8];
   k_scales(p + 4, sc, mn);
-  for (int b = 0; b < 8; ++b) {
-    r.scale32(blk * 8 + b, d * float(sc[b]));
-    r.mins32(blk * 8 + b, -(dmin * float(mn[b])));
+  r.ks_d(r.o.scale, blk, le16(p));
+  r.ks_d(r.o.mins, blk, uint16_t(le16(p + 2) ^ 0x8000u));  // -dmin
+  for (int b = 0; b < 8; ++b) {  // 6-bit values: int8 keeps them
+    r.ks_sc(r.o.scale, blk * 8 + b, int8_t(sc[b]));
+    r.ks_sc(r.o.mins, blk * 8 + b, int8_t(mn[b]));
   }
   // 4 runs c of 32 bytes: low nibbles are sub-block 2c, high nibbles 2c + 1.
   if (t == Q4_K) {
@@ -219,14 +203,13 @@ void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8
   if (rows && int64_t(raw.shape(1)) != nblk * f.bytes)
     throw std::invalid_argument("qrepack: raw rows do not hold k / block blocks");
   const int64_t groups = (n + 15) / 16, nsb = k / f.sb;
-  const int esize = f.f16 ? 2 : 4;
   const int64_t sb_bytes = f.u4 ? 8 * f.sb : 16 * f.sb;
-  const size_t scale_bytes = size_t(groups * nsb * 16 * esize);
+  const size_t scale_bytes = size_t(f.f16 ? groups * nsb * 16 * 2 : groups * (k / 256) * (32 + 16 * (256 / f.sb)));
   if (qs.size() != size_t(groups * nsb * sb_bytes) || scale.size() != scale_bytes ||
       mins.size() != (f.mins ? scale_bytes : 0) || zero.size() != size_t(f.zero ? groups * 16 : 0))
     throw std::invalid_argument("qrepack: segment arrays do not match n, k and the type");
   const Out o{qs.data(), scale.data(), f.mins ? mins.data() : nullptr,
-              f.zero ? zero.data() : nullptr, nsb, sb_bytes, esize};
+              f.zero ? zero.data() : nullptr, nsb, sb_bytes, k / 256, 256 / f.sb};
   const uint8_t* src = raw.data();
   const int64_t row_bytes = nblk * f.bytes;
   const bool kquant = f.block == 256;

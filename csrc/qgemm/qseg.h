@@ -24,19 +24,21 @@ class QSeg {
   using Vec = nanobind::ndarray<T, nanobind::ndim<1>, nanobind::c_contig, nanobind::device::cpu>;
 
   QSeg(Vec<const uint8_t> qs, Vec<const uint8_t> scale, Vec<const uint8_t> mins,
-       Vec<const int32_t> zero, int64_t n, int64_t k, int sb, bool u4, bool f16)
+       Vec<const int32_t> zero, int64_t n, int64_t k, int sb, bool u4, int sfmt)
       : qs_(qs), scale_(scale), mins_(mins), zero_(zero) {
     if (sb != 32 && sb != 16) throw std::invalid_argument("QSeg: sb must be 32 or 16");
     if (u4 && sb != 32) throw std::invalid_argument("QSeg: u4 storage needs sb = 32");
     if (n <= 0 || k <= 0 || k % 32 != 0) throw std::invalid_argument("QSeg: need n > 0 and K % 32 == 0");
+    if (sfmt != kF32 && sfmt != kF16 && sfmt != kKS) throw std::invalid_argument("QSeg: unknown scale format");
+    if (sfmt == kKS && k % 256 != 0) throw std::invalid_argument("QSeg: K-quant scales need K % 256 == 0");
     w_ = QW{};
     w_.n = n;
     w_.k = k;
     w_.groups = (n + 15) / 16;
     w_.sb = sb;
     w_.u4 = u4;
-    w_.f16 = f16;
-    const size_t scale_bytes = size_t(w_.groups * w_.nsb() * 16 * (f16 ? 2 : 4));
+    w_.sfmt = sfmt;
+    const size_t scale_bytes = size_t(w_.scale_bytes());
     if (qs.size() != size_t(w_.groups * w_.nsb() * w_.sb_bytes()) || scale.size() != scale_bytes ||
         (mins.size() != 0 && mins.size() != scale_bytes) ||
         (zero.size() != 0 && zero.size() != size_t(w_.groups * 16)))

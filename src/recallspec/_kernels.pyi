@@ -11,7 +11,7 @@ def linear_bf16(x: Any, w: Any, out: Any, threads: int = 1) -> None: ...
 class QSeg:
     def __init__(
         self, qs: Any, scale: Any, mins: Any, zero: Any, n: int, k: int, sb: int, u4: bool,
-        f16: bool,
+        sfmt: int,
     ) -> None: ...
 
 def qgemm(

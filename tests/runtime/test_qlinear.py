@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from safetensors.torch import load_file, save_file
 from recallspec import _kernels
 from recallspec.models.gguf_header import read_header
 from recallspec.runtime import isa
-from recallspec.runtime.qlinear import QuantizedWeight, qlinear
+from recallspec.runtime import qformats as qf
+from recallspec.runtime.qlinear import QuantizedWeight, Segment, qlinear
 
 VARIANTS = isa.variants()  # every path this CPU runs, incl. AVX-512 without VNNI
 N, K = 37, 512  # 37: a partial last group of 16; 512: two K-quant super-blocks
@@ -75,15 +77,19 @@ def test_kernel_checks_its_arguments() -> None:
     x, out = torch.zeros(1, 32), torch.zeros(1, 16)
     e8, e32 = torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.int32)
     qs, sc = torch.zeros(16 * 32, dtype=torch.uint8), torch.zeros(16 * 4, dtype=torch.uint8)
-    seg = _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, False, False)
+    seg = _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, False, 0)
     with pytest.raises(ValueError, match="isa"):
         _kernels.qgemm(seg, x.data_ptr(), 1, out.data_ptr(), 16, 0, 1, 7)
     with pytest.raises(ValueError, match="n_off"):
         _kernels.qgemm(seg, x.data_ptr(), 1, out.data_ptr(), 16, 1, 1, 0)
     with pytest.raises(ValueError, match="do not match"):
-        _kernels.QSeg(qs[:-1], sc, e8, e32, 16, 32, 32, False, False)
+        _kernels.QSeg(qs[:-1], sc, e8, e32, 16, 32, 32, False, 0)
     with pytest.raises(ValueError, match="u4"):
-        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 16, True, False)
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 16, True, 0)
+    with pytest.raises(ValueError, match="scale format"):
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, False, 3)
+    with pytest.raises(ValueError, match="K-quant scales"):
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, False, 2)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -175,6 +181,36 @@ def test_extreme_operands(qtype: T, fill: int) -> None:
     if qtype == T.Q4_0 and fill == 0xFF:
         s = torch.from_numpy(keep.view(np.float16).astype(np.float32))[..., 0]
         assert torch.allclose(ref[0], (s * (7 * 32)).sum(dim=1), rtol=1e-5)
+
+
+K_QUANTS = [T.Q4_K, T.Q5_K, T.Q6_K]
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+def test_k_quant_tiles_keep_the_fp32_scale_bits(qtype: T) -> None:
+    """K-quants store GGUF's d and integer sc (qformats.KScales) and the kernels form
+    s = d * sc themselves: every product, on every path and row count, and every
+    dequantized row must keep the bits of the fp32 scales stored before (the same
+    canonical form packed with fp32 scale and min arrays), and the resident bytes per
+    256 weights of a row drop to Q4_K 148 (GGUF 144; fp32 scales 192), Q6_K 274 (GGUF 210;
+    fp32 320: its values stay one byte each)."""
+    n = 48
+    raw = random_raw(qtype, n, K, seed=11)
+    tiles = QuantizedWeight.from_gguf(raw, qtype, n, K)
+    canon = dataclasses.replace(qf.decode(raw, qtype, n, K), ks=None)
+    fp32 = QuantizedWeight(n, K, qtype.name, (Segment.build(canon, 0, (qtype.name,)),))
+    assert tiles.segments[0].sfmt == qf.SFMT_KS and fp32.segments[0].sfmt == qf.SFMT_F32
+    assert np.array_equal(bits(tiles.dequantize()), bits(fp32.dequantize()))
+    x = activations(64, K, seed=5)
+    for v in VARIANTS:
+        ref = qlinear(x, fp32, threads=2, isa=v)
+        for bs in (1, 2, 5, 8, 9, 16, 17, 33, 64):
+            got = torch.cat([qlinear(x[i:i + bs], tiles, threads=1, isa=v)
+                             for i in range(0, 64, bs)])
+            assert np.array_equal(bits(got), bits(ref)), f"{v}, batches of {bs}"
+    per_row_block = {T.Q4_K: 148, T.Q5_K: 276, T.Q6_K: 274}[qtype]
+    zero_bytes = 0 if tiles.segments[0].zero is None else 4 * n
+    assert tiles.nbytes == n * (K // 256) * per_row_block + zero_bytes
 
 
 def quantized_x(x: torch.Tensor) -> torch.Tensor:

@@ -86,7 +86,9 @@ def test_layout_table_matches_decode() -> None:
         c = qf.decode(random_raw(qtype, 3, 256), qtype, 3, 256)
         lay = qrepack.LAYOUTS[qtype]
         assert (lay.sb, lay.u4, lay.mins) == (c.sb, c.u4, c.mins is not None), qtype
-        assert lay.f16 == (c.scale.dtype == np.float16), qtype
+        want = qf.SFMT_KS if c.ks is not None else qf.SFMT_F16
+        assert c.scale.dtype == (np.float32 if c.ks is not None else np.float16), qtype
+        assert lay.sfmt == want, qtype
         assert lay.zero == (0 if c.zero is None else int(c.zero[0])), qtype
     assert set(qrepack.LAYOUTS) == set(qf.BLOCKS)
 

@@ -20,14 +20,18 @@ Q6_K      u8       16    d * sc              -                      32     fp32
 
 (Q8_0 stores q + 128.) d, dmin, m are the blocks' fp16 fields, kept as fp16 (exact).
 For K-quants d * sc is a fp16 times a 6- or 8-bit integer, exact in fp32 (at most 19
-significant bits), and is what ``gguf.quants`` multiplies by; so dequantizing
+significant bits), and is what ``gguf.quants`` multiplies by; the kernels keep the
+factors (``KScales``: d and sc, and -dmin and mn) and form that product themselves. So
+dequantizing
 ``s * (u - z) (+ m)`` with one rounding after the product and one after the sum gives
 exactly ``gguf.quants.dequantize``'s floats (Q4_K's ``d*q - dm`` is ``d*q + (-dm)``).
 
 Packed layout (``pack``; the C++ side documents it in csrc/qgemm/qkernels.h): rows in groups
 of 16 (zero rows pad the last group), for each group and sub-block the 16 rows' u in
 64-byte vectors of 4 consecutive k per row; u4 vectors carry chunk v in the low nibbles
-and chunk v+4 in the high nibbles; scales and mins [G][k/sb][16]; z [G*16] int32.
+and chunk v+4 in the high nibbles; scales and mins [G][k/sb][16], or for K-quants tiles
+per (group, super-block of 256) of the 16 rows' fp16 d and then their int8 sc
+[256/sb][16] (bytes, ``SFMT_KS``); z [G*16] int32.
 """
 
 from __future__ import annotations
@@ -44,10 +48,27 @@ BLOCKS: dict[T, tuple[int, int]] = {
 }
 
 
+# How a segment stores scales and mins (csrc/qgemm/qkernels.h's SFmt): fp32 or fp16 per
+# (row, sub-block), or K-quant tiles of fp16 d and int8 sc (uint8 arrays).
+SFMT_F32, SFMT_F16, SFMT_KS = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class KScales:
+    """A K-quant weight's scales as GGUF stores them: s = float(d) * float(sc) per (row,
+    sub-block), exactly ``Canon.scale``; with mins, m = float(dm) * float(mn), dm = -dmin."""
+
+    d: np.ndarray  # float16 [n, k // 256]
+    sc: np.ndarray  # int8 [n, k // sb]
+    dm: np.ndarray | None  # float16 [n, k // 256]
+    mn: np.ndarray | None  # int8 [n, k // sb]
+
+
 @dataclass(frozen=True)
 class Canon:
     """A weight in canonical form (see the module docstring). ``mins``/``zero`` are
-    None when absent (m = 0 / z = 0 for every element)."""
+    None when absent (m = 0 / z = 0 for every element). ``ks``: the factors of a
+    K-quant's fp32 scale and mins, which ``pack`` stores instead of their products."""
 
     u: np.ndarray  # uint8 [n, k]
     scale: np.ndarray  # float16 or float32 [n, k // sb]
@@ -55,6 +76,7 @@ class Canon:
     zero: np.ndarray | None  # int32 [n]
     sb: int
     u4: bool
+    ks: KScales | None = None
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -90,6 +112,7 @@ def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
     b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // bs, ts)
     mins: np.ndarray | None = None
     zero: int | None = None
+    ks: KScales | None = None
     sb, u4 = 32, False
     if qtype in (T.Q4_0, T.Q4_1):
         off = 2 if qtype == T.Q4_0 else 4
@@ -116,6 +139,8 @@ def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
         sc, mn = _k_scales(b[..., 4:16])
         scale = d * sc.astype(np.float32)  # [n, nbk, 8]
         mins = -(dmin * mn.astype(np.float32))
+        ks = KScales(_f16(b[..., 0:2]), sc.astype(np.int8).reshape(n, -1),
+                     -_f16(b[..., 2:4]), mn.astype(np.int8).reshape(n, -1))
         off = 16 if qtype == T.Q4_K else 48
         # 4 runs of 32 bytes: low nibbles are sub-block 2c, high nibbles 2c+1
         ql = b[..., off:off + 128].reshape(n, k // bs, 4, 1, 32)
@@ -135,6 +160,7 @@ def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
         u = low | (high << 4)
         sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8)
         scale = _f16(b[..., 208:210]).astype(np.float32)[..., None] * sc.astype(np.float32)
+        ks = KScales(_f16(b[..., 208:210]), sc.reshape(n, -1), None, None)
         sb, zero = 16, 32
     else:
         raise ValueError(f"no canonical form for GGUF type {qtype.name}")
@@ -145,6 +171,7 @@ def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
         zero=None if zero is None else np.full(n, zero, dtype=np.int32),
         sb=sb,
         u4=u4,
+        ks=ks,
     )
 
 
@@ -164,8 +191,21 @@ def concat(parts: list[Canon]) -> Canon:
     if any(p.zero is not None for p in parts):
         zero = np.concatenate([
             p.zero if p.zero is not None else np.zeros(len(p.u), np.int32) for p in parts])
+    ks = None
+    if all(p.ks is not None for p in parts):
+        kss = [p.ks for p in parts if p.ks is not None]
+
+        def kcat(a: list[np.ndarray | None], fill: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate([x if x is not None else f for x, f in zip(a, fill)])
+
+        dm = mn = None
+        if mins is not None:  # a part without mins: -0.0 = (-0.0) * 1, as concat's fill
+            dm = kcat([q.dm for q in kss], [np.full_like(q.d, -0.0) for q in kss])
+            mn = kcat([q.mn for q in kss], [np.ones_like(q.sc) for q in kss])
+        ks = KScales(np.concatenate([q.d for q in kss]), np.concatenate([q.sc for q in kss]),
+                     dm, mn)
     return Canon(np.concatenate([p.u for p in parts]), np.concatenate([p.scale for p in parts]),
-                 mins, zero, first.sb, first.u4)
+                 mins, zero, first.sb, first.u4, ks)
 
 
 def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
@@ -186,10 +226,27 @@ def pack(c: Canon) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarra
         return np.ascontiguousarray(
             _pad_rows(s, 16 * g).reshape(g, 16, nsb).transpose(0, 2, 1)).reshape(-1)
 
+    def tiles(d: np.ndarray, sc: np.ndarray) -> np.ndarray:
+        ns, spb = k // 256, 256 // c.sb
+        dt = _pad_rows(d, 16 * g).reshape(g, 16, ns).transpose(0, 2, 1)  # [g, ns, 16]
+        st = _pad_rows(sc, 16 * g).reshape(g, 16, ns, spb).transpose(0, 2, 3, 1)
+        return np.concatenate([
+            np.ascontiguousarray(dt).view(np.uint8).reshape(g, ns, 32),
+            np.ascontiguousarray(st).view(np.uint8).reshape(g, ns, 16 * spb)], axis=2).reshape(-1)
+
+    if c.ks is not None:
+        scale = tiles(c.ks.d, c.ks.sc)
+        mins = None
+        if c.mins is not None:
+            assert c.ks.dm is not None and c.ks.mn is not None
+            mins = tiles(c.ks.dm, c.ks.mn)
+    else:
+        scale = per_group(c.scale)
+        mins = None if c.mins is None else per_group(c.mins)
     return (
         np.ascontiguousarray(u).reshape(-1),
-        per_group(c.scale),
-        None if c.mins is None else per_group(c.mins),
+        scale,
+        mins,
         None if c.zero is None else _pad_rows(c.zero, 16 * g),
     )
 
@@ -201,11 +258,32 @@ def unpack(qs: np.ndarray, scale: np.ndarray, mins: np.ndarray | None,
     v = qs.reshape(g, nsb, -1, 16, 4)
     if u4:
         v = np.concatenate([v & 0x0F, v >> 4], axis=2)
+
     u = np.ascontiguousarray(v.transpose(0, 3, 1, 2, 4)).reshape(16 * g, k)[:n]
 
     def rows(s: np.ndarray) -> np.ndarray:
         per_row = np.ascontiguousarray(s.reshape(g, nsb, 16).transpose(0, 2, 1))
         return per_row.reshape(16 * g, nsb)[:n]
 
-    return Canon(u, rows(scale), None if mins is None else rows(mins),
-                 None if zero is None else zero[:n].copy(), sb, u4)
+    def factors(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ns, spb = k // 256, 256 // sb
+        t = t.reshape(g, ns, 32 + 16 * spb)
+        d = np.ascontiguousarray(t[..., :32]).view(np.float16)  # [g, ns, 16]
+        f = np.ascontiguousarray(t[..., 32:]).view(np.int8).reshape(g, ns, spb, 16)
+        return (np.ascontiguousarray(d.transpose(0, 2, 1)).reshape(16 * g, ns)[:n],
+                np.ascontiguousarray(f.transpose(0, 3, 1, 2)).reshape(16 * g, nsb)[:n])
+
+    z = None if zero is None else zero[:n].copy()
+    if scale.dtype != np.uint8:
+        return Canon(u, rows(scale), None if mins is None else rows(mins), z, sb, u4)
+    d, sc = factors(scale)
+    spb = 256 // sb
+
+    def product(f16: np.ndarray, i8: np.ndarray) -> np.ndarray:
+        return np.repeat(f16.astype(np.float32), spb, axis=1) * i8.astype(np.float32)
+
+    dm = mn = None
+    if mins is not None:
+        dm, mn = factors(mins)
+    return Canon(u, product(d, sc), None if dm is None or mn is None else product(dm, mn), z,
+                 sb, u4, KScales(d, sc, dm, mn))

@@ -49,7 +49,7 @@ class Segment:
     u4: bool
     kinds: tuple[str, ...]
     qs: torch.Tensor  # uint8, flat
-    scale: torch.Tensor  # float16 or float32, flat [G * k/sb * 16]
+    scale: torch.Tensor  # float16 or float32 [G * k/sb * 16], or uint8 K-quant tiles
     mins: torch.Tensor | None
     zero: torch.Tensor | None  # int32 [G * 16]
     # The C++ view of the tensors, built once (it holds references to them).
@@ -59,12 +59,14 @@ class Segment:
         mins = _EMPTY_U8 if self.mins is None else self.mins.view(torch.uint8)
         zero = _EMPTY_I32 if self.zero is None else self.zero
         handle = _kernels.QSeg(self.qs, self.scale.view(torch.uint8), mins, zero, self.n, self.k,
-                               self.sb, self.u4, self.f16)
+                               self.sb, self.u4, self.sfmt)
         object.__setattr__(self, "handle", handle)
 
     @property
-    def f16(self) -> bool:
-        return self.scale.dtype == torch.float16
+    def sfmt(self) -> int:
+        """How scale and mins are stored (``qformats.SFMT_*``), told by the scale's dtype."""
+        return {torch.float32: qf.SFMT_F32, torch.float16: qf.SFMT_F16,
+                torch.uint8: qf.SFMT_KS}[self.scale.dtype]
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.qs, self.scale, self.mins, self.zero) if t is not None]
@@ -97,6 +99,8 @@ class Segment:
         first = run[0]
         if any(s.n % 16 for s in run[:-1]):
             raise ValueError("stack: a part other than the last ends inside a group")
+        if first.sfmt == qf.SFMT_KS and len({s.mins is None for s in run}) > 1:
+            raise ValueError("stack: K-quant tiles with and without mins")
 
         def mins(s: Segment) -> torch.Tensor:
             if s.mins is not None:
@@ -206,10 +210,12 @@ class QuantizedWeight:
         off = 0
         for run in runs:
             kinds = tuple(dict.fromkeys(kd for s in run for kd in s.kinds))
+            c0 = run[0]
             if len(run) == 1:
                 c = run[0]
                 seg = Segment(off, c.n, k, c.sb, c.u4, kinds, c.qs, c.scale, c.mins, c.zero)
-            elif all(s.n % 16 == 0 for s in run[:-1]):
+            elif (all(s.n % 16 == 0 for s in run[:-1])
+                  and not (c0.sfmt == qf.SFMT_KS and len({s.mins is None for s in run}) > 1)):
                 seg = Segment.stack(run, off, kinds)
             else:  # a part ends inside a group of 16 rows: rows move between groups
                 seg = Segment.build(qf.concat([s.canon() for s in run]), off, kinds)

@@ -18,26 +18,29 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from recallspec import _kernels
+from recallspec.runtime import qformats as qf
 from recallspec.runtime.threads import kernel_threads
 
 
 @dataclass(frozen=True)
 class Layout:
     """A GGUF type's canonical layout (``qformats``' table): sub-block, storage, scale
-    dtype, whether it has mins, and its zero point (0: no zero-point array)."""
+    format (``qformats.SFMT_F16`` or, for K-quants, ``SFMT_KS``), whether it has mins,
+    and its zero point (0: no zero-point array)."""
 
     sb: int
     u4: bool
-    f16: bool
+    sfmt: int
     mins: bool
     zero: int
 
 
+_F16, _KS = qf.SFMT_F16, qf.SFMT_KS
 LAYOUTS: dict[T, Layout] = {
-    T.Q4_0: Layout(32, True, True, False, 8), T.Q4_1: Layout(32, True, True, True, 0),
-    T.Q5_0: Layout(32, False, True, False, 16), T.Q5_1: Layout(32, False, True, True, 0),
-    T.Q8_0: Layout(32, False, True, False, 128), T.Q4_K: Layout(32, True, False, True, 0),
-    T.Q5_K: Layout(32, False, False, True, 0), T.Q6_K: Layout(16, False, False, False, 32),
+    T.Q4_0: Layout(32, True, _F16, False, 8), T.Q4_1: Layout(32, True, _F16, True, 0),
+    T.Q5_0: Layout(32, False, _F16, False, 16), T.Q5_1: Layout(32, False, _F16, True, 0),
+    T.Q8_0: Layout(32, False, _F16, False, 128), T.Q4_K: Layout(32, True, _KS, True, 0),
+    T.Q5_K: Layout(32, False, _KS, True, 0), T.Q6_K: Layout(16, False, _KS, False, 32),
 }
 
 
@@ -46,7 +49,7 @@ class Packed:
     """The flat arrays of one segment of n rows in the kernel layout (qkernels.h)."""
 
     qs: torch.Tensor  # uint8
-    scale: torch.Tensor  # float16 or float32
+    scale: torch.Tensor  # float16, or uint8 K-quant tiles
     mins: torch.Tensor | None
     zero: torch.Tensor | None  # int32
 
@@ -73,11 +76,14 @@ def allocate(qtype: T, n: int, k: int) -> Packed:
     """Zeroed arrays for n rows of ``qtype`` (zero is what ``pack`` pads rows with)."""
     lay = LAYOUTS[qtype]
     g, nsb = (n + 15) // 16, k // lay.sb
-    sdt = torch.float16 if lay.f16 else torch.float32
+    if lay.sfmt == _KS:
+        sdt, count = torch.uint8, g * (k // 256) * (32 + 16 * (256 // lay.sb))
+    else:
+        sdt, count = torch.float16, g * nsb * 16
     return Packed(
         qs=zeros(g * nsb * (8 if lay.u4 else 16) * lay.sb, torch.uint8),
-        scale=zeros(g * nsb * 16, sdt),
-        mins=zeros(g * nsb * 16, sdt) if lay.mins else None,
+        scale=zeros(count, sdt),
+        mins=zeros(count, sdt) if lay.mins else None,
         zero=zeros(g * 16, torch.int32) if lay.zero else None,
     )
 
