@@ -196,7 +196,7 @@ def concat(parts: list[Canon]) -> Canon:
         kss = [p.ks for p in parts if p.ks is not None]
 
         def kcat(a: list[np.ndarray | None], fill: list[np.ndarray]) -> np.ndarray:
-            return np.concatenate([x if x is not None else f for x, f in zip(a, fill)])
+            return np.concatenate([x if x is not None else f for x, f in zip(a, fill, strict=True)])
 
         dm = mn = None
         if mins is not None:  # a part without mins: -0.0 = (-0.0) * 1, as concat's fill
