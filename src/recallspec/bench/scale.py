@@ -192,7 +192,7 @@ def run_scale(cfg: ScaleConfig, out: Path,
     say = log or (lambda m: print(m, flush=True, file=sys.stderr))
     path = out / "scale.json"
     res: dict[str, Any] = {}
-    if path.is_file() and not cfg.overwrite:
+    if path.is_file():  # (--overwrite measures the asked entries again, keeps the rest)
         res = json.loads(path.read_text(encoding="utf-8"))
         say(f"resuming {path}: {len(res.get('entries', {}))} entries already measured")
     res.setdefault("entries", {})
