@@ -184,18 +184,22 @@ def smol_q() -> CausalLM:
 
 
 def test_quantized_is_the_default_and_compact(smol_q: CausalLM) -> None:
-    """GGUF models load in their block formats by default, at most 1.25x the file's bytes
-    resident (the fp32 reference holds ~5.5x)."""
+    """GGUF models load in their block formats by default, at about the file's bytes
+    resident (the fp32 reference holds ~5.5x). Legacy formats keep the file's bytes:
+    SmolLM2's Q4_1 holds 0.98x (its tied head counted once), so <= 1.0. K-quants keep
+    GGUF's fp16 d and integer scales (Q4_K 148 bytes per 256 weights for 144, Q6_K 274 for
+    210 as its 6-bit values take a byte each): Gemma-3-270M's Q4_K_M mix holds 1.087x,
+    so <= 1.10; with fp32 K-quant scales, as stored before, it held 1.111x."""
     assert smol_q.weight_format == "quantized"
     size = resolve_model(None).stat().st_size
     ratio = smol_q.weight_bytes() / size
     print(f"SmolLM2 resident weights {smol_q.weight_bytes() / 2**20:.1f} MiB = {ratio:.2f}x GGUF")
-    assert ratio <= 1.25
+    assert ratio <= 1.0
     if has_gemma:
         g = load_model("gemma3-270m")[0]
         gratio = g.weight_bytes() / resolve_model("gemma3-270m").stat().st_size
         print(f"Gemma-3-270M resident weights = {gratio:.2f}x GGUF")
-        assert gratio <= 1.25
+        assert gratio <= 1.10
 
 
 def test_quantized_ragged_batch_is_exact(smol_q: CausalLM) -> None:
