@@ -4,7 +4,8 @@ other's tok/s and every answer identical").
 
     .venv/bin/python scripts/exp_before_after.py --before-python WT/.venv/bin/python \
         --after-python .venv/bin/python
-        [--per-category 8] [--max-new-tokens 128] [--repeats 2] [--out bench_out/i36_ab]
+        [--per-category 8] [--max-new-tokens 128] [--repeats 2] [--model M]
+        [--methods ar,portfolio] [--out bench_out/i36_ab]
 
 Each version runs in its own long-lived worker process (a Python whose ``recallspec``
 is that version), holding one engine. A light venv over a worktree of the old version,
@@ -39,11 +40,12 @@ import json, sys, time
 from recallspec import Engine, SamplingParams
 from recallspec.bench.suites import SuiteSelection, load_suite
 per_category, max_new = int(sys.argv[1]), int(sys.argv[2])
+model = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None
 qs = load_suite("spec_bench", SuiteSelection(per_category=per_category))
 try:  # prefix cache off where there is one: both versions prefill every answer
-    eng = Engine.load(drafter="none", prefix_cache=False)
+    eng = Engine.load(model, drafter="none", prefix_cache=False)
 except TypeError:
-    eng = Engine.load(drafter="none")
+    eng = Engine.load(model, drafter="none")
 p = SamplingParams(max_new_tokens=max_new)
 KW = {"ar": {"drafter": "none"}, "portfolio": {"drafter": "portfolio", "mode": "adaptive"}}
 print(json.dumps(len(qs)), flush=True)
@@ -57,9 +59,9 @@ METHODS = ("ar", "portfolio")
 
 
 class Worker:
-    def __init__(self, python: str, per_category: int, max_new: int) -> None:
+    def __init__(self, python: str, per_category: int, max_new: int, model: str = "") -> None:
         self.p = subprocess.Popen(
-            [python, "-c", WORKER, str(per_category), str(max_new)],
+            [python, "-c", WORKER, str(per_category), str(max_new), model],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.n = int(self._read())
 
@@ -90,17 +92,22 @@ def main() -> None:
     ap.add_argument("--per-category", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--model", default="", help="GGUF file or alias (default: the default)")
+    ap.add_argument("--methods", default=",".join(METHODS), help="of: " + ", ".join(METHODS))
     ap.add_argument("--out", default="bench_out/i36_ab")
     a = ap.parse_args()
-    w = {"before": Worker(a.before_python, a.per_category, a.max_new_tokens),
-         "after": Worker(a.after_python, a.per_category, a.max_new_tokens)}
+    methods = [m for m in a.methods.split(",") if m]
+    if not methods or any(m not in METHODS for m in methods):
+        ap.error(f"--methods: a comma-separated subset of {', '.join(METHODS)}")
+    w = {"before": Worker(a.before_python, a.per_category, a.max_new_tokens, a.model),
+         "after": Worker(a.after_python, a.per_category, a.max_new_tokens, a.model)}
     n = w["before"].n
-    for v in w.values():  # warm-up: each method once (curves, drafters' first use)
-        for m in METHODS:
-            v.ask(0, m)
+    for wk in w.values():  # warm-up: each method once (curves, drafters' first use)
+        for m in methods:
+            wk.ask(0, m)
     rows: list[dict[str, Any]] = []
     for i in range(n):
-        for m in METHODS:
+        for m in methods:
             times: dict[str, list[float]] = {"before": [], "after": []}
             ids: dict[str, list[int]] = {}
             for rep in range(a.repeats):
@@ -115,10 +122,10 @@ def main() -> None:
                          "same_answer": ids["before"] == ids["after"],
                          "before_ids": ids["before"], "after_ids": ids["after"]})
         print(f"{i + 1}/{n}", flush=True)
-    for v in w.values():
-        v.close()
+    for wk in w.values():
+        wk.close()
     summary: dict[str, Any] = {}
-    for m in METHODS:
+    for m in methods:
         rs = [r for r in rows if r["method"] == m]
         tok = sum(r["tokens"] for r in rs)
         tb, ta = sum(r["before_s"] for r in rs), sum(r["after_s"] for r in rs)
@@ -127,7 +134,7 @@ def main() -> None:
                                                                  for r in rs),
                       "identical": sum(r["same_answer"] for r in rs), "questions": len(rs)}
     ar = {v: [r[f"{v}_ids"] for r in rows if r["method"] == "ar"] for v in ("before", "after")}
-    for v in ("before", "after"):
+    for v in ("before", "after") if set(METHODS) <= set(methods) else ():
         port = [r[f"{v}_ids"] for r in rows if r["method"] == "portfolio"]
         summary[f"portfolio_equals_ar_{v}"] = sum(x == y for x, y in zip(port, ar[v], strict=True))
     out = Path(a.out)
@@ -136,13 +143,15 @@ def main() -> None:
                                                     "rows": rows}, indent=1))
     lines = ["| method | before tok/s | after tok/s | after/before (sum) | median per question "
              "| same answer |", "|---|---|---|---|---|---|"]
-    for m in METHODS:
+    for m in methods:
         s = summary[m]
         lines.append(f"| {m} | {s['before_tok_s']:.1f} | {s['after_tok_s']:.1f} | "
                      f"{s['after_vs_before']:.3f}x | {s['median_question_ratio']:.3f}x | "
                      f"{s['identical']}/{s['questions']} |")
-    lines.append(f"\nportfolio answers equal to ar: before {summary['portfolio_equals_ar_before']}"
-                 f"/{n}, after {summary['portfolio_equals_ar_after']}/{n}")
+    if "portfolio_equals_ar_before" in summary:
+        lines.append(f"\nportfolio answers equal to ar: before "
+                     f"{summary['portfolio_equals_ar_before']}/{n}, after "
+                     f"{summary['portfolio_equals_ar_after']}/{n}")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
