@@ -47,12 +47,17 @@ try:  # prefix cache off where there is one: both versions prefill every answer
 except TypeError:
     eng = Engine.load(model, drafter="none")
 p = SamplingParams(max_new_tokens=max_new)
+try:  # a base model without a chat template (Gemma-3-270M) answers the plain text
+    eng.prompt_ids("x", chat=True)
+    chat = True
+except Exception:
+    chat = False
 KW = {"ar": {"drafter": "none"}, "portfolio": {"drafter": "portfolio", "mode": "adaptive"}}
 print(json.dumps(len(qs)), flush=True)
 for line in sys.stdin:
     i, method = json.loads(line)
     t0 = time.perf_counter()
-    r = eng.generate(qs[i].turns[0], p, chat=True, **KW[method])
+    r = eng.generate(qs[i].turns[0], p, chat=chat, **KW[method])
     print(json.dumps([time.perf_counter() - t0, r.token_ids]), flush=True)
 """
 METHODS = ("ar", "portfolio")
