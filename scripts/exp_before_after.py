@@ -38,6 +38,7 @@ from typing import Any
 WORKER = r"""
 import json, sys, time
 from recallspec import Engine, SamplingParams
+from recallspec.errors import DataError
 from recallspec.bench.suites import SuiteSelection, load_suite
 per_category, max_new = int(sys.argv[1]), int(sys.argv[2])
 model = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None
@@ -50,7 +51,7 @@ p = SamplingParams(max_new_tokens=max_new)
 try:  # a base model without a chat template (Gemma-3-270M) answers the plain text
     eng.prompt_ids("x", chat=True)
     chat = True
-except Exception:
+except DataError:
     chat = False
 KW = {"ar": {"drafter": "none"}, "portfolio": {"drafter": "portfolio", "mode": "adaptive"}}
 print(json.dumps(len(qs)), flush=True)

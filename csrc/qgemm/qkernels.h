@@ -39,6 +39,9 @@ namespace qk {
 // How scales and mins are stored (the Python side's Segment.sfmt).
 enum SFmt : int { kF32 = 0, kF16 = 1, kKS = 2 };
 
+// Bytes of one kKS tile (16 fp16 d, then int8 sc [256/sb][16]); qformats.ks_tile_bytes.
+constexpr int64_t ks_tile_bytes(int sb) { return 32 + 16 * (256 / sb); }
+
 struct QW {
   const uint8_t* qs;
   const void* scale;
@@ -52,7 +55,7 @@ struct QW {
   int64_t sb_bytes() const { return u4 ? 8 * sb : 16 * sb; }  // qs bytes per (group, b)
   // Bytes of the scale (or mins) array of a segment.
   int64_t scale_bytes() const {
-    if (sfmt == kKS) return groups * (k / 256) * (32 + 16 * (256 / sb));
+    if (sfmt == kKS) return groups * (k / 256) * ks_tile_bytes(sb);
     return groups * nsb() * 16 * (sfmt == kF16 ? 2 : 4);
   }
 };
@@ -62,7 +65,7 @@ struct QW {
 // 16 lanes' d and sc of (group g, sub-block b) start in the array.
 template <int SB>
 struct KS {
-  static constexpr int64_t kSpb = 256 / SB, kTile = 32 + 16 * kSpb;
+  static constexpr int64_t kSpb = 256 / SB, kTile = ks_tile_bytes(SB);
   static int64_t d(const QW& w, int64_t g, int64_t b) { return (g * (w.k / 256) + b / kSpb) * kTile; }
   static int64_t sc(const QW& w, int64_t g, int64_t b) { return d(w, g, b) + 32 + 16 * (b % kSpb); }
 };

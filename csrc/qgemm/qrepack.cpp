@@ -20,6 +20,7 @@
 #include <nanobind/ndarray.h>
 
 #include "common/kernel_common.h"
+#include "qgemm/qkernels.h"
 
 namespace nb = nanobind;
 
@@ -60,7 +61,7 @@ struct Out {
   uint8_t* mins;   // same, or nullptr
   int32_t* zero;   // [G * 16] or nullptr
   int64_t nsb, sb_bytes;
-  int64_t nsup, spb;  // kKS: super-blocks per row, sub-blocks per super-block
+  int64_t nsup, spb, tile;  // kKS: super-blocks per row, sub-blocks per super-block, tile bytes
 };
 
 // One row's writer: sub-block b of this row.
@@ -73,7 +74,7 @@ struct RowOut {
   void mins16(int64_t b, const uint8_t* src) const { std::memcpy(o.mins + at(b) * 2, src, 2); }
   // kKS: this lane's fp16 d (bits) of super-block s, and its integer factor of sub-block
   // b, in the tiles at base (scale or mins).
-  uint8_t* tile(uint8_t* base, int64_t s) const { return base + (g * o.nsup + s) * (32 + 16 * o.spb); }
+  uint8_t* tile(uint8_t* base, int64_t s) const { return base + (g * o.nsup + s) * o.tile; }
   void ks_d(uint8_t* base, int64_t s, uint16_t bits) const { std::memcpy(tile(base, s) + 2 * lane, &bits, 2); }
   void ks_sc(uint8_t* base, int64_t b, int8_t v) const {
     tile(base, b / o.spb)[32 + 16 * (b % o.spb) + lane] = uint8_t(v);
@@ -204,12 +205,13 @@ void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8
     throw std::invalid_argument("qrepack: raw rows do not hold k / block blocks");
   const int64_t groups = (n + 15) / 16, nsb = k / f.sb;
   const int64_t sb_bytes = f.u4 ? 8 * f.sb : 16 * f.sb;
-  const size_t scale_bytes = size_t(f.f16 ? groups * nsb * 16 * 2 : groups * (k / 256) * (32 + 16 * (256 / f.sb)));
+  const size_t scale_bytes = size_t(f.f16 ? groups * nsb * 16 * 2 : groups * (k / 256) * qk::ks_tile_bytes(f.sb));
   if (qs.size() != size_t(groups * nsb * sb_bytes) || scale.size() != scale_bytes ||
       mins.size() != (f.mins ? scale_bytes : 0) || zero.size() != size_t(f.zero ? groups * 16 : 0))
     throw std::invalid_argument("qrepack: segment arrays do not match n, k and the type");
   const Out o{qs.data(), scale.data(), f.mins ? mins.data() : nullptr,
-              f.zero ? zero.data() : nullptr, nsb, sb_bytes, k / 256, 256 / f.sb};
+              f.zero ? zero.data() : nullptr, nsb, sb_bytes, k / 256, 256 / f.sb,
+              qk::ks_tile_bytes(f.sb)};
   const uint8_t* src = raw.data();
   const int64_t row_bytes = nblk * f.bytes;
   const bool kquant = f.block == 256;

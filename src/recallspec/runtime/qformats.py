@@ -53,6 +53,11 @@ BLOCKS: dict[T, tuple[int, int]] = {
 SFMT_F32, SFMT_F16, SFMT_KS = 0, 1, 2
 
 
+def ks_tile_bytes(sb: int) -> int:
+    """Bytes of one K-quant tile: 16 rows' fp16 d, then their int8 sc [256/sb][16]."""
+    return 32 + 16 * (256 // sb)
+
+
 @dataclass(frozen=True)
 class KScales:
     """A K-quant weight's scales as GGUF stores them: s = float(d) * float(sc) per (row,
@@ -267,7 +272,7 @@ def unpack(qs: np.ndarray, scale: np.ndarray, mins: np.ndarray | None,
 
     def factors(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ns, spb = k // 256, 256 // sb
-        t = t.reshape(g, ns, 32 + 16 * spb)
+        t = t.reshape(g, ns, ks_tile_bytes(sb))
         d = np.ascontiguousarray(t[..., :32]).view(np.float16)  # [g, ns, 16]
         f = np.ascontiguousarray(t[..., 32:]).view(np.int8).reshape(g, ns, spb, 16)
         return (np.ascontiguousarray(d.transpose(0, 2, 1)).reshape(16 * g, ns)[:n],

@@ -35,6 +35,7 @@ from recallspec.runtime.threads import kernel_threads
 _FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 FLOAT_KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")  # quantizable at load
 _EMPTY_U8 = torch.empty(0, dtype=torch.uint8)
+_SFMT = {torch.float32: qf.SFMT_F32, torch.float16: qf.SFMT_F16, torch.uint8: qf.SFMT_KS}
 _EMPTY_I32 = torch.empty(0, dtype=torch.int32)
 
 
@@ -65,8 +66,7 @@ class Segment:
     @property
     def sfmt(self) -> int:
         """How scale and mins are stored (``qformats.SFMT_*``), told by the scale's dtype."""
-        return {torch.float32: qf.SFMT_F32, torch.float16: qf.SFMT_F16,
-                torch.uint8: qf.SFMT_KS}[self.scale.dtype]
+        return _SFMT[self.scale.dtype]
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.qs, self.scale, self.mins, self.zero) if t is not None]
@@ -90,6 +90,17 @@ class Segment:
                        torch.from_numpy(scale), t(mins), t(zero))
 
     @staticmethod
+    def unstackable(run: Sequence[Segment]) -> str | None:
+        """Why ``stack`` cannot join these segments (None: it can): a part other than
+        the last ends inside a group of 16 rows (rows would move between groups), or
+        K-quant tiles with and without mins (a tile has no -0.0 fill)."""
+        if any(s.n % 16 for s in run[:-1]):
+            return "a part other than the last ends inside a group"
+        if run[0].sfmt == qf.SFMT_KS and len({s.mins is None for s in run}) > 1:
+            return "K-quant tiles with and without mins"
+        return None
+
+    @staticmethod
     def stack(run: Sequence[Segment], n_off: int, kinds: tuple[str, ...]) -> Segment:
         """Segments of one storage, sub-block length and scale dtype as one, when every
         one but the last fills its groups of 16 rows: then the packed arrays are the
@@ -97,10 +108,9 @@ class Segment:
         ``qf.concat``'s fill for a part without mins (-0.0 on its real rows; padding rows
         keep pack's 0.0) or without zero points (0)."""
         first = run[0]
-        if any(s.n % 16 for s in run[:-1]):
-            raise ValueError("stack: a part other than the last ends inside a group")
-        if first.sfmt == qf.SFMT_KS and len({s.mins is None for s in run}) > 1:
-            raise ValueError("stack: K-quant tiles with and without mins")
+        why = Segment.unstackable(run)
+        if why:
+            raise ValueError(f"stack: {why}")
 
         def mins(s: Segment) -> torch.Tensor:
             if s.mins is not None:
@@ -210,14 +220,12 @@ class QuantizedWeight:
         off = 0
         for run in runs:
             kinds = tuple(dict.fromkeys(kd for s in run for kd in s.kinds))
-            c0 = run[0]
             if len(run) == 1:
                 c = run[0]
                 seg = Segment(off, c.n, k, c.sb, c.u4, kinds, c.qs, c.scale, c.mins, c.zero)
-            elif (all(s.n % 16 == 0 for s in run[:-1])
-                  and not (c0.sfmt == qf.SFMT_KS and len({s.mins is None for s in run}) > 1)):
+            elif Segment.unstackable(run) is None:
                 seg = Segment.stack(run, off, kinds)
-            else:  # a part ends inside a group of 16 rows: rows move between groups
+            else:  # through the canonical form (e.g. rows move between groups of 16)
                 seg = Segment.build(qf.concat([s.canon() for s in run]), off, kinds)
             out.append(seg)
             off += seg.n

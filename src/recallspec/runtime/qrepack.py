@@ -77,7 +77,7 @@ def allocate(qtype: T, n: int, k: int) -> Packed:
     lay = LAYOUTS[qtype]
     g, nsb = (n + 15) // 16, k // lay.sb
     if lay.sfmt == _KS:
-        sdt, count = torch.uint8, g * (k // 256) * (32 + 16 * (256 // lay.sb))
+        sdt, count = torch.uint8, g * (k // 256) * qf.ks_tile_bytes(lay.sb)
     else:
         sdt, count = torch.float16, g * nsb * 16
     return Packed(
