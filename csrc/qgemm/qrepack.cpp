@@ -61,7 +61,7 @@ struct Out {
   uint8_t* mins;   // same, or nullptr
   int32_t* zero;   // [G * 16] or nullptr
   int64_t nsb, sb_bytes;
-  int64_t nsup, spb, tile;  // kKS: super-blocks per row, sub-blocks per super-block, tile bytes
+  int64_t nsup, tile;  // kKS: super-blocks per row, tile bytes
 };
 
 // One row's writer: sub-block b of this row.
@@ -76,8 +76,10 @@ struct RowOut {
   // b, in the tiles at base (scale or mins).
   uint8_t* tile(uint8_t* base, int64_t s) const { return base + (g * o.nsup + s) * o.tile; }
   void ks_d(uint8_t* base, int64_t s, uint16_t bits) const { std::memcpy(tile(base, s) + 2 * lane, &bits, 2); }
-  void ks_sc(uint8_t* base, int64_t b, int8_t v) const {
-    tile(base, b / o.spb)[32 + 16 * (b % o.spb) + lane] = uint8_t(v);
+  // (Super-block s's own sub-block j: no division by the runtime sub-blocks per
+  // super-block, which cost more than the rest of a row's repack.)
+  void ks_sc(uint8_t* base, int64_t s, int j, int8_t v) const {
+    tile(base, s)[32 + 16 * j + lane] = uint8_t(v);
   }
   // u8 storage: u[0..sb) of sub-block b, 4 consecutive k per 64-byte vector.
   void u8(int64_t b, const uint8_t* u, int sb) const {
@@ -136,16 +138,22 @@ void k_block(int t, const uint8_t* p, int64_t blk, const RowOut& r) {
   if (t == Q6_K) {  // ql 128, qh 64, int8 scales 16, d
     const uint8_t *ql = p, *qh = p + 128;
     uint8_t u[256];
-    for (int h = 0; h < 2; ++h)
-      for (int t64 = 0; t64 < 64; ++t64) {
-        const int i = t64 / 32, l = t64 % 32;  // element t64 and t64 + 64 of half h
-        const uint8_t q = ql[64 * h + t64];
-        u[128 * h + t64] = uint8_t((q & 0x0f) | ((qh[32 * h + l] >> (2 * i)) & 3) << 4);
-        u[128 * h + t64 + 64] = uint8_t((q >> 4) | ((qh[32 * h + l] >> (2 * i + 4)) & 3) << 4);
+    // Half h, element l of each quarter: the low nibbles of ql[l] and ql[l + 32], then
+    // their high nibbles; the two high bits of each from qh[l], 2 bits per quarter (in
+    // loops over 32 consecutive bytes, which the compiler vectorizes).
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t *a = ql + 64 * h, *hb = qh + 32 * h;
+      uint8_t* o = u + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        o[l] = uint8_t((a[l] & 0x0f) | (hb[l] & 3) << 4);
+        o[l + 32] = uint8_t((a[l + 32] & 0x0f) | ((hb[l] >> 2) & 3) << 4);
+        o[l + 64] = uint8_t((a[l] >> 4) | ((hb[l] >> 4) & 3) << 4);
+        o[l + 96] = uint8_t((a[l + 32] >> 4) | ((hb[l] >> 6) & 3) << 4);
       }
+    }
     r.ks_d(r.o.scale, blk, le16(p + 208));
     for (int b = 0; b < 16; ++b) {
-      r.ks_sc(r.o.scale, blk * 16 + b, int8_t(p[192 + b]));
+      r.ks_sc(r.o.scale, blk, b, int8_t(p[192 + b]));
       r.u8(blk * 16 + b, u + 16 * b, 16);
     }
     return;
@@ -155,8 +163,8 @@ void k_block(int t, const uint8_t* p, int64_t blk, const RowOut& r) {
   r.ks_d(r.o.scale, blk, le16(p));
   r.ks_d(r.o.mins, blk, uint16_t(le16(p + 2) ^ 0x8000u));  // -dmin
   for (int b = 0; b < 8; ++b) {  // 6-bit values: int8 keeps them
-    r.ks_sc(r.o.scale, blk * 8 + b, int8_t(sc[b]));
-    r.ks_sc(r.o.mins, blk * 8 + b, int8_t(mn[b]));
+    r.ks_sc(r.o.scale, blk, b, int8_t(sc[b]));
+    r.ks_sc(r.o.mins, blk, b, int8_t(mn[b]));
   }
   // 4 runs c of 32 bytes: low nibbles are sub-block 2c, high nibbles 2c + 1.
   if (t == Q4_K) {
@@ -210,8 +218,7 @@ void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8
       mins.size() != (f.mins ? scale_bytes : 0) || zero.size() != size_t(f.zero ? groups * 16 : 0))
     throw std::invalid_argument("qrepack: segment arrays do not match n, k and the type");
   const Out o{qs.data(), scale.data(), f.mins ? mins.data() : nullptr,
-              f.zero ? zero.data() : nullptr, nsb, sb_bytes, k / 256, 256 / f.sb,
-              qk::ks_tile_bytes(f.sb)};
+              f.zero ? zero.data() : nullptr, nsb, sb_bytes, k / 256, qk::ks_tile_bytes(f.sb)};
   const uint8_t* src = raw.data();
   const int64_t row_bytes = nblk * f.bytes;
   const bool kquant = f.block == 256;

@@ -63,7 +63,15 @@ def test_written_file_like_reader(tmp_path: Path, endian: gguf.GGUFEndian) -> No
     w.write_tensors_to_file()
     w.close()
     assert_like_reader(path)
+    reader = gguf.GGUFReader(path)
+    h = read_header(path, arrays={"a.strings", "a.nested"})
+    # (GGUFReader flattens a nested array's values: that one is checked against what was
+    # written)
+    assert h.array_counts == {"a.strings": 3, "a.ints": 3, "a.nested": 2}
+    assert h.arrays == {"a.strings": reader.fields["a.strings"].contents(),
+                        "a.nested": [[1, 2], [3]]}
     h = read_header(path)
+    assert h.arrays == {}
     assert h.metadata["a.str"] == "héllo" and h.metadata["general.alignment"] == 64
     assert [t.shape for t in h.tensors] == [(3, 32), (4, 64), (32,)]
     assert all(t.offset % 64 == 0 for t in h.tensors)

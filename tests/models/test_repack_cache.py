@@ -16,6 +16,7 @@ from recallspec.engine import EngineConfig
 from recallspec.errors import ModelLoadError
 from recallspec.models import load_model, loader, quantized, resolve_model
 from recallspec.runtime import qformats as qf
+from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.qlinear import QuantizedWeight, Segment
 
 
@@ -93,15 +94,19 @@ CACHED = re.compile(r"recallspec: cached the repacked weights \(([\d,]+) MB, ([\
 def test_repack_cache_written_and_reported(isolated_cache: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     gguf = resolve_model(None)
-    load_model(None, repack_cache=False)
+    model, _ = load_model(None, repack_cache=False)
+    assert model.repack_cache_writer is None
     assert "cached the repacked" not in capsys.readouterr().err
     written = list(isolated_cache.rglob(quantized.QUANTIZED_WEIGHTS + "*"))
     assert written == []  # nothing of the weights, not even a temporary file
     directory, _ = loader._model_source(None)
-    in_memory = loader._gguf_weights(gguf, directory, loader.read_config(directory),
-                                     "quantized", repack_cache=False)
+    in_memory, writer = loader._gguf_weights(gguf, directory, loader.read_config(directory),
+                                             "quantized", repack_cache=False)
+    assert writer is None
 
-    load_model(None)  # the default: cached
+    model, _ = load_model(None)  # the default: cached, written in the background
+    assert model.repack_cache_writer is not None
+    model.repack_cache_writer.join()
     match = CACHED.search(capsys.readouterr().err)
     assert match is not None
     path = Path(match[3])
@@ -112,8 +117,11 @@ def test_repack_cache_written_and_reported(isolated_cache: Path,
     cached = quantized.load_quantized(path)
     assert cached is not None and packed_bytes(cached) == packed_bytes(in_memory)
 
-    load_model(None, repack_cache=False)  # a cache already there is read, and kept
+    model, _ = load_model(None, repack_cache=False)  # a cache already there is read, kept
+    assert model.repack_cache_writer is None
     assert path.stat().st_size == size and "cached the" not in capsys.readouterr().err
+    model, _ = load_model(None)  # read from the cache: nothing to write
+    assert model.repack_cache_writer is None
 
 
 def test_repack_cache_option() -> None:
@@ -125,3 +133,28 @@ def test_repack_cache_option() -> None:
                  ["corpus", "generate", "--prompts", "p", "--out", "o"]):
         assert parser.parse_args(argv).repack_cache is True
         assert parser.parse_args([*argv, "--no-repack-cache"]).repack_cache is False
+
+
+def test_repack_cache_failure_is_reported_and_loses_nothing(
+        isolated_cache: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A cache that cannot be written (a full disk) leaves the loaded model whole: the
+    background writer says so on stderr and raises nothing; the next load repacks."""
+
+    def full_disk(weights: Any, path: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(quantized, "save_quantized", full_disk)
+    model, tok = load_model(None)
+    assert model.repack_cache_writer is not None
+    model.repack_cache_writer.join()
+    err = capsys.readouterr().err
+    assert "the repack cache was not written ([Errno 28] No space left on device)" in err
+    directory, _ = loader._model_source(None)
+    assert not (directory / quantized.QUANTIZED_WEIGHTS).exists()
+    monkeypatch.undo()
+    reference, _ = load_model(None, repack_cache=False)
+    ids = tok.encode("The printing press changed how knowledge spread, because")
+    logits = [m(build_batch([SequenceInput(0, 0, ids)]), m.new_cache(1, 64))
+              for m in (model, reference)]
+    assert torch.equal(logits[0], logits[1])  # the same weights: the same bits

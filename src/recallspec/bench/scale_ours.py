@@ -11,6 +11,8 @@ and reads one JSON object from stdout:
 
 * ``load_s``: ``Engine.load`` wall seconds (the first run of a file includes the
   repack into our block layout; later runs read the repack cache: ``cold`` says which);
+  ``cache_write_wait_s``: how much longer the first run's background repack cache write
+  took after that (the model could answer meanwhile; 0 on later runs);
 * ``ar``: AR decoding (greedy, EOS ignored) of N tokens after the runtime bench's
   ~100-token prompt, end to end and decode only (``bench/runtime.py``);
 * ``prefill_tok_s``: one forward of a P-token prompt chunk (last row's logits) at
@@ -76,9 +78,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     engine = Engine.load(args.gguf, max_len=max(max_len, args.prefill + 8, 1024),
                          threads=args.threads)
     load_s = time.perf_counter() - t0
+    # A first load writes the repack cache in the background: done before any timing.
+    engine.wait_for_repack_cache()
+    cache_write_s = time.perf_counter() - t0 - load_s
     model, threads = engine.model, engine.threads
     ids = prompt_ids(engine.tokenizer)
-    out: dict[str, Any] = {"load_s": load_s, "threads": threads,
+    out: dict[str, Any] = {"load_s": load_s, "cache_write_wait_s": cache_write_s,
+                           "threads": threads,
                            "baseline_rss_mb": baseline, "prompt_tokens": len(ids)}
     out["ar"] = engine_ar(engine, ids, args.new_tokens, args.repeats)
     # Prefill: chunks of 128 and P rows (last row's logits) at positions 0 and 512, the

@@ -22,8 +22,9 @@ KV_HELP = ("KV cache: auto = float32 (measured: no gain at Spec-Bench lengths); 
            "the attention of verification and prefill rows is 10-25 percent slower. Its "
            "outputs differ from float32's; each is lossless on its own.")
 REPACK_CACHE_HELP = ("do not save a GGUF's repacked quantized weights in the cache at its "
-                     "first load (a file ~1.4x the GGUF's size, read by later loads): "
-                     "repack in memory at every start instead")
+                     "first load (a file ~1.1x the GGUF's size for Q4_K_M, written in the "
+                     "background and read by later loads): repack in memory at every start "
+                     "instead")
 MAX_DRAFT_NODES_HELP = (f"draft-tree nodes verified per request and step, at most (default "
                         f"{MAX_DRAFT_NODES}; cost-aware sizing drafts fewer where rows do not "
                         "pay; workloads that re-send long texts gain from more, e.g. 32)")

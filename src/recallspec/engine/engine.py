@@ -126,6 +126,14 @@ class Engine:
             raise ValueError("the runner must run this engine's model over its KV cache")
         self.runner = runner
 
+    def wait_for_repack_cache(self) -> None:
+        """Return once a first load's background repack cache write is done: timings
+        taken meanwhile would price the disk writes (the cost curve, benchmarks)."""
+        writer = self.model.repack_cache_writer
+        if writer is not None and writer.is_alive():
+            _say("finishing the repack cache write before timing this model")
+            writer.join()
+
     def cost_curve(self) -> CostCurve:
         """The verification cost curve of this model on this machine (measured once,
         cached on disk next to the converted model weights)."""
@@ -135,6 +143,7 @@ class Engine:
             fp = getattr(self.tokenizer, "fingerprint", "")
             key = curve_key(self.model, fp, self.threads)
             path = cache_dir() / "cost_curves" / f"{key}.json"
+            self.wait_for_repack_cache()
             self._cost_curve = calibrate(self.model, self.threads, key=key, cache_path=path,
                                          say=_say)
         return self._cost_curve

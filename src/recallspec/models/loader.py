@@ -19,8 +19,8 @@ import importlib.util
 import json
 import os
 import shutil
-import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -256,17 +256,20 @@ def load_model(
     or a torch dtype (float32, bfloat16); ``kv_dtype`` the KV cache's, one of
     ``params.KV_DTYPES`` (``ValueError`` otherwise, before anything loads).
     ``repack_cache``: a GGUF's quantized weights, repacked at its first load, are saved
-    in the cache for later loads (a file ~1.4x the GGUF's size, reported on stderr when
-    written); False repacks in memory at every load and writes nothing (a cache file
-    already there is still read)."""
+    in the cache for later loads (a file ~1.1x the GGUF's size, reported on stderr when
+    written), in the background: ``model.repack_cache_writer`` is that thread (None when
+    nothing is written; the engine joins it before timing its cost curve); False repacks
+    in memory at every load and writes nothing (a cache file already there is still
+    read)."""
     if kv_dtype not in KV_DTYPES:  # (EngineConfig checked the engine's; callers may not)
         raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     directory, gguf = _model_source(path)
     fmt = weight_format(dtype, gguf)
     config = read_config(directory)
     tokenizer = Tokenizer.from_dir(directory, extra_eos_ids=_extra_eos(directory))
+    writer = None
     if gguf is not None:
-        weights = _gguf_weights(gguf, directory, config, fmt, repack_cache)
+        weights, writer = _gguf_weights(gguf, directory, config, fmt, repack_cache)
     else:
         weights = internal_weights(config, _read_safetensors(directory))
         if fmt == "quantized":
@@ -279,6 +282,7 @@ def load_model(
         kv_dtype=_KV_TORCH[kv_dtype],  # "auto": None, the weights' compute dtype
     )
     model.eval()
+    model.repack_cache_writer = writer
     return model, tokenizer
 
 
@@ -307,30 +311,25 @@ def weight_format(dtype: str | torch.dtype, gguf: Path | None) -> str:
 
 
 def _gguf_weights(gguf: Path, directory: Path, config: ModelConfig, fmt: str,
-                  repack_cache: bool = True) -> dict[str, Any]:
+                  repack_cache: bool = True) -> tuple[dict[str, Any], threading.Thread | None]:
     """A converted GGUF's weights in our internal layout, from the cache or built once
-    (the quantized ones saved only with ``repack_cache``)."""
+    (the quantized ones saved only with ``repack_cache``, by the returned thread)."""
     from recallspec.models import gguf_loader, quantized
 
     if fmt == "quantized":
         path = directory / quantized.QUANTIZED_WEIGHTS
         cached = quantized.load_quantized(path)
         if cached is not None:
-            return cached
+            return cached, None
         weights = internal_weights(config, quantized.quantized_state_dict(gguf, config))
-        if repack_cache:
-            quantized.save_quantized(weights, path)
-            size, src = path.stat().st_size, gguf.stat().st_size
-            print(f"recallspec: cached the repacked weights ({size / 1e6:,.0f} MB, "
-                  f"{size / src:.2f}x the GGUF) in {path}; --no-repack-cache "
-                  "(repack_cache=False) to skip", file=sys.stderr, flush=True)
-        return weights
+        writer = quantized.save_in_background(weights, path, gguf) if repack_cache else None
+        return weights, writer
     internal = directory / gguf_loader.INTERNAL_WEIGHTS
     if not internal.is_file():
         gguf_loader.write_float_weights(gguf, internal)
     from safetensors.torch import load_file
 
     try:
-        return dict(load_file(str(internal)))  # memory-mapped
+        return dict(load_file(str(internal))), None  # memory-mapped
     except Exception as e:
         raise ModelLoadError(f"cannot read {internal}: {e}") from None

@@ -9,15 +9,20 @@ un-permuted (a row permutation, exact on block rows), Gemma norms get ``- 1``.
 Float matrices (F32/F16/BF16 GGUFs, HF safetensors) are quantized to Q8_0 at load.
 
 The repacked weights of a converted model are cached next to its fp32 ones
-(``save_quantized`` / ``load_quantized``), so a later load is one file read; the loader
-skips that file when asked to (``load_model(repack_cache=False)``).
+(``save_quantized`` / ``load_quantized``), so a later load is a memory map; the loader
+skips that file when asked to (``load_model(repack_cache=False)``). The first load writes
+it in the background (``save_in_background``): the model answers meanwhile, where writing
+~1.1x the GGUF through the page cache had doubled the first load (8B: ~11 s on a VM disk
+of ~400 MB/s).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -159,6 +164,31 @@ def save_quantized(weights: Mapping[str, torch.Tensor | QuantizedWeight], path: 
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def save_in_background(weights: Mapping[str, torch.Tensor | QuantizedWeight], path: Path,
+                       gguf: Path) -> threading.Thread:
+    """``save_quantized`` in a thread of its own, started; it reports the file's size on
+    stderr when written, or why it was not (a full disk), and never raises. Not a daemon:
+    the interpreter waits for it at exit, so a short run still leaves the cache. safetensors
+    writes from the tensors' memory with the GIL released (no copy; the caller's forwards
+    run meanwhile). Join it before timing anything on this machine (the cost curve)."""
+
+    def write() -> None:
+        try:
+            save_quantized(weights, path)
+        except Exception as e:  # the weights in memory are whole: only the cache is lost
+            print(f"recallspec: the repack cache was not written ({e}); the next load "
+                  "repacks again", file=sys.stderr, flush=True)
+            return
+        size, src = path.stat().st_size, gguf.stat().st_size
+        print(f"recallspec: cached the repacked weights ({size / 1e6:,.0f} MB, "
+              f"{size / src:.2f}x the GGUF) in {path}; --no-repack-cache "
+              "(repack_cache=False) to skip", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=write, name="recallspec-repack-cache")
+    thread.start()
+    return thread
 
 
 def load_quantized(path: Path) -> Weights | None:

@@ -18,6 +18,7 @@ Conventions (those of the HF checkpoints the weights come from):
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 import torch
@@ -120,6 +121,9 @@ class CausalLM(nn.Module):
         self.quantized = quantized
         # "quantized" | "float32" | "bfloat16": the arithmetic, for cache keys and reports.
         self.weight_format = "quantized" if quantized else str(dtype).removeprefix("torch.")
+        # The thread writing this model's repack cache after its first load (the loader
+        # sets it; ``models/quantized.py``); join it before timing anything.
+        self.repack_cache_writer: threading.Thread | None = None
         c = config
 
         def get(name: str, *, norm: bool = False, optional: bool = False) -> Weight | None:
