@@ -252,6 +252,7 @@ def run_bench(
 
         log(f"loading model {cfg.model or '(default)'} ({cfg.dtype})")
         engine = Engine.load(cfg.model, dtype=cfg.dtype, max_draft_nodes=cfg.max_draft_nodes)
+        engine.wait_for_repack_cache()  # a first load's cache write: before any timing
     model_id = _model_id(cfg.model)
     factory = factory or MethodFactory(engine, cfg.model, cfg.dtype)
     ready: list[Method] = []
