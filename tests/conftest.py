@@ -12,7 +12,8 @@ uses stays in that file.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from availability import spec_bench_path
@@ -57,3 +58,23 @@ def pytest_report_header() -> list[str]:
     from recallspec.runtime import isa
 
     return [f"recallspec: {isa.describe()}"]
+
+
+@pytest.fixture(scope="session")
+def hf_gguf_tokenizer() -> Callable[[str | None], Any]:
+    """transformers' own tokenizer of a real model's GGUF (``AutoTokenizer`` with
+    ``gguf_file``), built once per model and session (Gemma's takes about a minute)."""
+    import transformers
+
+    from recallspec.models import resolve_model
+
+    built: dict[str | None, Any] = {}
+
+    def get(model: str | None) -> Any:
+        if model not in built:
+            g = resolve_model(model)
+            built[model] = transformers.AutoTokenizer.from_pretrained(str(g.parent),
+                                                                      gguf_file=g.name)
+        return built[model]
+
+    return get

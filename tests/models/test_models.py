@@ -11,6 +11,7 @@ KV cache, so the cache, RoPE positions and tree/window masks are all exercised.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -321,9 +322,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="session")
-def hf_smol_tokenizer() -> Any:
-    gguf = resolve_model(None)
-    return transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+def hf_smol_tokenizer(hf_gguf_tokenizer: Callable[[str | None], Any]) -> Any:
+    return hf_gguf_tokenizer(None)
 
 
 def test_tokenizer_matches_transformers(hf_smol_tokenizer: Any) -> None:
@@ -338,14 +338,13 @@ def test_tokenizer_matches_transformers(hf_smol_tokenizer: Any) -> None:
     assert tok.eos_token_ids == {tok._tok.token_to_id("<|im_end|>"), 2}
 
 
-def test_prompt_bos_matches_transformers(hf_smol_tokenizer: Any) -> None:
+def test_prompt_bos_matches_transformers(
+        hf_smol_tokenizer: Any, hf_gguf_tokenizer: Callable[[str | None], Any]) -> None:
     """Prompt ids = transformers' ``encode(add_special_tokens=True)``: SmolLM2 gets no BOS,
     Gemma exactly one, also when the text already carries it."""
     refs = [(load_tokenizer(None), hf_smol_tokenizer, False)]
     if has_gemma:
-        g = resolve_model("gemma3-270m")
-        hf = transformers.AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
-        refs.append((load_tokenizer("gemma3-270m"), hf, True))
+        refs.append((load_tokenizer("gemma3-270m"), hf_gguf_tokenizer("gemma3-270m"), True))
     for tok, hf, wants_bos in refs:
         for text in TEXTS:
             ids = tok.encode_prompt(text)
