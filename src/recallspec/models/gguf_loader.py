@@ -273,24 +273,18 @@ def _gguf_tokenizer_files(path: Path, header: Header) -> tuple[str, dict[str, An
     tokens = header.arrays.get("tokenizer.ggml.tokens")
     if not tokens:
         raise ModelLoadError(f"{path} has no tokenizer vocabulary (tokenizer.ggml.tokens)")
+    kwargs = gguf_tokenizer_config(header)
     try:
         backend, _ = convert_gguf_tokenizer(arch, gguf_tokenizer_dict(header))
-        tok = PreTrainedTokenizerFast(tokenizer_object=backend, **gguf_tokenizer_config(header))
+        tok = PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs)
     except Exception as e:
         raise ModelLoadError(f"cannot convert the tokenizer of {path}: {e}") from None
-
-    def tok_str(key: str) -> str | None:
-        i = meta.get(f"tokenizer.ggml.{key}")
-        return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
-
-    tcfg: dict[str, Any] = {
-        "bos_token": tok_str("bos_token_id"),
-        "eos_token": tok_str("eos_token_id"),
-        "unk_token": tok_str("unknown_token_id"),
-        "pad_token": tok_str("padding_token_id"),
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-        "chat_template": meta.get("tokenizer.chat_template"),
-    }
+    # The special tokens as the class got them; add_bos_token as the file says (no
+    # sentencepiece default: tokenizer_config.json has always said so).
+    tcfg: dict[str, Any] = {name: kwargs[name]
+                            for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    tcfg["add_bos_token"] = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    tcfg["chat_template"] = meta.get("tokenizer.chat_template")
     return tok.backend_tokenizer.to_str(), tcfg
 
 
