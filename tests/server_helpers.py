@@ -71,12 +71,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(log: Path, *args: str) -> Iterator[Server]:
+def start_server(log: Path, *args: str, env: dict[str, str] | None = None,
+                 ) -> Iterator[Server]:
+    """``recallspec serve`` with ``args`` (and ``env`` added), up and answering; its cost
+    curve measured before it serves unless ``args`` say otherwise (the tests' servers
+    serve as before the background measurement; tests/server/test_server_cost_curve.py
+    covers that)."""
     port = _free_port()
+    if "--cost-curve" not in args:
+        args = (*args, "--cost-curve", "start")
     with open(log, "wb") as f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "recallspec", "serve", "--port", str(port), "--dtype", DTYPE,
-             *args], stdout=f, stderr=subprocess.STDOUT)
+             *args], stdout=f, stderr=subprocess.STDOUT,
+            env=None if env is None else {**os.environ, **env})
         server = Server(proc, f"http://127.0.0.1:{port}", log)
         try:
             deadline = time.monotonic() + 240

@@ -98,7 +98,7 @@ def test_a_curve_measured_while_busy_stands_in_but_is_never_cached(tmp_path: Pat
 def test_a_curve_whose_grid_disagrees_is_not_kept() -> None:
     """A decode grid that disagrees with the reference forwards (the machine's speed
     changed while measuring) is not cached for good, nor trusted when read back."""
-    from recallspec.runtime.cost_calibration import GRID_AGREEMENT, grid_agrees
+    from recallspec.runtime.curve_cache import GRID_AGREEMENT, grid_agrees
 
     sizes = (1, 2, 4, 8, 16)
     ref = tuple(0.004 + 0.0005 * n for n in sizes)

@@ -136,7 +136,7 @@ def test_serve_measures_the_cost_curve_at_start_only_for_cost_aware_drafting(
     eng = Engine(BigramModel(table), ByteTokenizer(),  # type: ignore[arg-type]
                  EngineConfig(drafter=drafter, mode=mode))
     assert measures_at_start(eng) is measures
-    assert eng._cost_curve is None  # decided, not measured
+    assert eng.curves.state == "none"  # decided, not measured
 
 
 def test_serve_refuses_a_bad_default_drafter_at_start() -> None:

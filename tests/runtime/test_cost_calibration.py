@@ -4,16 +4,14 @@ end to end on a fake model whose forwards take synthetic time on a fake clock.""
 
 from __future__ import annotations
 
-import time
 from itertools import pairwise
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from helpers import BigramModel, needs_model
+from calibration_helpers import LARGE, MID, SMALL, Cost, TimedBigram, fake_clock
+from helpers import needs_model
 
 from recallspec.runtime import cost_calibration as cc
 from recallspec.runtime.calibration_plan import (
@@ -23,8 +21,6 @@ from recallspec.runtime.calibration_plan import (
     GRID_SIZES,
     PREFILL_SIZES,
     PREFILL_STARTS,
-    PROBE_CONTEXT,
-    PROBE_ROWS,
     REQUIRED_ROWS,
     CalibrationPlan,
     full_plan,
@@ -32,37 +28,8 @@ from recallspec.runtime.calibration_plan import (
     plan_calibration,
     plan_seconds,
 )
-from recallspec.runtime.cost_curve import CostGrid
+from recallspec.runtime.curve_cache import grid_agrees
 from recallspec.spec.draft_sizing import choose_draft_sizes
-
-
-class Cost:
-    """Seconds of a forward of ``rows`` rows after ``context`` cached tokens: ``first``
-    for one row at none, ``row`` per further row, ``ctx`` per cached token for one row,
-    ``ctx_row`` per cached token for each further row; ``seq`` per further sequence."""
-
-    def __init__(self, first: float, row: float, ctx: float = 0.0, ctx_row: float = 0.0,
-                 seq: float = 0.0) -> None:
-        self.first, self.row, self.ctx, self.ctx_row, self.seq = first, row, ctx, ctx_row, seq
-
-    def __call__(self, rows: int, context: float, seqs: int = 1) -> float:
-        extra = rows - 1
-        return (self.first + self.row * extra + context * (self.ctx + self.ctx_row * extra)
-                + self.seq * (seqs - 1))
-
-    def probe(self) -> CostGrid:
-        """What ``cost_calibration.probe`` measures of such a model."""
-        return CostGrid((1, PROBE_ROWS), (0, PROBE_CONTEXT),
-                        tuple(tuple(self(r, c) for r in (1, PROBE_ROWS))
-                              for c in (0, PROBE_CONTEXT)))
-
-
-# Orders of magnitude on 2 cores (issue 37, docs/scale/curves): SmolLM2-135M, a row ~4
-# ms, prefill ~1,500 tokens/s; 1.7B, a row ~45 ms, prefill ~145 tokens/s; 8B, a row
-# ~150 ms, prefill ~32 tokens/s; attention about linear in the context.
-SMALL = Cost(0.004, 0.0006, 2e-6, 6e-7, seq=1e-4)
-MID = Cost(0.045, 0.0069, 6e-6, 5e-6)
-LARGE = Cost(0.15, 0.0315, 1e-5, 8e-6)
 
 
 def keeps_the_required_points(plan: CalibrationPlan) -> bool:
@@ -123,28 +90,6 @@ def test_every_rung_thins_and_keeps_the_required_points() -> None:
 # ---- a calibration on a fake clock -----------------------------------------------------
 
 
-class TimedBigram(BigramModel):
-    """A bigram model whose every forward advances ``clock`` by ``cost``'s seconds (all
-    its rows, their sequences' mean cached tokens, sequences): calibration's timings
-    without waiting."""
-
-    def __init__(self, cost: Cost, clock: list[float]) -> None:
-        super().__init__(torch.eye(40), max_position=4096)
-        self.cost, self.clock = cost, clock
-
-    def __call__(self, meta: Any, cache: Any) -> torch.Tensor:
-        seqs = len(meta.cache_lens)
-        self.clock[0] += self.cost(meta.num_tokens, sum(meta.cache_lens) / seqs, seqs)
-        return super().__call__(meta, cache)
-
-
-def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    clock = [0.0]
-    monkeypatch.setattr(cc, "time", SimpleNamespace(perf_counter=lambda: clock[0],
-                                                    time=time.time))
-    return clock
-
-
 @pytest.mark.parametrize("cost", [SMALL, LARGE], ids=["135M", "8B"])
 def test_calibration_measures_the_planned_points_in_the_estimated_time(
     cost: Cost, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -165,7 +110,7 @@ def test_calibration_measures_the_planned_points_in_the_estimated_time(
     # (The estimate prices the per-sequence batch as a chain of as many rows.)
     assert clock[0] - before == pytest.approx(plan_seconds(plan, prices), rel=0.01)
     assert np.allclose(again.seconds, curve.seconds) and again.tokens == curve.tokens
-    assert path.is_file() and cc.grid_agrees(curve)
+    assert path.is_file() and grid_agrees(curve)
     assert curve.tokens == plan.sizes
     assert curve.seconds == pytest.approx([cost(n, 256) for n in plan.sizes])
     assert curve.decode is not None and curve.prefill is not None

@@ -229,6 +229,11 @@ async def _stream(c: httpx.AsyncClient, prompt: str, max_tokens: int) -> Stream:
 
 
 def test_add_and_remove_corpora_while_16_streams_decode(server: Server) -> None:
+    # Tokens per stream: enough that every stream decodes well into the load (measured on
+    # the 2-core Zen 3, 2026-11-29: the load took 41 s from the first add, 480-token
+    # streams ended 44-104 s after it; 256 end about half-way, each still decodes during
+    # the load, which is what the stall check needs).
+    TOKENS = 256
     prompts = [f"Tell me a long story about a {a} who finds a {b}." for a, b in zip(
         ("baker", "pilot", "cat", "robot", "gardener", "sailor", "child", "wizard") * 2,
         ("key", "map", "coin", "letter") * 4, strict=True)]
@@ -258,12 +263,12 @@ def test_add_and_remove_corpora_while_16_streams_decode(server: Server) -> None:
     async def run() -> list[Stream]:
         async with httpx.AsyncClient(base_url=f"{server.base}/v1", timeout=600,
                                      limits=httpx.Limits(max_connections=32)) as c:
-            streams = [asyncio.create_task(_stream(c, p, 480)) for p in prompts]
+            streams = [asyncio.create_task(_stream(c, p, TOKENS)) for p in prompts]
             await manage(c, streams)
             return await asyncio.gather(*streams)
 
     results = asyncio.run(run())
-    assert all(s.error is None and s.done and len(s.ids) == 480 for s in results), [
+    assert all(s.error is None and s.done and len(s.ids) == TOKENS for s in results), [
         (s.error, len(s.ids)) for s in results]
     # The loader runs at idle priority (recall/view.py), so it takes what decoding
     # leaves: streams may end before it does; each must have decoded during the load

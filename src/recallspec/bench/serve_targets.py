@@ -178,7 +178,7 @@ def command(t: Target, cfg: ServeBenchConfig, port: int) -> tuple[list[str], dic
         argv = [sys.executable, "-m", "recallspec", "serve", *host,
                 "--drafter", t.drafter or "none", "--mode", t.mode or "fixed",
                 "--max-batch-size", str(cfg.max_batch_size), "--max-len", str(cfg.context_len),
-                "--dtype", cfg.dtype, *t.extra_args]
+                "--dtype", cfg.dtype, "--cost-curve", "start", *t.extra_args]
         if not t.prefix_cache:
             argv.append("--no-prefix-cache")
         if cfg.model:

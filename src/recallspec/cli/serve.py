@@ -73,6 +73,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--kv-dtype", default=DEFAULT_KV_DTYPE, choices=KV_DTYPES, help=KV_HELP)
     p.add_argument("--no-repack-cache", dest="repack_cache", action="store_false",
                    help=REPACK_CACHE_HELP)
+    p.add_argument("--cost-curve", default="background", choices=["background", "start"],
+                   help="when a model's verification cost curve is first measured (once per "
+                        "model and machine, then cached; ~20 s at 8B): 'background' serves at "
+                        "once, drafts priced conservatively until the curve is measured in "
+                        "idle time (/health says cost_curve: measuring); 'start' measures it "
+                        "before serving (benchmarks)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=os.environ.get("RECALLSPEC_API_KEY"),
@@ -83,11 +89,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def measures_at_start(engine: Engine) -> bool:
-    """Whether the server measures (or reads) the cost curve before it serves: only when
-    the default drafting, what a request naming no drafter gets, drafts and is sized
-    cost-aware, so that the first requests do not wait for the measurement. Plain
+    """Whether the server reads or measures the cost curve at start (before it serves
+    with ``--cost-curve start``, else in the background): only when the default
+    drafting, what a request naming no drafter gets, drafts and is sized cost-aware, so
+    that the first requests do not wait for the measurement. Plain
     decoding (``--drafter none``) never measures at start; a request that names a
-    drafter sized adaptive measures it then, once (``Engine.add_request``). Resolving
+    drafter sized adaptive has it measured then, once (``Engine.add_request``; in the
+    background unless ``--cost-curve start``). Resolving
     the default drafting also checks it: a bad default drafter or index fails at start,
     not per request."""
     from recallspec.drafters.spec import NO_DRAFTER
@@ -146,8 +154,12 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine.load(args.model, **config)
     except ValueError as e:
         raise DataError(str(e)) from None
+    engine.curves.background = args.cost_curve == "background"
     if measures_at_start(engine):  # (a bad default drafter or index fails here, at start)
-        engine.cost_curve()
+        if args.cost_curve == "start":
+            engine.cost_curve()
+        else:
+            engine.start_cost_curve()
     name = args.served_model_name or args.model or DEFAULT_MODEL
     metrics = Metrics(name)
     loop = EngineLoop(engine, metrics, max_waiting=args.max_waiting)

@@ -35,6 +35,7 @@ from recallspec.drafters.base import Drafter, DrafterContext
 from recallspec.drafters.spec import DrafterSpec
 from recallspec.engine import offline, prompts
 from recallspec.engine.config import EngineConfig
+from recallspec.engine.cost_source import CostCurveSource
 from recallspec.engine.drafter_pool import DrafterArg, DrafterPool
 from recallspec.engine.outputs import (
     GenerationResult,
@@ -52,9 +53,7 @@ from recallspec.engine.scheduler import Scheduler, StepPlan
 from recallspec.errors import DataError, ResourceError
 from recallspec.recall.service import RecallSources
 from recallspec.recall.view import RecallView
-from recallspec.runtime.cost_calibration import calibrate
 from recallspec.runtime.cost_curve import CostCurve
-from recallspec.runtime.curve_cache import curve_key
 from recallspec.runtime.kv_cache import KVCache, KVPrefix
 from recallspec.runtime.threads import decode_threads
 from recallspec.spec.draft_sizing import Sizing, draft_room
@@ -87,8 +86,9 @@ class Engine:
                                 "(--max-batch-size)") from None
         self.threads = self.config.threads or torch.get_num_threads()
         self.stats = StepStats()
-        self._cost_curve: CostCurve | None = None
-        self.planner = DraftPlanner(self.config.max_draft_nodes, self.cost_curve)
+        self.curves = CostCurveSource(model, getattr(tokenizer, "fingerprint", ""),
+                                      self.threads, _say)
+        self.planner = DraftPlanner(self.config.max_draft_nodes, self.curves.current)
         self.scheduler = Scheduler.from_config(self.cache, self.config)
         self.runner = Runner(model, self.cache, self.max_len, self.threads)
         self.drafters = DrafterPool(self.drafter_context, self.config, lambda: {
@@ -111,7 +111,7 @@ class Engine:
     def use_cost_curve(self, curve: CostCurve) -> None:
         """Use this curve for adaptive sizing instead of measuring one (e.g. a curve
         measured by another engine on the same model, or a synthetic one in tests)."""
-        self._cost_curve = curve
+        self.curves.use(curve)
 
     def use_runner(self, runner: Runner | None) -> None:
         """Verify every step through ``runner``, a ``Runner`` subclass over this engine's
@@ -129,24 +129,20 @@ class Engine:
     def wait_for_repack_cache(self) -> None:
         """Return once a first load's background repack cache write is done: timings
         taken meanwhile would price the disk writes (the cost curve, benchmarks)."""
-        writer = self.model.repack_cache_writer
-        if writer is not None and writer.is_alive():
-            _say("finishing the repack cache write before timing this model")
-            writer.join()
+        self.curves.wait_for_writer()
 
     def cost_curve(self) -> CostCurve:
         """The verification cost curve of this model on this machine (measured once,
-        cached on disk next to the converted model weights)."""
-        if self._cost_curve is None:
-            from recallspec.models.loader import cache_dir
+        cached on disk next to the converted model weights; a background measurement,
+        ``start_cost_curve``, is finished now)."""
+        return self.curves.measured()
 
-            fp = getattr(self.tokenizer, "fingerprint", "")
-            key = curve_key(self.model, fp, self.threads)
-            path = cache_dir() / "cost_curves" / f"{key}.json"
-            self.wait_for_repack_cache()
-            self._cost_curve = calibrate(self.model, self.threads, key=key, cache_path=path,
-                                         say=_say)
-        return self._cost_curve
+    def start_cost_curve(self) -> bool:
+        """Read the cached cost curve, or measure it in the background while serving,
+        drafts priced by a conservative prior meanwhile (``engine/cost_source.py``; the
+        caller's loop grants it turns: ``curves.advance``). Returns whether a
+        measurement is under way."""
+        return self.curves.start_background()
 
     # ---- prompts and drafters --------------------------------------------------------
     def encode_prompt(self, prompt: str, *, chat: bool = False) -> list[int]:
@@ -214,6 +210,7 @@ class Engine:
     def close(self) -> None:
         """Stop the background threads and free the run-time automata (the engine must
         not be used afterwards)."""
+        self.curves.cancel()
         self._recall.close()
 
     # ---- the online API --------------------------------------------------------------
@@ -243,7 +240,9 @@ class Engine:
         how = self.drafters.drafting(drafter, drafter_options, mode, sizing)
         ids = self.prompt_ids(prompt, chat=chat)
         if how.sizing == "adaptive":
-            self.cost_curve()  # measured (or read) once, before the request's clock starts
+            # Measured (or read) once, before the request's clock starts (while it is
+            # measured in the background: the prior, at once).
+            self.curves.current()
         gen = None  # the request's own: one draw per committed token (verify_sampling), so
         if not params.greedy:  # its tokens follow from the seed, whatever batch or drafts
             seed = params.seed if params.seed is not None else torch.seed()
@@ -367,7 +366,7 @@ class Engine:
             elapsed = time.perf_counter() - t_step
             self.stats.decode_only_s += elapsed
             self.planner.note_step(decoding, native.result.num_rows, elapsed, out.draft_s,
-                                   self._cost_curve, self.stats.forward_s - forward_before)
+                                   self.curves.known(), self.stats.forward_s - forward_before)
             self.stats.decode_only_tokens += self.stats.new_tokens - new_before
         for req, row in native.result.first_rows:
             try:

@@ -41,14 +41,16 @@ from recallspec.runtime.calibration_plan import (
     plan_seconds,
 )
 from recallspec.runtime.cost_curve import REFERENCE_CONTEXT, CostCurve, CostGrid
-from recallspec.runtime.curve_cache import machine_busy, read_curve, write_curve
+from recallspec.runtime.curve_cache import cached_curve, grid_agrees, machine_busy, write_curve
 from recallspec.runtime.linear import forward_threads
 from recallspec.runtime.threads import decode_threads
 
 PROGRESS_EVERY_S = 5.0  # seconds between progress lines of a long measurement
 # A tiled context (``fill_context``): the keys and values of some real rows, repeated.
 Tile = tuple[torch.Tensor, torch.Tensor]  # k, v: [layers, kv_heads, rows, head_dim]
-Tick = Callable[[], None]  # called after each timed round (progress)
+# Called between forwards, outside the timings: progress lines, and a background
+# measurement's pause points (``curve_job.py``: the owner's work runs while it waits).
+Tick = Callable[[], None]
 
 
 def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
@@ -74,7 +76,8 @@ def forward_times(
     return grid[cached]
 
 
-def random_prefix(model: Any, cache: Any, slot: int, cached: int, extra: int) -> list[int]:
+def random_prefix(model: Any, cache: Any, slot: int, cached: int, extra: int,
+                  tick: Tick | None = None) -> list[int]:
     """``cached + extra`` random token ids (seed 0) of which the first ``cached`` are
     fed into ``slot`` of ``cache`` and committed (FEED_CHUNK a forward): a context to
     time forwards after. The rest are for the forwards' own rows."""
@@ -84,6 +87,8 @@ def random_prefix(model: Any, cache: Any, slot: int, cached: int, extra: int) ->
             toks = ctx[s : min(s + FEED_CHUNK, cached)]
             model(build_batch([SequenceInput(slot, s, toks, logits="none")]), cache)
             cache.commit(slot, s, range(len(toks)))
+            if tick is not None:
+                tick()
     return ctx
 
 
@@ -94,13 +99,13 @@ def _random_ids(model: Any, n: int, seed: int = 0) -> list[int]:
 
 
 def fill_context(model: Any, cache: Any, slot: int, cached: int, extra: int,
-                 tile: Tile | None) -> list[int]:
+                 tile: Tile | None, tick: Tick | None = None) -> list[int]:
     """``random_prefix``, or with a ``tile`` its rows repeated into the freshly allocated
     ``slot`` up to ``cached`` rows, without a forward: attention reads and multiplies
     as many keys and values whatever they hold (feeding 2,048 tokens takes a minute at
     8B). Returns the token ids (the rows past ``cached``: the forwards' own)."""
     if tile is None:
-        return random_prefix(model, cache, slot, cached, extra)
+        return random_prefix(model, cache, slot, cached, extra, tick)
     k, v = tile
     reps = -(-cached // k.shape[2])
     cache.load(slot, k.repeat(1, 1, reps, 1), v.repeat(1, 1, reps, 1), cached)
@@ -121,7 +126,7 @@ def grid_times(
     slot = cache.allocate()
     out: dict[int, dict[int, float]] = {}
     try:
-        ctx = fill_context(model, cache, slot, max(contexts), max(sizes), tile)
+        ctx = fill_context(model, cache, slot, max(contexts), max(sizes), tile, tick)
         with torch.inference_mode():
             for c in contexts:
                 # Rows past the context are scratch: never committed, overwritten.
@@ -152,18 +157,20 @@ def interleaved_times(
     cheaper than a 1-row one in 6 of 20 cached curves (the sizing then drafted a node a
     step for a 14% chance of a token). Within a round, neighbouring sizes run
     milliseconds apart, so the drift cancels from the comparisons the sizing makes.
-    ``tick``: called after each round, outside the timings."""
+    ``tick``: called after each forward, outside the timings."""
     for _ in range(warmup):
         for f in fns.values():
             f()
+            if tick is not None:
+                tick()
     ts: dict[int, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, f in fns.items():
             t0 = time.perf_counter()
             f()
             ts[k].append(time.perf_counter() - t0)
-        if tick is not None:
-            tick()
+            if tick is not None:
+                tick()
     return {k: statistics.median(v) for k, v in ts.items()}
 
 
@@ -207,6 +214,8 @@ def _per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int
             if tile is None:
                 model(build_batch([SequenceInput(s, 0, ids, logits="none")]), cache)
                 cache.commit(s, 0, range(cached))
+                if tick is not None:
+                    tick()
             else:
                 fill_context(model, cache, s, cached, 0, tile)
         many = build_batch([SequenceInput(s, cached, [ids[0]]) for s in slots])
@@ -217,13 +226,13 @@ def _per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int
     return max(t_many - t_one, 0.0) / (seqs - 1)
 
 
-def probe(model: Any, threads: int) -> tuple[CostGrid, Tile]:
+def probe(model: Any, threads: int, tick: Tick | None = None) -> tuple[CostGrid, Tile]:
     """What a forward costs, roughly, and rows to tile contexts from: a 1-row forward
     (untimed: the first after loading faults the weights in), PROBE_ROWS rows fed at
     position 0 (timed, then committed: their keys and values are the tile), then 1 row
     at 0 and 1 and PROBE_ROWS rows after PROBE_CONTEXT tiled rows, once each (a few
     seconds at 8B; a model of fewer positions: after as many as fit). The grid is made
-    non-decreasing in rows and in contexts."""
+    non-decreasing in rows and in contexts. ``tick``: after each forward."""
     limit = int(getattr(model.config, "max_position", 0) or 0)
     far_ctx = PROBE_CONTEXT if not limit else max(min(PROBE_CONTEXT, limit - PROBE_ROWS), 1)
     cache = model.new_cache(1, far_ctx + PROBE_ROWS + 1)
@@ -235,7 +244,10 @@ def probe(model: Any, threads: int) -> tuple[CostGrid, Tile]:
                      threads)
         t0 = time.perf_counter()
         run()
-        return time.perf_counter() - t0
+        t = time.perf_counter() - t0
+        if tick is not None:
+            tick()
+        return t
 
     try:
         with torch.inference_mode():
@@ -254,14 +266,12 @@ def probe(model: Any, threads: int) -> tuple[CostGrid, Tile]:
     return CostGrid((1, PROBE_ROWS), (0, far_ctx), ((one, many), far)), tile
 
 
-PROVISIONAL_TTL = 1800.0  # seconds a curve measured on a busy machine stands in
-
-
 def calibrate(
     model: Any, threads: int, *, key: str = "", sizes: Sequence[int] = DEFAULT_SIZES,
     repeats: int = 3, cache_path: Path | None = None, say: Callable[[str], None] | None = None,
     contexts: bool = True, busy: Callable[[], bool] | None = None,
-    budget_s: float | None = CALIBRATION_BUDGET_S,
+    budget_s: float | None = CALIBRATION_BUDGET_S, pause: Tick | None = None,
+    on_probe: Callable[[CostGrid], None] | None = None,
 ) -> CostCurve:
     """The model's cost curve with ``threads`` cores: read from ``cache_path`` when it was
     measured for the same ``key`` (``curve_key``), else measured and written there.
@@ -269,6 +279,8 @@ def calibrate(
     plan, measured as it is when the probe prices it under FULL_PLAN_S (SmolLM2-135M:
     ~25 s), else thinned to ``budget_s`` seconds (None: never; ``calibration_plan.py``).
     ``say`` hears the plan and its expected time, then progress every PROGRESS_EVERY_S.
+    ``pause``: called between forwards, outside the timings (a background measurement
+    hands the CPU back there: ``curve_job.py``); ``on_probe``: hears the probe's prices.
 
     A curve measured while other jobs load the CPU (``busy``, default: the 1-min load)
     is wrong for good (2-thread steps stall on descheduled peers), so it is never written
@@ -277,20 +289,14 @@ def calibrate(
     engine in a loaded process measured again: a test run under load took 30 min longer).
     On a quiet machine the curve is measured again and cached for good."""
     is_busy = busy or machine_busy
-    cached = read_curve(cache_path, key)
-    if cached is not None and grid_agrees(cached):  # (else written before the check)
-        return cached
+    known = cached_curve(cache_path, key, is_busy, say)
+    if known is not None:
+        return known
     provisional = None if cache_path is None else cache_path.with_suffix(".busy.json")
-    if provisional is not None and is_busy():
-        stand_in = read_curve(provisional, key)
-        age = time.time() - provisional.stat().st_mtime if stand_in is not None else 0.0
-        if stand_in is not None and age < PROVISIONAL_TTL:
-            if say:
-                say(f"the machine is busy: using the cost curve measured while it was busy "
-                    f"{age / 60:.0f} min ago (measured again once the machine is quiet)")
-            return stand_in
     was_busy = is_busy()
-    prices, tile = probe(model, threads)
+    prices, tile = probe(model, threads, pause)
+    if on_probe is not None:
+        on_probe(prices)
     full = full_plan(tuple(sizes), repeats, contexts)
     plan = plan_calibration(prices, budget_s, full)
     expected = plan_seconds(plan, prices)
@@ -298,7 +304,7 @@ def calibrate(
         thinned = "" if plan == full else f"; thinned to a {budget_s:.0f} s budget"
         say(f"measuring the verification cost curve of this model on this machine (once, "
             f"then cached; {describe(plan)}{thinned}): {about(expected)} ...")
-    tick = _Progress(say, expected) if say else None
+    tick = _ticks(_Progress(say, expected) if say else None, pause)
     curve = measure(model, threads, plan, key=key, tile=tile, tick=tick)
     if was_busy or is_busy() or not grid_agrees(curve):
         if say:
@@ -310,6 +316,18 @@ def calibrate(
         if provisional is not None:
             provisional.unlink(missing_ok=True)
     return curve
+
+
+def _ticks(*ticks: Tick | None) -> Tick | None:
+    """One tick calling each given one in turn (None: none given)."""
+    given = [t for t in ticks if t is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
+
+    def both() -> None:
+        for t in given:
+            t()
+    return both
 
 
 def measure(model: Any, threads: int, plan: CalibrationPlan, *, key: str = "",
@@ -355,29 +373,3 @@ class _Progress:
         share = min(done / self.expected, 0.99)
         left = max(self.expected - done, 0.0)
         self.say(f"cost curve: {share:.0%} measured ({done:.0f} s; {about(left)} left)")
-
-
-# How far the decode grid's forwards may be, as a median over the shared row counts, from
-# the same forwards measured first at REFERENCE_CONTEXT: measured a few seconds apart on a
-# quiet machine their ratio is 0.8-1.2 (eight curves of 2026-11-28); one curve measured
-# while a test suite ran beside it had 2.0-3.7 and priced 6 rows as 1 (the planner then
-# verified 10 rows a step at 1.4 accepted: 0.64-0.78x plain decoding). The load average
-# missed it (the burst came and went between its two reads).
-GRID_AGREEMENT = 1.5
-
-
-def grid_agrees(curve: CostCurve) -> bool:
-    """Whether the decode grid's rows at the contexts around REFERENCE_CONTEXT agree with
-    the reference forwards (``GRID_AGREEMENT``): a disagreement means the machine's speed
-    changed while measuring, and the curve is not cached for good."""
-    grid = curve.decode
-    if grid is None:
-        return True
-    ref = dict(zip(curve.tokens, curve.seconds, strict=True))
-    for j, ctx in enumerate(grid.contexts):
-        if ctx > 2 * REFERENCE_CONTEXT:
-            continue
-        ratios = [grid.seconds[j][i] / ref[n] for i, n in enumerate(grid.rows) if n in ref]
-        if ratios and not 1 / GRID_AGREEMENT <= statistics.median(ratios) <= GRID_AGREEMENT:
-            return False
-    return True

@@ -1,4 +1,5 @@
-"""Where a measured cost curve is kept: its cache key, and reading and writing it.
+"""Where a measured cost curve is kept: its cache key, reading and writing it, and which
+cached curve stands (the one of this key, a provisional one, none when its grid disagrees).
 
 A curve is stored per ``curve_key`` (what it was measured for: model, machine, forward,
 measuring method) and read back instead of measured again (``cost_calibration.py``
@@ -10,12 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from recallspec.runtime.cost_curve import CostCurve
+from recallspec.runtime.cost_curve import REFERENCE_CONTEXT, CostCurve
 
 # How the curve is measured, part of the cache key: a curve cached by an earlier method
 # is measured again (v2: sizes in interleaved rounds, non-decreasing in rows). A plan
@@ -25,6 +29,7 @@ from recallspec.runtime.cost_curve import CostCurve
 # start. (Bump it when a change of the ladder makes the curves cached by the old one
 # worse.)
 CALIBRATION = "v2-interleaved-monotone"
+PROVISIONAL_TTL = 1800.0  # seconds a curve measured on a busy machine stands in
 
 
 def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
@@ -75,3 +80,49 @@ def machine_busy() -> bool:
     except OSError:
         return False
     return load > 1.5 * (os.cpu_count() or 1) + 1
+
+
+def cached_curve(cache_path: Path | None, key: str, busy: Callable[[], bool] = machine_busy,
+                 say: Callable[[str], None] | None = None) -> CostCurve | None:
+    """The curve ``calibrate`` would return without measuring: the one cached for
+    ``key``, else (the machine busy) a provisional one of the last PROVISIONAL_TTL
+    seconds; None: it would measure."""
+    cached = read_curve(cache_path, key)
+    if cached is not None and grid_agrees(cached):  # (else written before the check)
+        return cached
+    provisional = None if cache_path is None else cache_path.with_suffix(".busy.json")
+    if provisional is not None and busy():
+        stand_in = read_curve(provisional, key)
+        age = time.time() - provisional.stat().st_mtime if stand_in is not None else 0.0
+        if stand_in is not None and age < PROVISIONAL_TTL:
+            if say:
+                say(f"the machine is busy: using the cost curve measured while it was busy "
+                    f"{age / 60:.0f} min ago (measured again once the machine is quiet)")
+            return stand_in
+    return None
+
+
+# How far the decode grid's forwards may be, as a median over the shared row counts, from
+# the same forwards measured first at REFERENCE_CONTEXT: measured a few seconds apart on a
+# quiet machine their ratio is 0.8-1.2 (eight curves of 2026-11-28); one curve measured
+# while a test suite ran beside it had 2.0-3.7 and priced 6 rows as 1 (the planner then
+# verified 10 rows a step at 1.4 accepted: 0.64-0.78x plain decoding). The load average
+# missed it (the burst came and went between its two reads).
+GRID_AGREEMENT = 1.5
+
+
+def grid_agrees(curve: CostCurve) -> bool:
+    """Whether the decode grid's rows at the contexts around REFERENCE_CONTEXT agree with
+    the reference forwards (``GRID_AGREEMENT``): a disagreement means the machine's speed
+    changed while measuring, and the curve is not cached for good."""
+    grid = curve.decode
+    if grid is None:
+        return True
+    ref = dict(zip(curve.tokens, curve.seconds, strict=True))
+    for j, ctx in enumerate(grid.contexts):
+        if ctx > 2 * REFERENCE_CONTEXT:
+            continue
+        ratios = [grid.seconds[j][i] / ref[n] for i, n in enumerate(grid.rows) if n in ref]
+        if ratios and not 1 / GRID_AGREEMENT <= statistics.median(ratios) <= GRID_AGREEMENT:
+            return False
+    return True

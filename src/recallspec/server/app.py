@@ -81,7 +81,9 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
     async def health() -> Response:
         if not loop.is_alive():
             raise ApiError(503, "the engine thread is not running")
-        return JSONResponse({"status": "ok"})
+        # cost_curve: "measuring" while the server measures it in the background (its
+        # drafts priced by a conservative prior meanwhile), "measured", or "none".
+        return JSONResponse({"status": "ok", "cost_curve": engine.curves.state})
 
     @app.get("/metrics")
     async def metrics() -> Response:

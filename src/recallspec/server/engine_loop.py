@@ -9,7 +9,8 @@ is non-blocking and the asyncio queues are unbounded (a request's backlog is at 
 its own tokens). Only the engine thread touches the engine, except its corpus
 registry (``Engine.corpora``), which is safe from any thread and which the corpus
 routes call directly. The engine thread also refreshes the memory and corpus gauges
-(at most every ``STATE_INTERVAL`` seconds).
+(at most every ``STATE_INTERVAL`` seconds), and grants a background measurement of the
+cost curve its turns (idle time, and a small share of busy time).
 """
 
 from __future__ import annotations
@@ -140,10 +141,17 @@ class EngineLoop:
 
     def _iterate(self) -> None:
         eng = self.engine
-        # Idle: wait for a command (briefly, to notice stop). Busy: take what is there.
+        # Idle: wait for a command (briefly, to notice stop; while the cost curve is
+        # measured in the background, until its next idle turn is due). Busy: take what
+        # is there.
+        measuring = eng.curves.state == "measuring"
         try:
-            cmd = (self._commands.get_nowait() if eng.has_unfinished()
-                   else self._commands.get(timeout=0.1))
+            if eng.has_unfinished():
+                cmd = self._commands.get_nowait()
+            else:
+                wait = min(eng.curves.idle_wait(), 0.1) if measuring else 0.1
+                cmd = self._commands.get(timeout=wait) if wait > 0 else (
+                    self._commands.get_nowait())
         except queue.Empty:
             cmd = None
         while cmd is not None:
@@ -159,6 +167,8 @@ class EngineLoop:
         if eng.has_unfinished():
             for out in eng.step():
                 self._deliver(out)
+        if measuring:  # one forward of it, if due (``engine/cost_source.py``)
+            eng.curves.advance(busy=eng.has_unfinished())
         self.metrics.queue(eng.num_running, eng.num_waiting)
         self.metrics.prefix_cache(eng.prefix_cache_stats())
         sched = eng.scheduler

@@ -86,12 +86,22 @@ class DraftPlanner:
         self.presized_s = 0.0
         self.probe_wait: dict[str, int] = {}  # per drafter: idle steps before a probe
         self._cost_tables: dict[tuple[int, ...], list[float]] = {}
+        self._priced_by: CostCurve | None = None  # the curve the tables are of
 
     def _curve(self) -> CostCurve:
         if self._get_curve is None:
             raise DataError("adaptive draft sizing needs a cost curve, and this "
                                    "loop has none: use fixed sizing")
-        return self._get_curve()
+        curve = self._get_curve()
+        if curve is not self._priced_by:
+            # Another curve (a measured one replacing the prior of a background
+            # measurement): its own tables, and the step overhead measured afresh in its
+            # seconds (the old one's were another scale).
+            self._priced_by = curve
+            self._cost_tables.clear()
+            self._extras.clear()
+            self.step_overhead = 0.0
+        return curve
 
     def _stats(self, req: StepSequence) -> AcceptanceStats:
         """The request's acceptance statistics (rows as its drafter's engine-wide prior)."""
