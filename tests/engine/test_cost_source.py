@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import torch
 from calibration_helpers import SMALL, TimedBigram, fake_clock
 from engine_helpers import PROMPTS, bigram_table
 from helpers import ByteTokenizer
@@ -128,3 +130,27 @@ def test_with_background_set_a_curve_first_needed_later_is_measured_in_the_backg
     assert eng.curves.state == "none"  # plain decoding needs no curve
     eng.add_request(list(PROMPTS[0]), SamplingParams(max_new_tokens=4))  # pld, cost-aware
     assert eng.curves.state == "measuring" and eng.model.calls == 0
+
+
+def test_a_failed_background_measurement_keeps_the_prior_and_says_so(
+    clock: list[float], capsys: pytest.CaptureFixture[str],
+) -> None:
+    class FailsAt32Rows(TimedBigram):  # the probe's 32-row forward (no request has 32)
+        def __call__(self, meta: Any, cache: Any) -> torch.Tensor:
+            if meta.num_tokens == 32:
+                raise RuntimeError("out of memory")
+            return super().__call__(meta, cache)
+
+    eng = Engine(FailsAt32Rows(SMALL, clock, bigram_table()), ByteTokenizer(),
+                 EngineConfig(drafter="pld", mode="adaptive"))
+    assert eng.start_cost_curve()
+    clock[0] += cost_source.IDLE_WAIT_S
+    while eng.curves.state == "measuring":
+        eng.curves.advance(busy=False)
+    assert eng.curves.state == "failed" and eng.curves.current() is UNPRICED
+    assert "measuring the cost curve failed" in capsys.readouterr().err
+    r = eng.generate(list(PROMPTS[0]), SamplingParams(max_new_tokens=8, ignore_eos=True))
+    ar = eng.generate(list(PROMPTS[0]), SamplingParams(max_new_tokens=8, ignore_eos=True),
+                      drafter="none")
+    assert isinstance(r, GenerationResult) and isinstance(ar, GenerationResult)
+    assert r.token_ids == ar.token_ids

@@ -52,18 +52,21 @@ class CostCurveSource:
         # A curve first needed later (a request naming a cost-aware drafter) is measured
         # in the background too, not on the spot (``recallspec serve``'s default).
         self.background = False
+        self._failed = False
 
     @property
     def state(self) -> str:
-        """"measured" (cached, measured or given), "measuring" (in the background) or
-        "none" (not needed yet)."""
-        return ("measured" if self._curve is not None
-                else "measuring" if self._job is not None else "none")
+        """"measured" (cached, measured or given), "measuring" (in the background),
+        "failed" (in the background: drafts stay priced by the prior) or "none" (not
+        needed yet)."""
+        if self._curve is not None:
+            return "failed" if self._failed else "measured"
+        return "measuring" if self._job is not None else "none"
 
     def use(self, curve: CostCurve) -> None:
         """Price drafts with ``curve`` from now on (a background measurement stops)."""
         self.cancel()
-        self._curve = curve
+        self._curve, self._failed = curve, False
 
     def _place(self) -> tuple[str, Path]:
         from recallspec.models.loader import cache_dir
@@ -81,13 +84,12 @@ class CostCurveSource:
         """The measured curve, measured now (or the background measurement finished
         now) when it is not known yet."""
         if self._curve is None:
+            self.wait_for_writer()
             if self._job is not None:
-                self.wait_for_writer()
                 while not self._job.turn():
                     pass
                 self._finish(raise_error=True)
             else:
-                self.wait_for_writer()
                 key, path = self._place()
                 self._curve = calibrate(self.model, self.threads, key=key, cache_path=path,
                                         say=self._say)
@@ -186,7 +188,7 @@ class CostCurveSource:
             raise job.error
         # (A failure in the background: the server keeps serving, its drafts priced by
         # the prior; the next start measures again.)
-        self._curve = job.prior or UNPRICED
+        self._curve, self._failed = job.prior or UNPRICED, True
         self._say(f"measuring the cost curve failed ({job.error!r}); drafts stay priced "
                   "by the conservative prior until the next start")
 

@@ -82,7 +82,8 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
         if not loop.is_alive():
             raise ApiError(503, "the engine thread is not running")
         # cost_curve: "measuring" while the server measures it in the background (its
-        # drafts priced by a conservative prior meanwhile), "measured", or "none".
+        # drafts priced by a conservative prior meanwhile), "measured", "failed" (the
+        # prior stays; the log says why) or "none".
         return JSONResponse({"status": "ok", "cost_curve": engine.curves.state})
 
     @app.get("/metrics")
