@@ -74,9 +74,10 @@ def test_a_curve_measured_in_turns_is_the_one_measured_at_once(
     want = cc.calibrate(TimedBigram(cost, clock), 1, busy=lambda: False)
     model = TimedBigram(cost, clock)
     path = tmp_path / "curve.json"
+    said: list[str] = []
     job = CurveJob(lambda pause, on_probe: cc.calibrate(
         model, 1, key="k", cache_path=path, busy=lambda: False, pause=pause,
-        on_probe=on_probe))
+        on_probe=on_probe, say=said.append))
     mine = TimedBigram(Cost(1.0, 1.0), clock)  # the owner's forwards: a second a row
     cache = mine.new_cache(1, 8)
     slot = cache.allocate()
@@ -96,6 +97,9 @@ def test_a_curve_measured_in_turns_is_the_one_measured_at_once(
     assert np.allclose(got.prefill.seconds, want.prefill.seconds)  # type: ignore[union-attr]
     assert got.per_seq == pytest.approx(want.per_seq)
     assert turns >= model.calls - 1 and path.is_file()  # a turn per forward
+    # The plan is said; no progress lines (the wall time is mostly the owner's).
+    assert said[0].startswith("measuring the verification cost curve")
+    assert not any("% measured" in line for line in said)
 
 
 @pytest.mark.parametrize("cost", [SMALL, MID, LARGE], ids=["135M", "1.7B", "8B"])

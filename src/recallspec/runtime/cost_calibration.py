@@ -278,7 +278,8 @@ def calibrate(
     ``sizes``, ``repeats`` and ``contexts`` (the decode and prefill grids) make the full
     plan, measured as it is when the probe prices it under FULL_PLAN_S (SmolLM2-135M:
     ~25 s), else thinned to ``budget_s`` seconds (None: never; ``calibration_plan.py``).
-    ``say`` hears the plan and its expected time, then progress every PROGRESS_EVERY_S.
+    ``say`` hears the plan and its expected time, then progress every PROGRESS_EVERY_S
+    (not with ``pause``).
     ``pause``: called between forwards, outside the timings (a background measurement
     hands the CPU back there: ``curve_job.py``); ``on_probe``: hears the probe's prices.
 
@@ -304,7 +305,8 @@ def calibrate(
         thinned = "" if plan == full else f"; thinned to a {budget_s:.0f} s budget"
         say(f"measuring the verification cost curve of this model on this machine (once, "
             f"then cached; {describe(plan)}{thinned}): {about(expected)} ...")
-    tick = _ticks(_Progress(say, expected) if say else None, pause)
+    # (Paused measurements report no progress: their wall time is mostly the owner's.)
+    tick = _ticks(_Progress(say, expected) if say and pause is None else None, pause)
     curve = measure(model, threads, plan, key=key, tile=tile, tick=tick)
     if was_busy or is_busy() or not grid_agrees(curve):
         if say:
