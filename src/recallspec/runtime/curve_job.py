@@ -40,7 +40,7 @@ PRIOR_MARGIN = 2.0
 UNPRICED = CostCurve((1, 2), (1.0, 2.0), 0.0, "unpriced")
 
 
-def prior_from_probe(prices: CostGrid, key: str = "") -> CostCurve:
+def prior_from_probe(prices: CostGrid) -> CostCurve:
     """A curve from the probe's 2 x 2 grid (1 and PROBE_ROWS rows at two contexts): the
     1-row forward as measured, each extra row at PRIOR_MARGIN x the chord's slope, at
     each probed context (linear between and beyond them, as any grid)."""
@@ -50,7 +50,7 @@ def prior_from_probe(prices: CostGrid, key: str = "") -> CostCurve:
               for r in rows) for s in prices.seconds)
     grid = CostGrid(rows, prices.contexts, seconds)
     ref = tuple(grid(r, REFERENCE_CONTEXT) for r in rows)
-    return CostCurve(rows, ref, 0.0, key, decode=grid)
+    return CostCurve(rows, ref, 0.0, decode=grid)
 
 
 class CurveJob:

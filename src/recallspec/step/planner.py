@@ -332,7 +332,7 @@ class DraftPlanner:
         step's cost changes by ~1% over that many; numpy on small arrays is not free).
         A list (read one by one: numpy scalars cost more); callers must not change it."""
         ctx = context // CONTEXT_STEP * CONTEXT_STEP
-        key = (id(curve), base_rows, extra_rows, seqs, ctx)
+        key = (base_rows, extra_rows, seqs, ctx)  # (of ``_priced_by``: ``_curve`` clears them)
         table = self._cost_tables.get(key)
         if table is None:
             if len(self._cost_tables) >= 4096:
