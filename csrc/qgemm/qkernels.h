@@ -50,6 +50,7 @@ struct QW {
   int64_t n, k, groups;  // real output rows, K, G = ceil(n / 16)
   int sb;                // 32 or 16
   bool u4;               // nibble storage
+  bool u6 = false;       // u8 storage whose every u < 64 (QSeg finds it): byte products fit vpmaddubsw
   int sfmt;              // SFmt of scale and mins
   int64_t nsb() const { return k / sb; }
   int64_t sb_bytes() const { return u4 ? 8 * sb : 16 * sb; }  // qs bytes per (group, b)

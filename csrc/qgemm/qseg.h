@@ -43,6 +43,16 @@ class QSeg {
         (mins.size() != 0 && mins.size() != scale_bytes) ||
         (zero.size() != 0 && zero.size() != size_t(w_.groups * 16)))
       throw std::invalid_argument("QSeg: weight arrays do not match n, k, sb and the storage");
+    // u8 storage with every u < 64 (Q5_*, Q6_K; Q8_0's q + 128 is not): byte products
+    // fit vpmaddubsw (the AVX2 path without VNNI takes it). A pass over the bytes, once.
+    if (!u4) {
+      uint8_t any = 0;
+      for (size_t i = 0; i < qs.size(); ++i) any |= qs.data()[i];
+      w_.u6 = any < 64;
+    }
+    for (size_t i = 0; i < zero.size(); ++i)
+      if (zero.data()[i] <= -32768 || zero.data()[i] >= 32768)
+        throw std::invalid_argument("QSeg: zero points must fit int16");
     w_.qs = qs.data();
     w_.scale = scale.data();
     w_.mins = mins.size() ? mins.data() : nullptr;

@@ -151,14 +151,29 @@ def test_batch_thread_and_isa_invariance(weights: dict, qtype: T) -> None:
             assert np.array_equal(bits(qlinear(x[i:i + 1], w, isa=v)), bits(ref[i:i + 1]))
 
 
+def test_six_bit_segments_take_the_byte_product(weights: dict) -> None:
+    """QSeg finds u8 storage whose every u < 64 (Q5_*, Q6_K: the AVX2 path without VNNI
+    multiplies it by vpmaddubsw, which the invariance tests above then run); Q8_0's
+    q + 128 is not, and u4 storage has its own product."""
+    for qtype, (_, w) in weights.items():
+        (seg,) = w.segments
+        six_bit = qtype in (T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K)
+        assert seg.handle.u6 == six_bit, qtype.name
+    with pytest.raises(ValueError, match="zero points must fit int16"):
+        seg = weights[T.Q8_0][1].segments[0]
+        _kernels.QSeg(seg.qs, seg.scale.view(torch.uint8), torch.empty(0, dtype=torch.uint8),
+                      torch.full_like(seg.zero, 1 << 15), seg.n, seg.k, seg.sb, seg.u4, seg.sfmt)
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("fill", [0xFF, 0x80, 0x7F, 0x00])
 def test_extreme_operands(qtype: T, fill: int) -> None:
     """Every value byte set to one pattern (nibbles all 15, bytes 128, 127 or 0) times
     activations all at +-127 after quantization: the largest integer sums each path's
-    narrow accumulators meet (the AVX2 u4 product adds a sub-block's 8 pair sums in
-    int16: 8 * 2 * 15 * 127 = 30480, as close to 2^15 as it gets). Any overflow or
-    saturation would differ from the scalar path, which sums in int32."""
+    narrow accumulators meet (without VNNI the AVX2 u4 product adds a sub-block's 8 pair
+    sums in int16: 8 * 2 * 15 * 127 = 30480, and its u6 product two chunks' pair sums of
+    6-bit values: 2 * 2 * 63 * 127 = 32004, as close to 2^15 as they get). Any overflow
+    or saturation would differ from the scalar path, which sums in int32."""
     bs, ts = gguf.GGML_QUANT_SIZES[qtype]
     raw = random_raw(qtype, 16, K, seed=7).reshape(16, K // bs, ts).copy()
     keep = raw[..., FP16_BYTES[qtype]].copy()
