@@ -7,6 +7,7 @@
 // translation units agree on its type).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -44,11 +45,17 @@ class QSeg {
         (zero.size() != 0 && zero.size() != size_t(w_.groups * 16)))
       throw std::invalid_argument("QSeg: weight arrays do not match n, k, sb and the storage");
     // u8 storage with every u < 64 (Q5_*, Q6_K; Q8_0's q + 128 is not): byte products
-    // fit vpmaddubsw (the AVX2 path without VNNI takes it). A pass over the bytes, once.
+    // fit vpmaddubsw (the AVX2 path without VNNI takes it). One pass over the bytes in
+    // 4 KB pieces, stopping at the first piece with a larger byte (Q8_0: the first).
     if (!u4) {
-      uint8_t any = 0;
-      for (size_t i = 0; i < qs.size(); ++i) any |= qs.data()[i];
-      w_.u6 = any < 64;
+      const uint8_t* b = qs.data();
+      bool small = true;
+      for (size_t i = 0; i < qs.size() && small; i += 4096) {
+        uint8_t any = 0;
+        for (size_t j = i, e = std::min(qs.size(), i + 4096); j < e; ++j) any |= b[j];
+        small = any < 64;
+      }
+      w_.u6 = small;
     }
     for (size_t i = 0; i < zero.size(); ++i)
       if (zero.data()[i] <= -32768 || zero.data()[i] >= 32768)
