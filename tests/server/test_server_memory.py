@@ -28,6 +28,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                             "--kv-budget-tokens", str(BUDGET))
 
 
+def test_the_budgets_show_from_the_first_scrape(server: Server) -> None:
+    # The module's server is fresh: this is the first /metrics after /health answered,
+    # before any request (a scraper must never see a budget missing or zero).
+    m = server.metrics()
+    assert total(m, "recallspec:prefix_cache_budget_tokens") == POOL
+    assert total(m, "recallspec:kv_cache_budget_tokens") == BUDGET
+
+
 def test_64_clients_with_disconnects_stay_within_the_budgets(
         server: Server, engine: Any, spec_bench_prompts: list[str]) -> None:
     prompts = (spec_bench_prompts * 4)[:64]

@@ -113,6 +113,9 @@ class EngineLoop:
 
     # ---- the handlers' side ------------------------------------------------------------
     def start(self) -> None:
+        # The gauges hold their values from before the first request: /metrics never
+        # shows a budget missing (its first iteration may wait for a command first).
+        self._publish()
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -169,6 +172,11 @@ class EngineLoop:
                 self._deliver(out)
         if measuring:  # one forward of it, if due (``engine/cost_source.py``)
             eng.curves.advance(busy=eng.has_unfinished())
+        self._publish()
+
+    def _publish(self) -> None:
+        """The gauges from the engine's state (the engine thread, or before it starts)."""
+        eng = self.engine
         self.metrics.queue(eng.num_running, eng.num_waiting)
         self.metrics.prefix_cache(eng.prefix_cache_stats())
         sched = eng.scheduler
