@@ -53,6 +53,12 @@ def spec_bench_prompts() -> list[str]:
     return out
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that need native llama.cpp (marked ``peer``) run last: CI builds the
+    peer at idle priority beside the run (.ci/run), and by the end it is there."""
+    items.sort(key=lambda item: item.get_closest_marker("peer") is not None)  # stable
+
+
 def pytest_report_header() -> list[str]:
     """The CPU and the kernel path under test (RECALLSPEC_KERNELS forces one)."""
     from recallspec.runtime import isa

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from availability import unavailable
+from availability import native_peer_or_unavailable
 from fake_llama_server import install
 from helpers import needs_model
 
@@ -96,8 +96,7 @@ def test_protocol_against_a_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def _native() -> tuple[str, list[int]]:
     """The default model's GGUF and a short chat prompt's ids (skips outside CI, fails
     under CI=true, when the peer is not built)."""
-    if not llamacpp.available():
-        unavailable("native llama.cpp is not built (run `make peers`)")
+    native_peer_or_unavailable()
     from recallspec.bench.hf import gguf_path_for
     from recallspec.bench.prompting import conversation_ids
     from recallspec.models import load_tokenizer
@@ -108,6 +107,7 @@ def _native() -> tuple[str, list[int]]:
 
 
 @needs_model
+@pytest.mark.peer
 def test_native_server_greedy_and_ngram() -> None:
     gguf, ids = _native()
     with LlamaServer(ServerConfig(gguf, THREADS, ctx_per_slot=512)) as server:
@@ -130,6 +130,7 @@ def test_native_server_greedy_and_ngram() -> None:
 
 
 @needs_model
+@pytest.mark.peer
 def test_native_llama_bench_tg() -> None:
     gguf, _ = _native()
     (row,) = llama_bench(gguf, THREADS, n=4, repeats=1)
@@ -139,6 +140,7 @@ def test_native_llama_bench_tg() -> None:
 
 
 @needs_model
+@pytest.mark.peer
 def test_native_peer_methods_in_a_bench_run(tmp_path: Path) -> None:
     """llamacpp-greedy and llamacpp-ngram-simple answer the demo suite; the report
     says how many n-gram answers equal llama.cpp's own greedy ones."""
@@ -185,6 +187,7 @@ def test_native_peer_methods_in_a_bench_run(tmp_path: Path) -> None:
 
 
 @needs_model
+@pytest.mark.peer
 def test_native_runtime_part() -> None:
     """`recallspec bench runtime`'s llama.cpp part on a few tokens: llama-bench tg / pp,
     the cost curve on a cached prefix, and greedy through the server."""
@@ -203,6 +206,7 @@ def test_native_runtime_part() -> None:
 
 
 @needs_model
+@pytest.mark.peer
 @pytest.mark.server
 def test_native_serve_targets(tmp_path: Path) -> None:
     """`recallspec bench serve` against llama-server, plain and with n-gram speculation:

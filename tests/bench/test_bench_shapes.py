@@ -7,6 +7,7 @@ architecture, the cache (reuse, interrupted writes, disk check) and quantization
 from __future__ import annotations
 
 import json
+import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from availability import unavailable
+from availability import native_peer_or_unavailable, unavailable
 from helpers import needs_model
 
 from recallspec.bench import shapes
@@ -228,13 +229,15 @@ def test_quantize_pipeline_with_a_fake_binary(tmp_path: Path) -> None:
 
 
 @needs_model
+@pytest.mark.peer
 def test_quantize_with_llama_quantize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       ) -> None:
     """The real llama-quantize ($RECALLSPEC_LLAMA_QUANTIZE or the built peer's); our
     loader runs its Q4_K_M output."""
+    if not os.environ.get(shapes.QUANTIZE_ENV):
+        native_peer_or_unavailable()  # CI builds the peer (.ci/run); a missing one fails
     exe = find_quantize()
     if exe is None or not exe.is_file():
-        # CI builds the peer (.ci/run: make peers): there a missing binary fails.
         unavailable(f"no llama-quantize (set {shapes.QUANTIZE_ENV} or make peers)")
     from recallspec import Engine, SamplingParams
 
