@@ -14,6 +14,7 @@ import collections
 import itertools
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,9 +151,15 @@ def test_smollm2_greedy_batch2(smol: tuple[Any, Any]) -> None:
 
 
 @needs_model
-def test_fingerprint_matches_ours(smol: tuple[Any, Any]) -> None:
+def test_fingerprint_matches_ours(smol: tuple[Any, Any], tmp_path: Path) -> None:
+    """A transformers fast tokenizer of the same vocabulary (saved and reloaded through
+    transformers) has our tokenizer's fingerprint."""
+    from transformers import PreTrainedTokenizerFast
+
     _, tok = smol
-    assert rs_hf.tokenizer_fingerprint(tok._tok) == tok.fingerprint
+    tok._tok.save(str(tmp_path / "tokenizer.json"))
+    hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert rs_hf.tokenizer_fingerprint(hf_tok) == tok.fingerprint
 
 
 # -- random-weight models of other architectures -----------------------------------
