@@ -53,6 +53,31 @@ BLOCKS: dict[T, tuple[int, int]] = {
 SFMT_F32, SFMT_F16, SFMT_KS = 0, 1, 2
 
 
+@dataclass(frozen=True)
+class Layout:
+    """A GGUF type's row of the module docstring's table: sub-block, storage (u4 or u8),
+    how the packed segment stores its scales (``SFMT_F16`` or, for K-quants,
+    ``SFMT_KS``), whether it has mins, and its zero point (0: none)."""
+
+    sb: int
+    u4: bool
+    sfmt: int
+    mins: bool
+    zero: int
+
+
+# The table, once: ``decode`` takes sb, storage and z from it, ``qrepack`` sizes the
+# packed arrays by it, ``qlinear`` names the kernel segment's formats from it.
+LAYOUTS: dict[T, Layout] = {
+    T.Q4_0: Layout(32, True, SFMT_F16, False, 8), T.Q4_1: Layout(32, True, SFMT_F16, True, 0),
+    T.Q5_0: Layout(32, False, SFMT_F16, False, 16),
+    T.Q5_1: Layout(32, False, SFMT_F16, True, 0),
+    T.Q8_0: Layout(32, False, SFMT_F16, False, 128),
+    T.Q4_K: Layout(32, True, SFMT_KS, True, 0), T.Q5_K: Layout(32, False, SFMT_KS, True, 0),
+    T.Q6_K: Layout(16, False, SFMT_KS, False, 32),
+}
+
+
 def ks_tile_bytes(sb: int) -> int:
     """Bytes of one K-quant tile: 16 rows' fp16 d, then their int8 sc [256/sb][16]."""
     return 32 + 16 * (256 // sb)
@@ -111,33 +136,29 @@ def _k_scales(sc12: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
     """GGUF block bytes of an [n, k] tensor (row-major, as a GGUFReader gives them) ->
     canonical form."""
+    if qtype not in LAYOUTS:
+        raise ValueError(f"no canonical form for GGUF type {qtype.name}")
     bs, ts = BLOCKS[qtype]
     if k % bs:
         raise ValueError(f"{qtype.name}: row length {k} is not a multiple of {bs}")
     b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // bs, ts)
+    lay = LAYOUTS[qtype]
     mins: np.ndarray | None = None
-    zero: int | None = None
     ks: KScales | None = None
-    sb, u4 = 32, False
     if qtype in (T.Q4_0, T.Q4_1):
         off = 2 if qtype == T.Q4_0 else 4
         u = _nibbles(b[..., off:off + 16])
         scale = _f16(b[..., 0:2])
         if qtype == T.Q4_1:
             mins = _f16(b[..., 2:4])
-        else:
-            zero = 8
-        u4 = True
     elif qtype in (T.Q5_0, T.Q5_1):
         off = 2 if qtype == T.Q5_0 else 4
         u = _nibbles(b[..., off + 4:off + 20]) | (_high_bits(b[..., off:off + 4], 32) << 4)
         scale = _f16(b[..., 0:2])
         if qtype == T.Q5_1:
             mins = _f16(b[..., 2:4])
-        else:
-            zero = 16
     elif qtype == T.Q8_0:
-        u, scale, zero = b[..., 2:34] ^ np.uint8(0x80), _f16(b[..., 0:2]), 128
+        u, scale = b[..., 2:34] ^ np.uint8(0x80), _f16(b[..., 0:2])
     elif qtype in (T.Q4_K, T.Q5_K):
         d = _f16(b[..., 0:2]).astype(np.float32)[..., None]
         dmin = _f16(b[..., 2:4]).astype(np.float32)[..., None]
@@ -153,7 +174,6 @@ def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
         if qtype == T.Q5_K:  # bit i of qh[l] is the 5th bit of sub-block i, element l
             qh = b[..., 16:48][..., None, :]
             u = u | (((qh >> np.arange(8, dtype=np.uint8)[:, None]) & 1) << 4)
-        u4 = qtype == T.Q4_K
     elif qtype == T.Q6_K:
         # two halves of 128: ql (64 bytes) low nibbles -> t < 64, high -> t >= 64;
         # qh (32 bytes) bits 2i..2i+1 -> t in [32i, 32i+32)
@@ -166,16 +186,17 @@ def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
         sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8)
         scale = _f16(b[..., 208:210]).astype(np.float32)[..., None] * sc.astype(np.float32)
         ks = KScales(_f16(b[..., 208:210]), sc.reshape(n, -1), None, None)
-        sb, zero = 16, 32
     else:
         raise ValueError(f"no canonical form for GGUF type {qtype.name}")
+    sb = lay.sb
+    assert (mins is not None) == lay.mins  # the branch above and the table agree
     return Canon(
         u=np.ascontiguousarray(u, dtype=np.uint8).reshape(n, k),
         scale=np.ascontiguousarray(scale).reshape(n, k // sb),
         mins=None if mins is None else np.ascontiguousarray(mins).reshape(n, k // sb),
-        zero=None if zero is None else np.full(n, zero, dtype=np.int32),
+        zero=np.full(n, lay.zero, dtype=np.int32) if lay.zero else None,
         sb=sb,
-        u4=u4,
+        u4=lay.u4,
         ks=ks,
     )
 

@@ -181,7 +181,7 @@ class QuantizedWeight:
             raise ValueError(f"{qtype.name}: row length {k} is not a multiple of "
                              f"{qf.BLOCKS[qtype][0]}")
         p = qrepack.repack(qtype, n, k, chunks)
-        lay = qrepack.LAYOUTS[qtype]
+        lay = qf.LAYOUTS[qtype]
         seg = Segment(0, n, k, lay.sb, lay.u4, (qtype.name,), p.qs, p.scale, p.mins, p.zero)
         return cls(n, k, qtype.name, (seg,))
 

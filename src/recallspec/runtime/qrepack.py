@@ -23,28 +23,6 @@ from recallspec.runtime.threads import kernel_threads
 
 
 @dataclass(frozen=True)
-class Layout:
-    """A GGUF type's canonical layout (``qformats``' table): sub-block, storage, scale
-    format (``qformats.SFMT_F16`` or, for K-quants, ``SFMT_KS``), whether it has mins,
-    and its zero point (0: no zero-point array)."""
-
-    sb: int
-    u4: bool
-    sfmt: int
-    mins: bool
-    zero: int
-
-
-_F16, _KS = qf.SFMT_F16, qf.SFMT_KS
-LAYOUTS: dict[T, Layout] = {
-    T.Q4_0: Layout(32, True, _F16, False, 8), T.Q4_1: Layout(32, True, _F16, True, 0),
-    T.Q5_0: Layout(32, False, _F16, False, 16), T.Q5_1: Layout(32, False, _F16, True, 0),
-    T.Q8_0: Layout(32, False, _F16, False, 128), T.Q4_K: Layout(32, True, _KS, True, 0),
-    T.Q5_K: Layout(32, False, _KS, True, 0), T.Q6_K: Layout(16, False, _KS, False, 32),
-}
-
-
-@dataclass(frozen=True)
 class Packed:
     """The flat arrays of one segment of n rows in the kernel layout (qkernels.h)."""
 
@@ -74,9 +52,9 @@ def zeros(count: int, dtype: torch.dtype) -> torch.Tensor:
 
 def allocate(qtype: T, n: int, k: int) -> Packed:
     """Zeroed arrays for n rows of ``qtype`` (zero is what ``pack`` pads rows with)."""
-    lay = LAYOUTS[qtype]
+    lay = qf.LAYOUTS[qtype]
     g, nsb = (n + 15) // 16, k // lay.sb
-    if lay.sfmt == _KS:
+    if lay.sfmt == qf.SFMT_KS:
         sdt, count = torch.uint8, g * (k // 256) * qf.ks_tile_bytes(lay.sb)
     else:
         sdt, count = torch.float16, g * nsb * 16
@@ -106,7 +84,7 @@ def write_rows(out: Packed, qtype: T, n: int, k: int, row_off: int, raw: np.ndar
 def repack(qtype: T, n: int, k: int, chunks: Iterable[tuple[int, np.ndarray]]) -> Packed:
     """An [n, k] weight from (first row, block bytes of consecutive rows) chunks that
     cover its rows once each."""
-    if qtype not in LAYOUTS:
+    if qtype not in qf.LAYOUTS:
         raise ValueError(f"no kernel layout for GGUF type {qtype.name}")
     out = allocate(qtype, n, k)
     covered = 0
