@@ -163,6 +163,42 @@ def test_cost_curve_interpolates_and_round_trips() -> None:
         CostCurve((2, 1), (1.0, 1.0), 0.0)
 
 
+def test_a_noisy_busy_curve_prices_every_forward_positively() -> None:
+    """A curve measured on a busy machine (falling at its last size and last context,
+    rising 5x from its first context to its second) prices every forward, at any rows,
+    batch and context, at a positive time that grows past its points, and the sizing
+    sizes with it. (Extending such a curve by its lines priced a short prompt's forward
+    at 0 s: a ZeroDivisionError in a request CI served while a compiler ran.)"""
+    from recallspec.runtime.cost_curve import BELOW_FIRST_CONTEXT, CostGrid
+
+    rows = (1, 2, 4, 8)
+    grid = CostGrid(rows, (128, 512, 1024, 2048), ((1.0, 1.1, 1.3, 1.8), (5.0, 5.2, 5.5, 6.0),
+                                                   (5.5, 5.6, 6.0, 6.4), (5.2, 5.3, 5.9, 5.0)))
+    curve = CostCurve((1, 2, 4, 8, 16, 32), (1.0, 1.1, 1.3, 1.8, 2.6, 2.2), 0.01, "k", grid)
+    ks = np.arange(1, 65, dtype=np.float64)
+    for ctx in (0, 1, 64, 127, 128, 300, 2048, 4000, 100_000):
+        many = curve.costs(ks, 2, ctx)
+        one = [curve(int(k), 2, ctx) for k in ks]
+        assert np.all(np.isfinite(many)) and np.all(many > 0), ctx
+        assert list(many) == pytest.approx(one, rel=1e-12), ctx
+        assert np.all(many[8:] >= many[7]), ctx  # past the grid: never cheaper than its end
+        assert np.all(np.diff(many[31:]) >= 0), ctx  # past the last size: rising only
+    # below the first context: no less than BELOW_FIRST_CONTEXT of its cost there
+    assert curve(1, 1, 0) == pytest.approx(BELOW_FIRST_CONTEXT * curve(1, 1, 128))
+    # past the last context: the last segment falls (6.0 -> 5.0 at 8 rows): flat
+    assert curve(8, 1, 4000) == curve(8, 1, 2048) == 5.0
+    assert curve(64, 1, None) >= curve(16, 1, None)  # past the reference's falling end
+    gains = [np.array([0.9, 0.8, 0.7, 0.6])]
+    for ctx in (0, 128, 5000):
+        sizes = choose_draft_sizes(gains, lambda r, b, c=ctx: curve(r, b, c), base_rows=1)
+        assert 0 <= sizes[0] <= 4
+    for bad in ((1.0, 0.0), (1.0, -1.0), (1.0, float("nan"))):
+        with pytest.raises(ValueError, match="positive"):
+            CostCurve((1, 2), bad, 0.0)
+        with pytest.raises(ValueError, match="positive"):
+            CostGrid((1, 2), (0,), (bad,))
+
+
 def test_curve_key_names_the_cpu_generation_and_the_kernels_build(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A cached cost curve is reused only on the same CPU generation and the same build of

@@ -33,13 +33,32 @@ CURVE_FORMAT = 3
 REFERENCE_CONTEXT = 256  # cached tokens before the forwards of ``tokens``/``seconds``
 
 
+# Every price is positive (the cost-aware sizing divides by it) and grows past the
+# measured points: a curve measured on a busy machine can fall between its last two
+# points, or rise steeply between its first two contexts, and extending that by a line
+# once priced forwards at zero seconds (a ZeroDivisionError in a served request).
+# Measured times are positive (checked when a curve is built); past the last point the
+# end segment's slope counts only where it rises, and below the first context (where
+# contexts are extrapolated) a forward costs no less than BELOW_FIRST_CONTEXT of its
+# cost at that context: attention over the cached tokens is a small share of a forward
+# at the grid's first context (128), so a line that removes more is noise.
+BELOW_FIRST_CONTEXT = 0.5
+
+
+def _check_times(times: Sequence[float], what: str) -> None:
+    if not all(np.isfinite(t) and t > 0 for t in times):
+        raise ValueError(f"{what}: every time must be a positive number of seconds")
+
+
 def _interp(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
-    """Piecewise-linear through (xs, ys), extended with the end segments' slopes."""
+    """Piecewise-linear through (xs, ys), extended before the first point with the first
+    segment's slope and past the last with the last segment's where it rises."""
     if len(xs) == 1:
         return ys[0]
     i = min(max(bisect_left(xs, x), 1), len(xs) - 1)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    slope = (y1 - y0) / (x1 - x0)
+    return y0 + (max(slope, 0.0) if x > x1 else slope) * (x - x0)
 
 
 def _lerp(xs: Sequence[int], ys: Sequence[float], x: npt.NDArray[np.float64],
@@ -50,7 +69,19 @@ def _lerp(xs: Sequence[int], ys: Sequence[float], x: npt.NDArray[np.float64],
     xa, ya = np.asarray(xs, np.float64), np.asarray(ys, np.float64)
     i = np.clip(np.searchsorted(xa, x), 1, len(xa) - 1)
     x0, x1, y0, y1 = xa[i - 1], xa[i], ya[i - 1], ya[i]
-    return np.asarray(y0 + (y1 - y0) * (x - x0) / (x1 - x0), np.float64)
+    slope = (y1 - y0) / (x1 - x0)
+    return np.asarray(y0 + np.where(x > x1, np.maximum(slope, 0.0), slope) * (x - x0),
+                      np.float64)
+
+
+def _between(lo: Any, hi: Any, w: float) -> Any:
+    """The cost at weight ``w`` between contexts[i - 1] (``lo``) and contexts[i]
+    (``hi``): past the last context rising only, below the first at least
+    BELOW_FIRST_CONTEXT of ``lo`` (see above)."""
+    if w > 1.0:
+        return hi + (w - 1.0) * np.maximum(hi - lo, 0.0)
+    v = lo + w * (hi - lo)
+    return np.maximum(v, BELOW_FIRST_CONTEXT * lo) if w < 0.0 else v
 
 
 @dataclass(frozen=True)
@@ -71,6 +102,8 @@ class CostGrid:
         for xs in (self.rows, self.contexts):
             if any(b <= a for a, b in pairwise(xs)):
                 raise ValueError("cost grid sizes and contexts must be strictly increasing")
+        for times in self.seconds:
+            _check_times(times, "cost grid")
 
     def _bracket(self, context: int) -> tuple[int, float]:
         """(i, w): the context lies at w between contexts[i - 1] and contexts[i] (w < 0 or
@@ -88,7 +121,7 @@ class CostGrid:
         if len(self.contexts) == 1:
             return hi
         lo = _interp(self.rows, self.seconds[i - 1], r)
-        return max(lo + w * (hi - lo), 0.0)
+        return float(_between(lo, hi, w))
 
     def many(self, rows: npt.NDArray[np.float64], context: int) -> npt.NDArray[np.float64]:
         """``self(r, context)`` for every r of ``rows``."""
@@ -98,7 +131,7 @@ class CostGrid:
         if len(self.contexts) == 1:
             return hi
         lo = _lerp(self.rows, self.seconds[i - 1], r)
-        return np.maximum(lo + w * (hi - lo), 0.0)
+        return np.asarray(_between(lo, hi, w), np.float64)
 
     def to_json(self) -> dict[str, Any]:
         return {"rows": list(self.rows), "contexts": list(self.contexts),
@@ -129,6 +162,9 @@ class CostCurve:
             raise ValueError("cost curve needs one time per size")
         if any(b <= a for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
             raise ValueError("cost curve sizes must be strictly increasing")
+        _check_times(self.seconds, "cost curve")
+        if not (np.isfinite(self.per_seq) and self.per_seq >= 0):
+            raise ValueError("cost curve: the cost per extra sequence must be >= 0 seconds")
 
     def __call__(self, rows: int, seqs: int = 1, context: int | None = None) -> float:
         """Seconds of one forward of ``rows`` rows of ``seqs`` sequences; ``context``:
@@ -140,14 +176,14 @@ class CostCurve:
         """``self(r, seqs, context)`` for every r of ``rows`` at once (the cost-aware
         sizing prices every prefix of a step's candidate nodes)."""
         r = np.asarray(rows, np.float64)
-        base = np.maximum(_lerp(self.tokens, self.seconds, np.maximum(r, self.tokens[0])),
-                          0.0)
+        base = _lerp(self.tokens, self.seconds, np.maximum(r, self.tokens[0]))
         g = self.decode
         if context is not None and g is not None:
             top = g.rows[-1]
             grid = g.many(np.minimum(r, top), context)
-            # Past the grid (large batches): the extra rows at the reference context.
-            base = np.where(r <= top, grid, grid + base - self.rows_cost(top))
+            # Past the grid (large batches): the extra rows at the reference context
+            # (never fewer seconds than the grid's last size).
+            base = np.where(r <= top, grid, grid + np.maximum(base - self.rows_cost(top), 0.0))
         return base + max(seqs - 1, 0) * self.per_seq
 
     def prefill_cost(self, rows: int, start: int) -> float:
@@ -163,8 +199,9 @@ class CostCurve:
             top = g.rows[-1]
             if rows <= top:
                 return g(rows, context)
-            # Past the grid (large batches): the extra rows at the reference context.
-            return g(top, context) + self.rows_cost(rows) - self.rows_cost(top)
+            # Past the grid (large batches): the extra rows at the reference context
+            # (never fewer seconds than the grid's last size).
+            return g(top, context) + max(self.rows_cost(rows) - self.rows_cost(top), 0.0)
         # Fewer rows than measured cost no less; past the last size, its segment's slope.
         return _interp(self.tokens, self.seconds, max(rows, self.tokens[0]))
 
