@@ -255,6 +255,9 @@ class EngineLoop:
             stream.t_prev = now
         if out.finished:
             del self._streams[out.rid]
+            if out.finish_reason == "error" and out.exception is not None:
+                # The client gets the message (500); the log keeps where it came from.
+                log.error("request %s failed: %s", out.rid, out.error, exc_info=out.exception)
         stream.post(out)
 
     def _end(self, rid: int, message: str) -> None:
