@@ -249,50 +249,27 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     }
     const int64_t groups = H / hb;  // items per row block
     // A 16-bit cache: a decode row's attention converts each key and value as it loads
-    // them (it streams half the bytes). Blocks of kHalfWidenRows rows or more
-    // (verification, prefill) are compute-bound and would convert each vector once per
-    // row and head: their sequence's keys and values (positions lo .. the last one its
-    // blocks see, per kv head) are widened once for the layer into kvf_, which they then
-    // read like a float32 cache, their keys shifted by lo. Either way the same arithmetic
-    // on the same (exactly converted) values.
-    std::vector<Widened> wide;
-    if (c.half) widen_kv(kind, c, li, wide);
+    // them (it streams half the bytes); blocks of more rows (verification, prefill)
+    // widen tiles of them once and share those (native_attention.inc). Either way the
+    // same arithmetic on the same (exactly converted) values.
     auto attend = [&](int64_t i0, int64_t i1) {
       static thread_local std::vector<float> scratch;
-      static thread_local std::vector<int32_t> shifted;
       for (int64_t i = i0; i < i1; ++i) {
         const Plan::RowBlock& b = kind.blocks[size_t(i / groups)];
         const int64_t h0 = (i % groups) * hb;
         Keys keys[kMaxAttnRows];
-        int64_t most = 0, listed = 0;
+        int64_t most = 0;
         for (int64_t r = 0; r < b.rows; ++r) {
           keys[r] = kind.keys(b.t + r);
           most = std::max(most, keys[r].size());
-          listed += keys[r].cnt;
         }
-        scratch.resize(size_t(b.rows * hb * (most + 16 + D)));
+        scratch.resize(size_t(attn_scratch(b.rows, hb, most, D)));
         const int64_t slot = plan_.slot(b.t), g = h0 / group;
-        const void *kp, *vp;
-        const bool widened = c.half && b.rows >= kHalfWidenRows;
-        if (widened) {
-          const Widened& e = *std::find_if(wide.begin(), wide.end(), [&](const Widened& x) { return x.slot == slot; });
-          kp = kvf_.data() + e.at + size_t(g * e.n * D);
-          vp = kvf_.data() + e.at + size_t((Hkv + g) * e.n * D);
-          shifted.resize(size_t(listed));
-          const int32_t lo = int32_t(e.lo);
-          for (int64_t r = 0, o = 0; r < b.rows; ++r) {
-            for (int32_t j = 0; j < keys[r].cnt; ++j) shifted[size_t(o + j)] = keys[r].list[j] - lo;
-            keys[r] = Keys{keys[r].lo - lo, keys[r].hi - lo, shifted.data() + o, keys[r].cnt};
-            o += keys[r].cnt;
-          }
-        } else {
-          const size_t elem = c.half ? sizeof(uint16_t) : sizeof(float);
-          const size_t base = size_t(c.offset(li, slot, g, 0)) * elem;
-          kp = static_cast<const char*>(c.k) + base;
-          vp = static_cast<const char*>(c.v) + base;
-        }
+        const size_t elem = c.half ? sizeof(uint16_t) : sizeof(float);
+        const size_t base = size_t(c.offset(li, slot, g, 0)) * elem;
         const AttnBlock ab{qkv + b.t * nqkv + h0 * D, nqkv, att + b.t * nq + h0 * D, nq, keys,
-                           b.rows, hb, kp, vp, D, cfg_.attn_scale, c.half && !widened};
+                           b.rows, hb, static_cast<const char*>(c.k) + base,
+                           static_cast<const char*>(c.v) + base, D, cfg_.attn_scale, c.half};
         op.attend(ab, scratch.data());
       }
     };

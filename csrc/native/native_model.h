@@ -100,10 +100,6 @@ struct Config {
   bool gelu;                                    // tanh GELU, else SiLU
 };
 
-// Rows of an attention block from which a 16-bit cache's keys and values are widened to
-// float32 once per layer rather than at every load (native_forward.cpp, attention).
-constexpr int64_t kHalfWidenRows = 2;
-
 class NativeModel {
  public:
   explicit NativeModel(const Config& cfg);
@@ -138,14 +134,6 @@ class NativeModel {
   using Epilogue = std::function<void(unsigned p, int64_t n0, int64_t n1)>;
   void matmul(const Matrix& m, const float* x, int64_t M, float* out, const float* bias,
               const Epilogue* epi = nullptr);
-  // A 16-bit cache's keys and values that layer li's blocks of kHalfWidenRows rows or
-  // more read, widened to float32 into kvf_: per sequence, positions [lo, lo + n) of
-  // every kv head (native_kv.cpp).
-  struct Widened {
-    int64_t slot, lo, n;  // positions [lo, lo + n) of the slot
-    size_t at;            // kvf_ + at: K [kv_heads][n][head_dim], then V likewise
-  };
-  void widen_kv(const Plan::Kind& kind, const CacheArgs& c, int64_t li, std::vector<Widened>& out);
   // Adds the time since t0 to counter c and restarts t0; a product's quantization is
   // timed inside matmul and taken out of the gemm counter.
   void tick(Counter c, std::chrono::steady_clock::time_point& t0);
@@ -164,7 +152,6 @@ class NativeModel {
   QBuf q32_, q16_;
   std::vector<QBuf> own_;  // [parts][sub-block 32, 16]: each thread's own (NativeModel::matmul)
   std::vector<float> h_, x_, qkv_, att_, o_, gu_, act_, fin_;
-  std::vector<float> kvf_;  // a 16-bit cache's keys and values widened for one layer
   std::vector<ArgmaxAcc> best_;  // [parts][R, padded]: each thread's running argmax of each row
   Plan plan_;
   bool profiling_ = false;

@@ -61,14 +61,25 @@ struct AttnBlock {
   bool half;  // k and v hold IEEE binary16 bits (else float32)
 };
 
+// Keys per block of attention's value pass: their values (<= 32 KB as floats) stay in L1
+// while every row of the block uses them.
+constexpr int64_t attn_value_block(int64_t d) { return 8192 / d > 16 ? 8192 / d : 16; }
+
+// Floats of scratch Ops::attend needs for a block: per (row, head) pair the scores of its
+// keys (+ 16) and d value accumulators, then one tile of widened 16-bit keys (16 of them)
+// or values (a value block).
+constexpr int64_t attn_scratch(int64_t rows, int64_t heads, int64_t most_keys, int64_t d) {
+  return rows * heads * (most_keys + 16 + d) + attn_value_block(d) * d;
+}
+
 struct Ops {
   // y = rms_norm(x) * w over n (n % 16 == 0); y may be x.
   void (*rms_norm)(const float* x, const float* w, float* y, int64_t n, float eps);
   // Rotate-half RoPE of one head of d values (d % 32 == 0) in place.
   void (*rope)(float* x, const float* cos, const float* sin, int64_t d);
-  // Attention of a block of rows x heads (AttnBlock); scratch holds
-  // rows * heads * (the most keys of a row + 16 + d) floats. Each (row, head)'s result is
-  // the one it would get alone: the block only shares loads and hides latencies.
+  // Attention of a block of rows x heads (AttnBlock); scratch holds attn_scratch(rows,
+  // heads, the most keys of a row, d) floats. Each (row, head)'s result is the one it
+  // would get alone: the block only shares loads and hides latencies.
   void (*attend)(const AttnBlock& block, float* scratch);
   // out[i] = act(gu[i]) * gu[n + i] for i < n (n % 16 == 0); gelu: tanh GELU, else SiLU.
   void (*glu)(const float* gu, float* out, int64_t n, bool gelu);

@@ -1,8 +1,8 @@
 """The 16-bit KV cache (``kv_dtype="float16"``): the native forward's binary16 conversions
 bit for bit against torch's on every kernel path; the tight parity oracle (dense fp32
 weights) with both sides on a float16 cache; a decode row (keys converted as attention
-loads them) against the same rows in a verification chain or a prefill (keys widened
-once per layer), across batches, threads and paths; and greedy decoding with drafts
+loads them) against the same rows in a verification chain or a prefill (tiles of keys
+and values widened once for all the rows of a block), across batches, threads and paths; and greedy decoding with drafts
 token-identical to plain decoding on such a cache."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_dense_parity_on_a_half_cache(smol_dense: CausalLM, prompt_ids: list[int
 
 def test_half_cache_rows_same_bits_every_way(smol: CausalLM, prompt_ids: list[int]) -> None:
     """A decode row reads binary16 directly, rows of a chain, a tree or a prefill read
-    them widened once per layer: one token at a time equals the chain (the lossless
+    tiles of them widened once per block: one token at a time equals the chain (the lossless
     property), a tree's rows equal the same rows beside other sequences, and every step
     equals itself on two threads and on the other vector paths."""
     ids, n = prompt_ids, len(prompt_ids)
