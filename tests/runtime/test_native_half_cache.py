@@ -2,8 +2,8 @@
 bit for bit against torch's on every kernel path; the tight parity oracle (dense fp32
 weights) with both sides on a float16 cache; a decode row (keys converted as attention
 loads them) against the same rows in a verification chain or a prefill (tiles of keys
-and values widened once for all the rows of a block), across batches, threads and paths; and greedy decoding with drafts
-token-identical to plain decoding on such a cache."""
+and values widened once for all the rows of a block), across batches, threads and
+paths; and greedy decoding with drafts token-identical to plain decoding on such a cache."""
 
 from __future__ import annotations
 
