@@ -75,7 +75,13 @@ test-portable: $(VENV)/.installed-dev
 # - no network at build or run time: LLAMA_OPENSSL=OFF (HTTPS model downloads),
 #   LLAMA_USE_PREBUILT_UI=OFF (the web UI would be downloaded; the peer runs --no-webui),
 #   LLAMA_CURL=OFF (deprecated and ignored by this llama.cpp; stated for older ones);
-# - static libraries: the three binaries stand alone; no -Wall (a quieter CI log).
+# - static libraries: the three binaries stand alone; no -Wall (a quieter CI log);
+# - PEER_OPT: the Release build's optimization. Empty (the default) keeps CMake's -O3, as
+#   users build llama.cpp: the build every published figure uses. CI (.ci/run) passes
+#   -O1: the compile takes ~40% less CPU (its tests check our harness against the real
+#   binaries, never their speed). The flags land in peer.json and in every report's peer
+#   line, so such a build is never taken for the peer.
+PEER_OPT ?=
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CPP_COMMIT := 0c1e570
 PEER_DIR := $(VENV)/peers/llama.cpp
@@ -92,7 +98,9 @@ PEER_CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
 	-DLLAMA_BUILD_COMMIT=$(LLAMA_CPP_COMMIT) -DLLAMA_BUILD_NUMBER=0 \
 	-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
 	-DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-	-DLLAMA_ALL_WARNINGS=OFF
+	-DLLAMA_ALL_WARNINGS=OFF \
+	$(if $(PEER_OPT),"-DCMAKE_C_FLAGS_RELEASE=$(PEER_OPT) -DNDEBUG" \
+		"-DCMAKE_CXX_FLAGS_RELEASE=$(PEER_OPT) -DNDEBUG")
 
 $(PEER_BIN)/peer.json: | $(VENV)/.base
 	$(PEER_PATH) command -v cmake >/dev/null && $(PEER_PATH) command -v ninja >/dev/null \

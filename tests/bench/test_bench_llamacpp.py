@@ -37,6 +37,17 @@ THREADS = min(2, os.cpu_count() or 1)
 # ---- without the binaries -------------------------------------------------------------
 
 
+def test_the_peer_line_names_a_build_at_another_optimization() -> None:
+    """A report's peer line gives the ISA flags and a Release optimization other than
+    CMake's (CI's -O1 build, Makefile PEER_OPT): such a build is never taken for the peer."""
+    from recallspec.bench.report import peer_line
+
+    args = ["-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG",
+            "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG"]
+    line = peer_line({"llama_cpp_commit": "0c1e570", "cmake_args": args, "recorded_by": "x"})[0]
+    assert all(a in line for a in (args[0], args[2], args[3])) and "CURL" not in line
+
+
 def test_missing_binaries_name_make_peers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(BIN_ENV, str(tmp_path))
     assert not llamacpp.available()
@@ -183,7 +194,10 @@ def test_native_peer_methods_in_a_bench_run(tmp_path: Path) -> None:
     assert peer["recorded_by"] == "recorded by the run"
     assert peer["llama_cpp_commit"] == peer_info()["llama_cpp_commit"]
     assert peer["system_info"].startswith("system_info:")
-    assert f"commit `{peer['llama_cpp_commit']}`" in render_markdown(rep)
+    md = render_markdown(rep)
+    assert f"commit `{peer['llama_cpp_commit']}`" in md
+    # A build at another optimization says so (CI builds its peer at -O1).
+    assert all(a in md for a in peer["cmake_args"] if "_FLAGS_RELEASE=" in a)
 
 
 @needs_model

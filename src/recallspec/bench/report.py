@@ -228,7 +228,9 @@ def peer_line(peer: dict[str, Any] | None) -> list[str]:
     """The Markdown line naming a native llama.cpp build (``_peer``'s dict), or []."""
     if not peer:
         return []
-    flags = " ".join(a for a in peer.get("cmake_args", []) if a.startswith("-DGGML"))
+    # The ISA flags, and a Release optimization other than CMake's (a CI build's -O1).
+    shown = ("-DGGML", "-DCMAKE_C_FLAGS_RELEASE", "-DCMAKE_CXX_FLAGS_RELEASE")
+    flags = " ".join(a for a in peer.get("cmake_args", []) if a.startswith(shown))
     return [f"peer: native llama.cpp commit `{peer.get('llama_cpp_commit', '?')}` "
             f"({peer.get('source', '?')}), `{flags}`; "
             f"{peer.get('system_info') or 'system_info not recorded'} "
