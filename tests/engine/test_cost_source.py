@@ -154,3 +154,17 @@ def test_a_failed_background_measurement_keeps_the_prior_and_says_so(
                       drafter="none")
     assert isinstance(r, GenerationResult) and isinstance(ar, GenerationResult)
     assert r.token_ids == ar.token_ids
+
+
+def test_plain_decoding_never_hashes_the_vocabulary() -> None:
+    """The tokenizer's fingerprint (a hash over every token: ~0.6 s of a start at
+    Gemma's 262k ids) is taken when a curve's cache key or an index needs it, not at
+    load: the real default model loads and decodes without it, and the drafter context
+    computes it on request."""
+    eng = Engine.load(None, drafter="none")
+    out = eng.generate("The capital of France is", SamplingParams(max_new_tokens=4))
+    assert len(out.token_ids) == 4
+    assert "fingerprint" not in vars(eng.tokenizer)  # (the cached_property's slot)
+    fp = eng.drafter_context().tokenizer_fingerprint
+    assert "fingerprint" in vars(eng.tokenizer) and fp == eng.tokenizer.fingerprint
+    assert fp is not None and len(fp) == 64  # a sha256 in hex

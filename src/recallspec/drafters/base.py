@@ -60,7 +60,9 @@ class DrafterContext:
     """What a drafter may know of the engine that runs it (``bind``)."""
 
     target: Any  # the target model (a self-draft runs its first layers; dtype, depth)
-    tokenizer_fingerprint: str | None  # a datastore's or index's tokenizer must match it
+    # The engine tokenizer's fingerprint, computed on first use (hashing Gemma's 262k-id
+    # vocabulary takes ~0.6 s of a start, and plain decoding never needs it).
+    fingerprint: Callable[[], str | None]
     vocab_size: int  # ... and so must its vocabulary size
     max_batch_size: int  # concurrent requests: a draft model's slot count
     max_len: int  # KV positions per request: a draft model's cache length
@@ -71,6 +73,11 @@ class DrafterContext:
     # memory and the ready live corpora, as immutable groups swapped whole when they
     # change. Cheap (a few lookups): the SAM drafters call it after every commit.
     recall: Callable[[int], RecallView] = no_recall
+
+    @property
+    def tokenizer_fingerprint(self) -> str | None:
+        """A datastore's or index's tokenizer must match it (``fingerprint()``)."""
+        return self.fingerprint()
 
 
 class Drafter:

@@ -40,10 +40,12 @@ IDLE_WAIT_S = 1.0
 class CostCurveSource:
     """The cost curve of one engine's model, thread count and machine."""
 
-    def __init__(self, model: Any, tokenizer_fingerprint: str, threads: int,
+    def __init__(self, model: Any, fingerprint: Callable[[], str], threads: int,
                  say: Callable[[str], None]) -> None:
+        """``fingerprint``: the tokenizer's, part of the cached curve's key (taken when a
+        curve is first needed: plain decoding never hashes the vocabulary)."""
         self.model, self.threads, self._say = model, threads, say
-        self._fingerprint = tokenizer_fingerprint
+        self._fingerprint = fingerprint
         self._curve: CostCurve | None = None
         self._job: CurveJob | None = None
         self._idle_at: float | None = None  # the last idle turn (the busy stretch's start)
@@ -71,7 +73,7 @@ class CostCurveSource:
     def _place(self) -> tuple[str, Path]:
         from recallspec.models.loader import cache_dir
 
-        key = curve_key(self.model, self._fingerprint, self.threads)
+        key = curve_key(self.model, self._fingerprint(), self.threads)
         return key, cache_dir() / "cost_curves" / f"{key}.json"
 
     def wait_for_writer(self) -> None:

@@ -86,7 +86,7 @@ class Engine:
                                 "(--max-batch-size)") from None
         self.threads = self.config.threads or torch.get_num_threads()
         self.stats = StepStats()
-        self.curves = CostCurveSource(model, getattr(tokenizer, "fingerprint", ""),
+        self.curves = CostCurveSource(model, lambda: getattr(tokenizer, "fingerprint", ""),
                                       self.threads, _say)
         self.planner = DraftPlanner(self.config.max_draft_nodes, self.curves.current)
         self.scheduler = Scheduler.from_config(self.cache, self.config)
@@ -158,7 +158,7 @@ class Engine:
     def drafter_context(self) -> DrafterContext:
         """What a drafter may know of this engine (``Drafter.bind``)."""
         return DrafterContext(
-            target=self.model, tokenizer_fingerprint=getattr(self.tokenizer, "fingerprint", None),
+            target=self.model, fingerprint=lambda: getattr(self.tokenizer, "fingerprint", None),
             vocab_size=int(self.model.config.vocab_size),
             max_batch_size=self.config.max_batch_size, max_len=self.max_len,
             kv_prefix=self.kv_prefix, recall=self.recall_view,
