@@ -6,8 +6,20 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from recallspec.runtime import qformats as qf
+
 # Every GGUF type the quantized kernels take.
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+
+# (type, storage bits): each type in its own storage, and the types whose values are
+# below 64 also in 6 bits (loads choose it per kernel path: qlinear.default_bits), so
+# every machine tests both.
+STORAGES = [(t, qf.LAYOUTS[t].bits) for t in TYPES] + [(t, 6) for t in TYPES if t in qf.BELOW_64]
+
+
+# Test ids of STORAGES: the type's name, with "-6bit" where that is not its own storage.
+STORAGE_IDS = [t.name if b == qf.LAYOUTS[t].bits else f"{t.name}-{b}bit" for t, b in STORAGES]
+
 
 # Where each type's fp16 fields sit in its block (the rest: quantized values and scales).
 FP16_BYTES = {T.Q4_0: slice(0, 2), T.Q4_1: slice(0, 4), T.Q5_0: slice(0, 2),

@@ -15,6 +15,10 @@ void quantize_isa(int isa, const float* x, int64_t ldx, int64_t k, int sb, int64
 }
 
 void gemm_isa(int isa, const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1) {
+  if (w.p6 && isa != rs::kScalar) {
+    gemm_avx2(w, x, out, ldo, g0, g1);
+    return;
+  }
   switch (isa) {
     case rs::kAvx512Vnni: gemm_avx512vnni(w, x, out, ldo, g0, g1); break;
     case rs::kAvx512: gemm_avx512(w, x, out, ldo, g0, g1); break;

@@ -86,6 +86,12 @@ inline float load_scale(const QW& w, const void* p, int64_t g, int64_t b, int r)
 inline int weight(const QW& w, int64_t g, int64_t b, int r, int o) {
   const int c = o / 4, j = o % 4;
   const uint8_t* blk = w.qs + (g * w.nsb() + b) * w.sb_bytes();
+  if (w.p6) {  // pair c / 2 of chunks, vectors A, B, C (qkernels.h)
+    const uint8_t* pair = blk + 96 * (c / 2);
+    const int v = 2 * (r / 8) + c % 2, t = 4 * (r % 8) + j;  // v: 0 A, 1 B, 2 C, 3 spread
+    if (v < 3) return pair[32 * v + t] & 0x3F;
+    return (pair[t] >> 6) | (pair[32 + t] >> 6) << 2 | (pair[64 + t] >> 6) << 4;
+  }
   if (!w.u4) return blk[c * 64 + r * 4 + j];
   const uint8_t byte = blk[(c % 4) * 64 + r * 4 + j];
   return c < 4 ? (byte & 0x0F) : (byte >> 4);

@@ -7,7 +7,13 @@
 //         at qs[g][b][c][r][j], so one 64-byte vector holds 4 consecutive k of each of
 //         the 16 rows in its 32-bit lane r (the vpdpbusd operand order);
 //         u4 storage (SB = 32 only): [G][K/32][4][16][4] bytes, byte [g][b][v][r][j]
-//         holding chunk v (k = 4v+j) in its low nibble and chunk v+4 in its high nibble.
+//         holding chunk v (k = 4v+j) in its low nibble and chunk v+4 in its high nibble;
+//         6-bit storage (u < 64: Q5_K, Q6_K, where the Python side asks for it): per
+//         (g, b) SB/8 pairs of chunks (2p, 2p+1), 96 bytes each, three 32-byte
+//         vectors A, B, C whose byte t = 4*(r%8)+j (row 16g+8h+r%8, h = r/8) holds in
+//         its bits 0-5 the u of (h 0, chunk 2p) in A, (h 0, chunk 2p+1) in B and (h 1,
+//         chunk 2p) in C; the u of (h 1, chunk 2p+1) is spread over their bits 6-7
+//         (bits 0-1 of it in A, 2-3 in B, 4-5 in C).
 //   scale [G][K/SB][16] fp16 or fp32 (s), mins the same or absent (m),
 //   zero  [G*16] int32 per row (z) or absent (all zero).
 // An element is w = s * (u - z) + m.
@@ -50,10 +56,11 @@ struct QW {
   int64_t n, k, groups;  // real output rows, K, G = ceil(n / 16)
   int sb;                // 32 or 16
   bool u4;               // nibble storage
-  bool u6 = false;       // u8 storage whose every u < 64 (QSeg finds it): byte products fit vpmaddubsw
+  bool p6 = false;       // 6-bit storage (every u < 64, so u6 too)
+  bool u6 = false;       // every u < 64 (6-bit storage, or u8 where QSeg finds it): byte products fit vpmaddubsw
   int sfmt;              // SFmt of scale and mins
   int64_t nsb() const { return k / sb; }
-  int64_t sb_bytes() const { return u4 ? 8 * sb : 16 * sb; }  // qs bytes per (group, b)
+  int64_t sb_bytes() const { return u4 ? 8 * sb : p6 ? 12 * sb : 16 * sb; }  // qs bytes per (group, b)
   // Bytes of the scale (or mins) array of a segment.
   int64_t scale_bytes() const {
     if (sfmt == kKS) return groups * (k / 256) * ks_tile_bytes(sb);
@@ -131,6 +138,9 @@ void gemm_avx2vnni_evex(const QW& w, const QX& x, float* out, int64_t ldo, int64
 // by the caller): quantize_isa includes widen_pairs where buf.qw is set (qdispatch.cpp).
 void quantize_isa(int isa, const float* x, int64_t ldx, int64_t k, int sb, int64_t m0, int64_t m1,
                   const QXBuf& buf);
+// 6-bit storage runs the AVX2 product without VNNI on every SIMD path (each such CPU has
+// AVX2; the same integer sums and float steps, so the same bits): the VNNI and AVX-512
+// kernels read u8 and u4 only.
 void gemm_isa(int isa, const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
 
 // Dequantized rows ids[i] -> out[i][0..K): s * (float)(u - z) + m, rounded after the

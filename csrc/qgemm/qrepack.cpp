@@ -62,6 +62,7 @@ struct Out {
   int32_t* zero;   // [G * 16] or nullptr
   int64_t nsb, sb_bytes;
   int64_t nsup, tile;  // kKS: super-blocks per row, tile bytes
+  bool p6;             // 6-bit storage of u8 values (all < 64)
 };
 
 // One row's writer: sub-block b of this row.
@@ -81,8 +82,29 @@ struct RowOut {
   void ks_sc(uint8_t* base, int64_t s, int j, int8_t v) const {
     tile(base, s)[32 + 16 * j + lane] = uint8_t(v);
   }
-  // u8 storage: u[0..sb) of sub-block b, 4 consecutive k per 64-byte vector.
+  // u8 values u[0..sb) of sub-block b: 4 consecutive k per 64-byte vector, or in 6-bit
+  // storage (qkernels.h) ORed into the pairs' bytes (zeroed; lanes r and r + 8 share
+  // bytes, and a group is one thread's).
   void u8(int64_t b, const uint8_t* u, int sb) const {
+    if (o.p6) {
+      uint8_t* blk = o.qs + (g * o.nsb + b) * o.sb_bytes;
+      const int64_t h = lane / 8, t = 4 * (lane % 8);
+      for (int c = 0; c < sb / 4; ++c) {
+        uint8_t* pair = blk + 96 * (c / 2) + t;
+        const int64_t v = 2 * h + c % 2;  // 0 A, 1 B, 2 C, 3 spread over their bits 6-7
+        for (int j = 0; j < 4; ++j) {
+          const uint8_t x = u[4 * c + j];
+          if (v < 3) {
+            pair[32 * v + j] |= x;
+          } else {
+            pair[j] |= uint8_t(x << 6);
+            pair[32 + j] |= uint8_t((x >> 2) << 6);
+            pair[64 + j] |= uint8_t((x >> 4) << 6);
+          }
+        }
+      }
+      return;
+    }
     uint8_t* p = vec(b);
     for (int c = 0; c < sb / 4; ++c) std::memcpy(p + c * 64, u + 4 * c, 4);
   }
@@ -200,11 +222,16 @@ using Raw = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cp
 // Rows [row_off, row_off + len(raw)) of a segment of n rows and k columns, from their
 // GGUF block bytes raw [rows, k / block * bytes], into the segment's arrays (sized for
 // n rows: qs, scale and mins as bytes, zero as int32; mins and zero empty when the type
-// has none).
+// has none). bits: the storage, the type's own (4 or 8) or 6 for the types whose values
+// are below 64 (Q5_*, Q6_K).
 void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8_t> qs,
-             Vec<uint8_t> scale, Vec<uint8_t> mins, Vec<int32_t> zero, unsigned threads) {
+             Vec<uint8_t> scale, Vec<uint8_t> mins, Vec<int32_t> zero, int bits,
+             unsigned threads) {
   Format f;
   if (!format_of(type, f)) throw std::invalid_argument("qrepack: unsupported GGML type");
+  const bool below64 = !f.u4 && type != Q8_0;
+  if (bits != (f.u4 ? 4 : 8) && !(bits == 6 && below64))
+    throw std::invalid_argument("qrepack: this type cannot be stored in that many bits");
   const int64_t rows = int64_t(raw.shape(0));
   if (n <= 0 || k <= 0 || k % f.block != 0 || row_off < 0 || row_off + rows > n)
     throw std::invalid_argument("qrepack: bad n, k or row range");
@@ -212,13 +239,14 @@ void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8
   if (rows && int64_t(raw.shape(1)) != nblk * f.bytes)
     throw std::invalid_argument("qrepack: raw rows do not hold k / block blocks");
   const int64_t groups = (n + 15) / 16, nsb = k / f.sb;
-  const int64_t sb_bytes = f.u4 ? 8 * f.sb : 16 * f.sb;
+  const int64_t sb_bytes = f.u4 ? 8 * f.sb : bits == 6 ? 12 * f.sb : 16 * f.sb;
   const size_t scale_bytes = size_t(f.f16 ? groups * nsb * 16 * 2 : groups * (k / 256) * qk::ks_tile_bytes(f.sb));
   if (qs.size() != size_t(groups * nsb * sb_bytes) || scale.size() != scale_bytes ||
       mins.size() != (f.mins ? scale_bytes : 0) || zero.size() != size_t(f.zero ? groups * 16 : 0))
     throw std::invalid_argument("qrepack: segment arrays do not match n, k and the type");
   const Out o{qs.data(), scale.data(), f.mins ? mins.data() : nullptr,
-              f.zero ? zero.data() : nullptr, nsb, sb_bytes, k / 256, qk::ks_tile_bytes(f.sb)};
+              f.zero ? zero.data() : nullptr, nsb, sb_bytes, k / 256, qk::ks_tile_bytes(f.sb),
+              bits == 6};
   const uint8_t* src = raw.data();
   const int64_t row_bytes = nblk * f.bytes;
   const bool kquant = f.block == 256;
@@ -244,6 +272,7 @@ void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8
 void register_qrepack(nb::module_& m) {
   m.def("qrepack", &qrepack, nb::arg("raw"), nb::arg("type"), nb::arg("n"), nb::arg("k"),
         nb::arg("row_off"), nb::arg("qs").noconvert(), nb::arg("scale").noconvert(),
-        nb::arg("mins").noconvert(), nb::arg("zero").noconvert(), nb::arg("threads") = 1,
+        nb::arg("mins").noconvert(), nb::arg("zero").noconvert(), nb::arg("bits"),
+        nb::arg("threads") = 1,
         "rows of GGUF block bytes into a segment's arrays in the kernel layout (qkernels.h)");
 }

@@ -25,10 +25,11 @@ class QSeg {
   using Vec = nanobind::ndarray<T, nanobind::ndim<1>, nanobind::c_contig, nanobind::device::cpu>;
 
   QSeg(Vec<const uint8_t> qs, Vec<const uint8_t> scale, Vec<const uint8_t> mins,
-       Vec<const int32_t> zero, int64_t n, int64_t k, int sb, bool u4, int sfmt)
+       Vec<const int32_t> zero, int64_t n, int64_t k, int sb, int bits, int sfmt)
       : qs_(qs), scale_(scale), mins_(mins), zero_(zero) {
     if (sb != 32 && sb != 16) throw std::invalid_argument("QSeg: sb must be 32 or 16");
-    if (u4 && sb != 32) throw std::invalid_argument("QSeg: u4 storage needs sb = 32");
+    if (bits != 4 && bits != 6 && bits != 8) throw std::invalid_argument("QSeg: bits must be 4, 6 or 8");
+    if (bits == 4 && sb != 32) throw std::invalid_argument("QSeg: 4-bit storage needs sb = 32");
     if (n <= 0 || k <= 0 || k % 32 != 0) throw std::invalid_argument("QSeg: need n > 0 and K % 32 == 0");
     if (sfmt != kF32 && sfmt != kF16 && sfmt != kKS) throw std::invalid_argument("QSeg: unknown scale format");
     if (sfmt == kKS && k % 256 != 0) throw std::invalid_argument("QSeg: K-quant scales need K % 256 == 0");
@@ -37,7 +38,8 @@ class QSeg {
     w_.k = k;
     w_.groups = (n + 15) / 16;
     w_.sb = sb;
-    w_.u4 = u4;
+    w_.u4 = bits == 4;
+    w_.p6 = bits == 6;
     w_.sfmt = sfmt;
     const size_t scale_bytes = size_t(w_.scale_bytes());
     if (qs.size() != size_t(w_.groups * w_.nsb() * w_.sb_bytes()) || scale.size() != scale_bytes ||
@@ -47,7 +49,9 @@ class QSeg {
     // u8 storage with every u < 64 (Q5_*, Q6_K; Q8_0's q + 128 is not): byte products
     // fit vpmaddubsw (the AVX2 path without VNNI takes it). One pass over the bytes in
     // 4 KB pieces, stopping at the first piece with a larger byte (Q8_0: the first).
-    if (!u4) {
+    // 6-bit storage holds nothing else.
+    w_.u6 = w_.p6;
+    if (bits == 8) {
       const uint8_t* b = qs.data();
       bool small = true;
       for (size_t i = 0; i < qs.size() && small; i += 4096) {

@@ -10,9 +10,11 @@ def linear_f32(x: Any, w: Any, out: Any, threads: int, isa: int) -> None: ...
 def linear_bf16(x: Any, w: Any, out: Any, threads: int = 1) -> None: ...
 class QSeg:
     def __init__(
-        self, qs: Any, scale: Any, mins: Any, zero: Any, n: int, k: int, sb: int, u4: bool,
+        self, qs: Any, scale: Any, mins: Any, zero: Any, n: int, k: int, sb: int, bits: int,
         sfmt: int,
     ) -> None: ...
+    @property
+    def u6(self) -> bool: ...
 
 def qgemm(
     seg: QSeg, x_addr: int, m: int, out_addr: int, ldo: int, n_off: int, threads: int, isa: int,
@@ -22,10 +24,11 @@ def qquantize(x: Any, q: Any, d: Any, xs: Any, dxs: Any, sb: int, isa: int) -> N
 # Rows [row_off, row_off + len(raw)) of a segment of n rows (k columns) from their GGUF
 # block bytes raw (uint8 [rows, bytes per row]) of GGML type `type`, written in the
 # kernel layout into the segment's arrays (qs, scale and mins as uint8 views, zero
-# int32; mins and zero empty where the type has none). csrc/qgemm/qrepack.cpp.
+# int32; mins and zero empty where the type has none), in `bits` storage (the type's
+# own 4 or 8, or 6 for types whose values are below 64). csrc/qgemm/qrepack.cpp.
 def qrepack(
     raw: Any, type: int, n: int, k: int, row_off: int, qs: Any, scale: Any, mins: Any,
-    zero: Any, threads: int = 1,
+    zero: Any, bits: int, threads: int = 1,
 ) -> None: ...
 
 # The native forward of a quantized CausalLM (csrc/native/; runtime/native.py).

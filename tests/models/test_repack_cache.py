@@ -17,7 +17,7 @@ from recallspec.errors import ModelLoadError
 from recallspec.models import load_model, loader, quantized, resolve_model
 from recallspec.runtime import qformats as qf
 from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.runtime.qlinear import QuantizedWeight, Segment
+from recallspec.runtime.qlinear import QuantizedWeight, Segment, default_bits
 
 
 @pytest.fixture
@@ -39,15 +39,16 @@ def packed_bytes(weights: dict[str, Any]) -> dict[str, bytes]:
 
 def numpy_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     """Route loads through the numpy path the C++ repack replaced: decode + pack of each
-    whole tensor, and fused weights unpacked, concatenated and packed again."""
+    whole tensor in the storage a load gives it here, and fused weights unpacked,
+    concatenated and packed again."""
 
     def from_rows(cls: type[QuantizedWeight], ggml_type: Any, n: int, k: int,
                   chunks: Any) -> QuantizedWeight:
         qtype = qf.T(int(ggml_type))
         parts = sorted(((r0, np.array(raw)) for r0, raw in chunks), key=lambda p: p[0])
         raw = np.concatenate([p for _, p in parts])
-        return cls(n, k, qtype.name, (Segment.build(qf.decode(raw, qtype, n, k), 0,
-                                                    (qtype.name,)),))
+        canon = qf.with_bits(qf.decode(raw, qtype, n, k), default_bits(qtype))
+        return cls(n, k, qtype.name, (Segment.build(canon, 0, (qtype.name,)),))
 
     def stack(run: Any, n_off: int, kinds: tuple[str, ...]) -> Segment:
         return Segment.build(qf.concat([s.canon() for s in run]), n_off, kinds)

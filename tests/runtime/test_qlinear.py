@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
-from qweight_helpers import FP16_BYTES, TYPES, random_raw
+from qweight_helpers import FP16_BYTES, STORAGE_IDS, STORAGES, TYPES, random_raw
 from safetensors.torch import load_file, save_file
 
 from recallspec import _kernels
@@ -41,11 +41,12 @@ def activations(m: int, k: int, seed: int = 1) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def weights() -> dict[T, tuple[np.ndarray, QuantizedWeight]]:
+def weights() -> dict[tuple[T, int], tuple[np.ndarray, QuantizedWeight]]:
+    """Per (type, storage bits) of ``STORAGES``: the GGUF bytes and the weight."""
     out = {}
-    for i, t in enumerate(TYPES):
-        raw = random_raw(t, N, K, seed=i)
-        out[t] = (raw, QuantizedWeight.from_gguf(raw, t, N, K))
+    for t, b in STORAGES:
+        raw = random_raw(t, N, K, seed=TYPES.index(t))
+        out[t, b] = (raw, QuantizedWeight.from_gguf_rows(t, N, K, [(0, raw)], bits=b))
     return out
 
 
@@ -77,24 +78,28 @@ def test_kernel_checks_its_arguments() -> None:
     x, out = torch.zeros(1, 32), torch.zeros(1, 16)
     e8, e32 = torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.int32)
     qs, sc = torch.zeros(16 * 32, dtype=torch.uint8), torch.zeros(16 * 4, dtype=torch.uint8)
-    seg = _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, False, 0)
+    seg = _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 8, 0)
     with pytest.raises(ValueError, match="isa"):
         _kernels.qgemm(seg, x.data_ptr(), 1, out.data_ptr(), 16, 0, 1, 7)
     with pytest.raises(ValueError, match="n_off"):
         _kernels.qgemm(seg, x.data_ptr(), 1, out.data_ptr(), 16, 1, 1, 0)
     with pytest.raises(ValueError, match="do not match"):
-        _kernels.QSeg(qs[:-1], sc, e8, e32, 16, 32, 32, False, 0)
-    with pytest.raises(ValueError, match="u4"):
-        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 16, True, 0)
+        _kernels.QSeg(qs[:-1], sc, e8, e32, 16, 32, 32, 8, 0)
+    with pytest.raises(ValueError, match="do not match"):  # 6-bit storage: 3/4 of the bytes
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 6, 0)
+    with pytest.raises(ValueError, match="4-bit storage needs sb = 32"):
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 16, 4, 0)
+    with pytest.raises(ValueError, match="bits must be 4, 6 or 8"):
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 5, 0)
     with pytest.raises(ValueError, match="scale format"):
-        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, False, 3)
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 8, 3)
     with pytest.raises(ValueError, match="K-quant scales"):
-        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, False, 2)
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 8, 2)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_dequantize_matches_gguf(weights: dict, qtype: T) -> None:
-    raw, w = weights[qtype]
+@pytest.mark.parametrize(("qtype", "nbits"), STORAGES, ids=STORAGE_IDS)
+def test_dequantize_matches_gguf(weights: dict, qtype: T, nbits: int) -> None:
+    raw, w = weights[qtype, nbits]
     # Exact, bit for bit: s and m are gguf's own factors (fp16 fields, or d*sc which is
     # exact in fp32), and w = s*(u-z) (+ m) rounds after the product and after the sum
     # exactly as gguf.quants computes d*q (+ m) / d*q - dm.
@@ -133,9 +138,9 @@ def test_activation_quantizer_is_exact_and_isa_free(blocks: int) -> None:
             assert np.array_equal(dxs.numpy(), (dsub * sums.astype(np.float32)).astype(np.float32))
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_batch_thread_and_isa_invariance(weights: dict, qtype: T) -> None:
-    _, w = weights[qtype]
+@pytest.mark.parametrize(("qtype", "nbits"), STORAGES, ids=STORAGE_IDS)
+def test_batch_thread_and_isa_invariance(weights: dict, qtype: T, nbits: int) -> None:
+    _, w = weights[qtype, nbits]
     x = activations(256, K)
     ref = qlinear(x, w, threads=1, isa=VARIANTS[0])
     for v in VARIANTS:
@@ -153,21 +158,37 @@ def test_batch_thread_and_isa_invariance(weights: dict, qtype: T) -> None:
 
 def test_six_bit_segments_take_the_byte_product(weights: dict) -> None:
     """QSeg finds u8 storage whose every u < 64 (Q5_*, Q6_K: the AVX2 path without VNNI
-    multiplies it by vpmaddubsw, which the invariance tests above then run); Q8_0's
-    q + 128 is not, and u4 storage has its own product."""
-    for qtype, (_, w) in weights.items():
+    multiplies it by vpmaddubsw, which the invariance tests above then run), as 6-bit
+    storage is; Q8_0's q + 128 is not, and u4 storage has its own product."""
+    for (qtype, nbits), (_, w) in weights.items():
         (seg,) = w.segments
         six_bit = qtype in (T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K)
-        assert seg.handle.u6 == six_bit, qtype.name
+        assert seg.handle.u6 == six_bit and seg.bits == nbits, qtype.name
     with pytest.raises(ValueError, match="zero points must fit int16"):
-        seg = weights[T.Q8_0][1].segments[0]
+        seg = weights[T.Q8_0, 8][1].segments[0]
         _kernels.QSeg(seg.qs, seg.scale.view(torch.uint8), torch.empty(0, dtype=torch.uint8),
-                      torch.full_like(seg.zero, 1 << 15), seg.n, seg.k, seg.sb, seg.u4, seg.sfmt)
+                      torch.full_like(seg.zero, 1 << 15), seg.n, seg.k, seg.sb, seg.bits, seg.sfmt)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_six_bit_storage_is_the_same_weight(weights: dict) -> None:
+    """A type stored in 6 bits holds 3/4 of its u8 bytes, the same canonical values,
+    and every path's products have the u8 storage's bits."""
+    x = activations(33, K)
+    for qtype in qf.BELOW_64:
+        (s8,), (s6,) = weights[qtype, 8][1].segments, weights[qtype, 6][1].segments
+        assert s6.qs.numel() * 4 == s8.qs.numel() * 3, qtype.name
+        assert np.array_equal(s6.canon().u, s8.canon().u), qtype.name
+        ref = qlinear(x, weights[qtype, 8][1], threads=1, isa="scalar")
+        for v in VARIANTS:
+            for rows in (1, 4, 33):
+                got = torch.cat([qlinear(x[i:i + rows], weights[qtype, 6][1], threads=2, isa=v)
+                                 for i in range(0, 33, rows)])
+                assert np.array_equal(bits(got), bits(ref)), f"{qtype.name}, {v}, {rows} rows"
+
+
+@pytest.mark.parametrize(("qtype", "nbits"), STORAGES, ids=STORAGE_IDS)
 @pytest.mark.parametrize("fill", [0xFF, 0x80, 0x7F, 0x00])
-def test_extreme_operands(qtype: T, fill: int) -> None:
+def test_extreme_operands(qtype: T, nbits: int, fill: int) -> None:
     """Every value byte set to one pattern (nibbles all 15, bytes 128, 127 or 0) times
     activations all at +-127 after quantization: the largest integer sums each path's
     narrow accumulators meet (without VNNI the AVX2 u4 product adds a sub-block's 8 pair
@@ -179,7 +200,7 @@ def test_extreme_operands(qtype: T, fill: int) -> None:
     keep = raw[..., FP16_BYTES[qtype]].copy()
     raw[...] = fill
     raw[..., FP16_BYTES[qtype]] = keep
-    w = QuantizedWeight.from_gguf(raw.reshape(16, -1), qtype, 16, K)
+    w = QuantizedWeight.from_gguf_rows(qtype, 16, K, [(0, raw.reshape(16, -1))], bits=nbits)
     x = torch.ones(4, K)
     x[1] = -1.0
     x[2, ::2] = -1.0  # alternating signs: pair sums of opposite terms
@@ -198,21 +219,24 @@ def test_extreme_operands(qtype: T, fill: int) -> None:
         assert torch.allclose(ref[0], (s * (7 * 32)).sum(dim=1), rtol=1e-5)
 
 
-K_QUANTS = [T.Q4_K, T.Q5_K, T.Q6_K]
+# (type, storage bits) -> resident bytes per 256 weights of a row.
+K_QUANT_BYTES = {(T.Q4_K, 4): 148, (T.Q5_K, 8): 276, (T.Q5_K, 6): 212, (T.Q6_K, 8): 274,
+                 (T.Q6_K, 6): 210}
 
 
-@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
-def test_k_quant_tiles_keep_the_fp32_scale_bits(qtype: T) -> None:
+@pytest.mark.parametrize(("qtype", "nbits"), list(K_QUANT_BYTES),
+                         ids=[f"{t.name}-{b}bit" for t, b in K_QUANT_BYTES])
+def test_k_quant_tiles_keep_the_fp32_scale_bits(qtype: T, nbits: int) -> None:
     """K-quants store GGUF's d and integer sc (qformats.KScales) and the kernels form
     s = d * sc themselves: every product, on every path and row count, and every
     dequantized row must keep the bits of the fp32 scales stored before (the same
     canonical form packed with fp32 scale and min arrays), and the resident bytes per
     256 weights of a row drop to Q4_K 148 (GGUF 144; fp32 scales 192), Q6_K 274 (GGUF 210;
-    fp32 320: its values stay one byte each)."""
+    fp32 320: its values one byte each; in 6-bit storage 210, the GGUF's own size)."""
     n = 48
     raw = random_raw(qtype, n, K, seed=11)
-    tiles = QuantizedWeight.from_gguf(raw, qtype, n, K)
-    canon = dataclasses.replace(qf.decode(raw, qtype, n, K), ks=None)
+    tiles = QuantizedWeight.from_gguf_rows(qtype, n, K, [(0, raw)], bits=nbits)
+    canon = dataclasses.replace(qf.with_bits(qf.decode(raw, qtype, n, K), nbits), ks=None)
     fp32 = QuantizedWeight(n, K, qtype.name, (Segment.build(canon, 0, (qtype.name,)),))
     assert tiles.segments[0].sfmt == qf.SFMT_KS and fp32.segments[0].sfmt == qf.SFMT_F32
     assert np.array_equal(bits(tiles.dequantize()), bits(fp32.dequantize()))
@@ -223,7 +247,7 @@ def test_k_quant_tiles_keep_the_fp32_scale_bits(qtype: T) -> None:
             got = torch.cat([qlinear(x[i:i + bs], tiles, threads=1, isa=v)
                              for i in range(0, 64, bs)])
             assert np.array_equal(bits(got), bits(ref)), f"{v}, batches of {bs}"
-    per_row_block = {T.Q4_K: 148, T.Q5_K: 276, T.Q6_K: 274}[qtype]
+    per_row_block = K_QUANT_BYTES[qtype, nbits]
     zero_bytes = 0 if tiles.segments[0].zero is None else 4 * n
     assert tiles.nbytes == n * (K // 256) * per_row_block + zero_bytes
 
@@ -240,7 +264,7 @@ def quantized_x(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_accuracy_against_float64(weights: dict, qtype: T) -> None:
-    _, w = weights[qtype]
+    _, w = weights[qtype, qf.LAYOUTS[qtype].bits]
     x = activations(16, K)
     got = qlinear(x, w).double()
     xq = quantized_x(x)
@@ -264,12 +288,14 @@ def test_accuracy_against_float64(weights: dict, qtype: T) -> None:
 
 
 def test_concat_mixed_types(weights: dict) -> None:
-    order = [T.Q4_1, T.Q4_0, T.Q5_0, T.Q8_0, T.Q6_K, T.Q4_K, T.Q5_K, T.Q5_1]
+    order = [(T.Q4_1, 4), (T.Q4_0, 4), (T.Q5_0, 8), (T.Q8_0, 8), (T.Q6_K, 8), (T.Q6_K, 6),
+             (T.Q4_K, 4), (T.Q5_K, 8), (T.Q5_1, 8)]
     parts = [weights[t][1] for t in order]
     cat = QuantizedWeight.concat(parts)
-    assert cat.n == N * len(order) and cat.kind == "+".join(t.name for t in order)
-    # Q4_1+Q4_0 (u4, fp16) merge; Q5_0+Q8_0 (u8, fp16) merge; the rest stand alone.
-    assert len(cat.segments) == 6
+    assert cat.n == N * len(order) and cat.kind == "+".join(dict.fromkeys(t.name for t, _ in order))
+    # Q4_1+Q4_0 (u4, fp16) merge; Q5_0+Q8_0 (u8, fp16) merge; the rest stand alone (Q6_K
+    # in 8 and in 6 bits too).
+    assert len(cat.segments) == 7
     x = activations(9, K)
     for v in VARIANTS:
         sep = torch.cat([qlinear(x, p, isa=v) for p in parts], dim=1)
@@ -281,11 +307,13 @@ def test_concat_mixed_types(weights: dict) -> None:
 
 
 def test_state_dict_roundtrip(weights: dict, tmp_path) -> None:
-    cat = QuantizedWeight.concat([weights[T.Q4_1][1], weights[T.Q5_0][1], weights[T.Q6_K][1]])
+    cat = QuantizedWeight.concat([weights[T.Q4_1, 4][1], weights[T.Q5_0, 8][1],
+                                  weights[T.Q6_K, 6][1]])
     path = tmp_path / "w.safetensors"
     save_file(cat.state_dict("layer.w."), str(path))
     back = QuantizedWeight.from_state_dict(load_file(str(path)), "layer.w.")
     assert (back.n, back.k, back.kind, back.nbytes) == (cat.n, cat.k, cat.kind, cat.nbytes)
+    assert [s.bits for s in back.segments] == [s.bits for s in cat.segments] == [4, 8, 6]
     x = activations(5, K)
     assert np.array_equal(bits(qlinear(x, back)), bits(qlinear(x, cat)))
 
@@ -310,7 +338,7 @@ def test_from_float(kind: str) -> None:
 
 
 def test_bias_shapes_and_errors(weights: dict) -> None:
-    _, w = weights[T.Q4_1]
+    _, w = weights[T.Q4_1, 4]
     x = activations(6, K)
     b = torch.randn(N)
     assert torch.equal(qlinear(x, w, b), qlinear(x, w) + b)

@@ -1,5 +1,6 @@
 """The C++ repack (runtime/qrepack.py) against the numpy reference (runtime/qformats.py):
-the same packed arrays, byte for byte, for every GGUF type, chunked or whole, and fused."""
+the same packed arrays, byte for byte, for every GGUF type in each of its storages,
+chunked or whole, and fused."""
 
 from __future__ import annotations
 
@@ -10,18 +11,18 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
-from qweight_helpers import FP16_BYTES, TYPES, random_raw
+from qweight_helpers import FP16_BYTES, STORAGE_IDS, STORAGES, TYPES, random_raw
 
 from recallspec import _kernels
 from recallspec.runtime import qformats as qf
 from recallspec.runtime import qrepack
-from recallspec.runtime.qlinear import QuantizedWeight, Segment
+from recallspec.runtime.qlinear import QuantizedWeight, Segment, default_bits
 
 
-def reference(raw: np.ndarray, qtype: T, n: int, k: int) -> Segment:
-    """The packed segment of the numpy path: pack(decode(raw))."""
+def reference(raw: np.ndarray, qtype: T, n: int, k: int, bits: int) -> Segment:
+    """The packed segment of the numpy path: pack(with_bits(decode(raw)))."""
     with np.errstate(invalid="ignore"):  # inf * 0 in special_fields' scales
-        return Segment.build(qf.decode(raw, qtype, n, k), 0, (qtype.name,))
+        return Segment.build(qf.with_bits(qf.decode(raw, qtype, n, k), bits), 0, (qtype.name,))
 
 
 def as_bytes(t: torch.Tensor | None) -> bytes | None:
@@ -29,7 +30,8 @@ def as_bytes(t: torch.Tensor | None) -> bytes | None:
 
 
 def assert_same(got: Segment, ref: Segment) -> None:
-    assert (got.n, got.k, got.sb, got.u4, got.kinds) == (ref.n, ref.k, ref.sb, ref.u4, ref.kinds)
+    fields = ("n", "k", "sb", "bits", "kinds")
+    assert [getattr(got, f) for f in fields] == [getattr(ref, f) for f in fields]
     for name in ("qs", "scale", "mins", "zero"):
         a, b = getattr(got, name), getattr(ref, name)
         assert (a is None) == (b is None), name
@@ -56,29 +58,30 @@ def special_fields(raw: np.ndarray, qtype: T) -> np.ndarray:
     return out.reshape(len(raw), -1)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("qtype", "bits"), STORAGES, ids=STORAGE_IDS)
 @pytest.mark.parametrize("n", [1, 16, 37, 64])
-def test_repack_equals_reference(qtype: T, n: int) -> None:
+def test_repack_equals_reference(qtype: T, bits: int, n: int) -> None:
     k = 512  # two K-quant super-blocks, 16 legacy blocks
     for seed, edges in ((n, False), (n + 100, True)):
         raw = random_raw(qtype, n, k, seed=seed)
         if edges:
             raw = special_fields(raw, qtype)
-        w = QuantizedWeight.from_gguf(raw, qtype, n, k)
+        w = QuantizedWeight.from_gguf_rows(qtype, n, k, [(0, raw)], bits=bits)
         assert w.kind == qtype.name and len(w.segments) == 1
-        assert_same(w.segments[0], reference(raw, qtype, n, k))
+        assert_same(w.segments[0], reference(raw, qtype, n, k, bits))
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_chunks_at_any_row_offset(qtype: T) -> None:
+@pytest.mark.parametrize(("qtype", "bits"), STORAGES, ids=STORAGE_IDS)
+def test_chunks_at_any_row_offset(qtype: T, bits: int) -> None:
     n, k = 45, 256
     raw = random_raw(qtype, n, k, seed=5)
     bounds = [0, 5, 21, 32, 33, 45]  # chunks inside groups, across them, of one row
     chunks = [(a, raw[a:b]) for a, b in itertools.pairwise(bounds)]
-    w = QuantizedWeight.from_gguf_rows(qtype, n, k, reversed(chunks))
-    assert_same(w.segments[0], reference(raw, qtype, n, k))
+    w = QuantizedWeight.from_gguf_rows(qtype, n, k, reversed(chunks), bits=bits)
+    assert_same(w.segments[0], reference(raw, qtype, n, k, bits))
     typed = raw.view(np.uint16) if raw.shape[1] % 2 == 0 else raw  # a reader's typed view
-    assert_same(QuantizedWeight.from_gguf(typed, qtype, n, k).segments[0], w.segments[0])
+    assert_same(QuantizedWeight.from_gguf(typed, qtype, n, k).segments[0],
+                reference(raw, qtype, n, k, default_bits(qtype)))
 
 
 def test_layout_table_matches_decode() -> None:
@@ -97,12 +100,13 @@ def test_layout_table_matches_decode() -> None:
 
 def reference_concat(parts: list[tuple[np.ndarray, T, int]], k: int) -> list[Segment]:
     """The fused segments of the numpy path: runs of one storage, sub-block and scale
-    dtype, each qf.concat of the parts' canonical forms, packed."""
-    canons = [(qf.decode(raw, t, n, k), t) for raw, t, n in parts]
+    dtype, each qf.concat of the parts' canonical forms (in the storage a load gives
+    them), packed."""
+    canons = [(qf.with_bits(qf.decode(raw, t, n, k), default_bits(t)), t) for raw, t, n in parts]
     out: list[Segment] = []
     off = 0
     for _key, run in itertools.groupby(
-            canons, key=lambda ct: (ct[0].u4, ct[0].sb, ct[0].scale.dtype)):
+            canons, key=lambda ct: (ct[0].bits, ct[0].sb, ct[0].scale.dtype)):
         items = list(run)
         kinds = tuple(dict.fromkeys(t.name for _, t in items))
         seg = Segment.build(qf.concat([c for c, _ in items]), off, kinds)
@@ -148,12 +152,26 @@ def test_errors() -> None:
         QuantizedWeight.from_gguf(raw, T.Q4_K, 4, 288)
     with pytest.raises(ValueError, match="chunks hold 3 rows"):
         QuantizedWeight.from_gguf_rows(T.Q4_K, 4, 256, [(0, raw[:3])])
-    out = qrepack.allocate(T.Q4_K, 4, 256)
+    out = qrepack.allocate(T.Q4_K, 4, 256, 4)
     with pytest.raises(ValueError, match="row range"):
-        qrepack.write_rows(out, T.Q4_K, 4, 256, 2, raw[:3])
+        qrepack.write_rows(out, T.Q4_K, 4, 256, 2, raw[:3], 4)
     with pytest.raises(ValueError, match="do not match"):
-        qrepack.write_rows(out, T.Q6_K, 4, 256, 0, random_raw(T.Q6_K, 4, 256))
+        qrepack.write_rows(out, T.Q6_K, 4, 256, 0, random_raw(T.Q6_K, 4, 256), 8)
+    with pytest.raises(ValueError, match="do not match"):  # 6-bit arrays are smaller
+        qrepack.write_rows(qrepack.allocate(T.Q6_K, 4, 256, 8), T.Q6_K, 4, 256, 0,
+                           random_raw(T.Q6_K, 4, 256), 6)
+    mins = out.mins.view(torch.uint8) if out.mins is not None else out.qs
     with pytest.raises(ValueError, match="unsupported"):
         _kernels.qrepack(raw, int(T.F16), 4, 256, 0, out.qs, out.scale.view(torch.uint8),
-                         out.mins.view(torch.uint8) if out.mins is not None else out.qs,
-                         torch.empty(0, dtype=torch.int32))
+                         mins, torch.empty(0, dtype=torch.int32), 8)
+    # 6 bits only for values below 64 (Q8_0's q + 128 and 4-bit storage are not).
+    for qtype, bits in ((T.Q4_K, 6), (T.Q4_K, 8), (T.Q8_0, 6), (T.Q6_K, 4)):
+        with pytest.raises(ValueError, match=f"cannot be stored in {bits} bits"):
+            QuantizedWeight.from_gguf_rows(qtype, 4, 256, [(0, random_raw(qtype, 4, 256))],
+                                           bits=bits)
+        with pytest.raises(ValueError, match="cannot be stored in that many bits"):
+            _kernels.qrepack(random_raw(qtype, 4, 256), int(qtype), 4, 256, 0, out.qs,
+                             out.scale.view(torch.uint8), mins,
+                             torch.empty(0, dtype=torch.int32), bits)
+    with pytest.raises(ValueError, match="cannot become 6-bit"):
+        qf.with_bits(qf.decode(random_raw(T.Q8_0, 4, 256), T.Q8_0, 4, 256), 6)

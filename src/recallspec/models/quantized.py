@@ -35,7 +35,7 @@ from recallspec.models.gguf_header import Header, read_header
 from recallspec.runtime.qlinear import QuantizedWeight
 
 QUANTIZED_WEIGHTS = "recallspec-quantized.safetensors"
-QUANT_FORMAT = 2  # bump when QuantizedWeight's state_dict layout changes
+QUANT_FORMAT = 3  # bump when QuantizedWeight's state_dict layout changes (3: storage bits)
 # Float matrices (no block format of their own) are quantized to this at load.
 FLOAT_MATRIX_KIND = "Q8_0"
 # Bytes of a quantized tensor read (and held) at a time while repacking: bounds the

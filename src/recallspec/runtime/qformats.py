@@ -1,7 +1,7 @@
 """GGUF block formats decoded to one canonical form, and the kernel's packed layout.
 
 Canonical form of an [n, k] weight (``Canon``): every element is an unsigned integer u
-(< 16 for 4-bit storage, < 256 for 8-bit), with a scale s and optionally a min m per
+(< 16 for 4-bit storage, < 64 for 6-bit, < 256 for 8-bit), with a scale s and optionally a min m per
 (row, sub-block of ``sb`` = 32 or 16 along k) and an integer zero point z per row:
 ``w = s * (u - z) + m``. The GGUF formats map onto it exactly:
 
@@ -29,14 +29,17 @@ exactly ``gguf.quants.dequantize``'s floats (Q4_K's ``d*q - dm`` is ``d*q + (-dm
 Packed layout (``pack``; the C++ side documents it in csrc/qgemm/qkernels.h): rows in groups
 of 16 (zero rows pad the last group), for each group and sub-block the 16 rows' u in
 64-byte vectors of 4 consecutive k per row; u4 vectors carry chunk v in the low nibbles
-and chunk v+4 in the high nibbles; scales and mins [G][k/sb][16], or for K-quants tiles
+and chunk v+4 in the high nibbles; 6-bit storage (``with_bits``: the types whose u are
+below 64, Q5_* and Q6_K) keeps each pair of chunks (both halves of 8 rows: 4 vectors of
+32 bytes) in 3 vectors, three of them in bits 0-5 and the fourth spread over their bits
+6-7; scales and mins [G][k/sb][16], or for K-quants tiles
 per (group, super-block of 256) of the 16 rows' fp16 d and then their int8 sc
 [256/sb][16] (bytes, ``SFMT_KS``); z [G*16] int32.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -55,12 +58,12 @@ SFMT_F32, SFMT_F16, SFMT_KS = 0, 1, 2
 
 @dataclass(frozen=True)
 class Layout:
-    """A GGUF type's row of the module docstring's table: sub-block, storage (u4 or u8),
+    """A GGUF type's row of the module docstring's table: sub-block, storage bits (4 or 8),
     how the packed segment stores its scales (``SFMT_F16`` or, for K-quants,
     ``SFMT_KS``), whether it has mins, and its zero point (0: none)."""
 
     sb: int
-    u4: bool
+    bits: int
     sfmt: int
     mins: bool
     zero: int
@@ -69,13 +72,20 @@ class Layout:
 # The table, once: ``decode`` takes sb, storage and z from it, ``qrepack`` sizes the
 # packed arrays by it, ``qlinear`` names the kernel segment's formats from it.
 LAYOUTS: dict[T, Layout] = {
-    T.Q4_0: Layout(32, True, SFMT_F16, False, 8), T.Q4_1: Layout(32, True, SFMT_F16, True, 0),
-    T.Q5_0: Layout(32, False, SFMT_F16, False, 16),
-    T.Q5_1: Layout(32, False, SFMT_F16, True, 0),
-    T.Q8_0: Layout(32, False, SFMT_F16, False, 128),
-    T.Q4_K: Layout(32, True, SFMT_KS, True, 0), T.Q5_K: Layout(32, False, SFMT_KS, True, 0),
-    T.Q6_K: Layout(16, False, SFMT_KS, False, 32),
+    T.Q4_0: Layout(32, 4, SFMT_F16, False, 8), T.Q4_1: Layout(32, 4, SFMT_F16, True, 0),
+    T.Q5_0: Layout(32, 8, SFMT_F16, False, 16),
+    T.Q5_1: Layout(32, 8, SFMT_F16, True, 0),
+    T.Q8_0: Layout(32, 8, SFMT_F16, False, 128),
+    T.Q4_K: Layout(32, 4, SFMT_KS, True, 0), T.Q5_K: Layout(32, 8, SFMT_KS, True, 0),
+    T.Q6_K: Layout(16, 8, SFMT_KS, False, 32),
 }
+# The types whose u are all below 64: 6-bit storage holds them (``with_bits``).
+BELOW_64 = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K})
+
+
+def storage_bytes(bits: int, sb: int) -> int:
+    """Packed bytes of one (group of 16 rows, sub-block) in ``bits`` storage."""
+    return {4: 8, 6: 12, 8: 16}[bits] * sb
 
 
 def ks_tile_bytes(sb: int) -> int:
@@ -105,7 +115,7 @@ class Canon:
     mins: np.ndarray | None  # same dtype and shape as scale
     zero: np.ndarray | None  # int32 [n]
     sb: int
-    u4: bool
+    bits: int  # storage: 4, 6 or 8
     ks: KScales | None = None
 
 
@@ -196,9 +206,19 @@ def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
         mins=None if mins is None else np.ascontiguousarray(mins).reshape(n, k // sb),
         zero=np.full(n, lay.zero, dtype=np.int32) if lay.zero else None,
         sb=sb,
-        u4=lay.u4,
+        bits=lay.bits,
         ks=ks,
     )
+
+
+def with_bits(c: Canon, bits: int) -> Canon:
+    """The same weight in ``bits`` storage: 6 for u8 storage whose every u is below 64
+    (its products and values are the same numbers), or its own storage."""
+    if bits == c.bits:
+        return c
+    if bits != 6 or c.bits != 8 or (c.u.size and int(c.u.max()) >= 64):
+        raise ValueError(f"with_bits: {c.bits}-bit storage cannot become {bits}-bit")
+    return replace(c, bits=6)
 
 
 def concat(parts: list[Canon]) -> Canon:
@@ -207,7 +227,7 @@ def concat(parts: list[Canon]) -> Canon:
     and the kernel's accumulator is never -0.0, so both change no result bit."""
     first = parts[0]
     for p in parts:
-        if (p.u4, p.sb, p.scale.dtype) != (first.u4, first.sb, first.scale.dtype):
+        if (p.bits, p.sb, p.scale.dtype) != (first.bits, first.sb, first.scale.dtype):
             raise ValueError("concat: parts differ in storage, sub-block or scale dtype")
     mins = None
     if any(p.mins is not None for p in parts):
@@ -231,7 +251,7 @@ def concat(parts: list[Canon]) -> Canon:
         ks = KScales(np.concatenate([q.d for q in kss]), np.concatenate([q.sc for q in kss]),
                      dm, mn)
     return Canon(np.concatenate([p.u for p in parts]), np.concatenate([p.scale for p in parts]),
-                 mins, zero, first.sb, first.u4, ks)
+                 mins, zero, first.sb, first.bits, ks)
 
 
 def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
@@ -245,8 +265,13 @@ def pack(c: Canon) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarra
     n, k = c.u.shape
     g, nsb = (n + 15) // 16, k // c.sb
     u = _pad_rows(c.u, 16 * g).reshape(g, 16, nsb, c.sb // 4, 4).transpose(0, 2, 3, 1, 4)
-    if c.u4:  # chunk v in the low nibble, chunk v+4 in the high one
+    if c.bits == 4:  # chunk v in the low nibble, chunk v+4 in the high one
         u = u[:, :, :4] | (u[:, :, 4:] << 4)
+    elif c.bits == 6:  # [g, nsb, pair, e, half, 8 rows x 4]: (half, e) = (1, 1) spread
+        u = u.reshape(g, nsb, c.sb // 8, 2, 2, 32)
+        last = u[:, :, :, 1, 1]
+        u = np.stack([u[:, :, :, 0, 0] | (last << 6), u[:, :, :, 1, 0] | ((last >> 2) << 6),
+                      u[:, :, :, 0, 1] | ((last >> 4) << 6)], axis=3)
 
     def per_group(s: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(
@@ -278,11 +303,18 @@ def pack(c: Canon) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarra
 
 
 def unpack(qs: np.ndarray, scale: np.ndarray, mins: np.ndarray | None,
-           zero: np.ndarray | None, n: int, k: int, sb: int, u4: bool) -> Canon:
+           zero: np.ndarray | None, n: int, k: int, sb: int, bits: int) -> Canon:
     """The inverse of ``pack``."""
     g, nsb = (n + 15) // 16, k // sb
-    v = qs.reshape(g, nsb, -1, 16, 4)
-    if u4:
+    if bits == 6:
+        a, b, c = np.moveaxis(qs.reshape(g, nsb, sb // 8, 3, 32), 3, 0)
+        last = (a >> 6) | ((b >> 6) << 2) | ((c >> 6) << 4)
+        v = np.stack([np.stack([a & 0x3F, c & 0x3F], axis=3),  # e = 0: halves 0, 1
+                      np.stack([b & 0x3F, last], axis=3)], axis=3)  # e = 1
+        v = v.reshape(g, nsb, sb // 4, 16, 4)  # [.., pair, e] = chunk; [half, 8 x 4] = rows
+    else:
+        v = qs.reshape(g, nsb, -1, 16, 4)
+    if bits == 4:
         v = np.concatenate([v & 0x0F, v >> 4], axis=2)
 
     u = np.ascontiguousarray(v.transpose(0, 3, 1, 2, 4)).reshape(16 * g, k)[:n]
@@ -301,7 +333,7 @@ def unpack(qs: np.ndarray, scale: np.ndarray, mins: np.ndarray | None,
 
     z = None if zero is None else zero[:n].copy()
     if scale.dtype != np.uint8:
-        return Canon(u, rows(scale), None if mins is None else rows(mins), z, sb, u4)
+        return Canon(u, rows(scale), None if mins is None else rows(mins), z, sb, bits)
     d, sc = factors(scale)
     spb = 256 // sb
 
@@ -312,4 +344,4 @@ def unpack(qs: np.ndarray, scale: np.ndarray, mins: np.ndarray | None,
     if mins is not None:
         dm, mn = factors(mins)
     return Canon(u, product(d, sc), None if dm is None or mn is None else product(dm, mn), z,
-                 sb, u4, KScales(d, sc, dm, mn))
+                 sb, bits, KScales(d, sc, dm, mn))

@@ -10,7 +10,7 @@ result is bit-identical whatever the number of rows, the thread count, and the
 instruction-set path (AVX-512 VNNI, AVX-512, AVX2, scalar).
 
 A weight is one or more *segments* (consecutive row ranges), each homogeneous in
-storage (u4/u8), sub-block length and scale dtype. ``concat`` of parts that agree on
+storage (4, 6 or 8 bits), sub-block length and scale dtype. ``concat`` of parts that agree on
 those becomes one segment (e.g. Gemma's Q5_0 q/k with its Q8_0 v); parts that do not
 stay separate segments, computed by their own kernel call into their output columns,
 so every row keeps its own format's bits and bytes (no 4-bit part is widened).
@@ -47,7 +47,7 @@ class Segment:
     n: int
     k: int
     sb: int
-    u4: bool
+    bits: int  # storage: 4, 6 or 8 (qformats)
     kinds: tuple[str, ...]
     qs: torch.Tensor  # uint8, flat
     scale: torch.Tensor  # float16 or float32 [G * k/sb * 16], or uint8 K-quant tiles
@@ -60,7 +60,7 @@ class Segment:
         mins = _EMPTY_U8 if self.mins is None else self.mins.view(torch.uint8)
         zero = _EMPTY_I32 if self.zero is None else self.zero
         handle = _kernels.QSeg(self.qs, self.scale.view(torch.uint8), mins, zero, self.n, self.k,
-                               self.sb, self.u4, self.sfmt)
+                               self.sb, self.bits, self.sfmt)
         object.__setattr__(self, "handle", handle)
 
     @property
@@ -76,7 +76,7 @@ class Segment:
             return None if t is None else t.numpy()
 
         return qf.unpack(self.qs.numpy(), self.scale.numpy(), arr(self.mins), arr(self.zero),
-                         self.n, self.k, self.sb, self.u4)
+                         self.n, self.k, self.sb, self.bits)
 
     @staticmethod
     def build(c: qf.Canon, n_off: int, kinds: tuple[str, ...]) -> Segment:
@@ -86,7 +86,7 @@ class Segment:
             return None if a is None else torch.from_numpy(a)
 
         n, k = c.u.shape
-        return Segment(n_off, n, k, c.sb, c.u4, kinds, torch.from_numpy(qs),
+        return Segment(n_off, n, k, c.sb, c.bits, kinds, torch.from_numpy(qs),
                        torch.from_numpy(scale), t(mins), t(zero))
 
     @staticmethod
@@ -131,10 +131,29 @@ class Segment:
         has_mins = any(s.mins is not None for s in run)
         has_zero = any(s.zero is not None for s in run)
         return Segment(
-            n_off, sum(s.n for s in run), first.k, first.sb, first.u4, kinds,
+            n_off, sum(s.n for s in run), first.k, first.sb, first.bits, kinds,
             cat([s.qs for s in run]), cat([s.scale for s in run]),
             cat([mins(s) for s in run]) if has_mins else None,
             cat([zero(s) for s in run]) if has_zero else None)
+
+
+# Loads store these in 6 bits where the kernel path reads 6-bit storage itself: AVX2
+# without VNNI (its byte products unpack a pair of chunks once for all the rows) and
+# scalar. Q6_K then takes its GGUF's 210 bytes per 256 weights of a row, not 274: on a
+# 2-vCPU Zen 3, two threads, Q6_K products of 8192 x 4096 and 14336 x 4096 took 0.65-0.68x
+# the u8 time for 1 row (the stream), 0.82-0.85x for 4, the same for 8, 1.05x for 16, and
+# 1.10x in cache (2048 x 2048). The VNNI paths run 6-bit storage through that AVX2
+# product (qkernels.h), so their loads keep u8 until they have a 6-bit product of their
+# own. Q5_0/Q5_1 keep u8: Gemma's q/k stack with their Q8_0 v into one segment.
+_SIX_BIT = frozenset({T.Q5_K, T.Q6_K})
+_READS_SIX_BITS = (0, 1)  # the C++ codes (kernel_common.h) of scalar and AVX2 without VNNI
+
+
+def default_bits(qtype: T) -> int:
+    """The storage a load gives ``qtype`` on this path (``_SIX_BIT``), else its own."""
+    if qtype in _SIX_BIT and _isa.code() in _READS_SIX_BITS:
+        return 6
+    return qf.LAYOUTS[qtype].bits
 
 
 def _ggml_type(t: int | T) -> T:
@@ -170,19 +189,22 @@ class QuantizedWeight:
 
     @classmethod
     def from_gguf_rows(cls, ggml_type: int | T, n: int, k: int,
-                       chunks: Iterable[tuple[int, np.ndarray]]) -> QuantizedWeight:
+                       chunks: Iterable[tuple[int, np.ndarray]], *,
+                       bits: int | None = None) -> QuantizedWeight:
         """From a quantized GGUF tensor's block bytes given as (first row, rows) chunks
         that cover its n rows (a loader reads a large tensor a piece at a time). Packed
-        in C++ (``runtime.qrepack``), byte for byte ``qformats.pack(qformats.decode())``."""
+        in C++ (``runtime.qrepack``), byte for byte ``qformats.pack(qformats.decode())``
+        (``with_bits`` applied), in ``bits`` storage (default: ``default_bits``)."""
         qtype = _ggml_type(ggml_type)
         if qtype not in qf.BLOCKS:
             raise ValueError(f"GGUF type {qtype.name} is not supported by the quantized kernels")
         if k % qf.BLOCKS[qtype][0]:
             raise ValueError(f"{qtype.name}: row length {k} is not a multiple of "
                              f"{qf.BLOCKS[qtype][0]}")
-        p = qrepack.repack(qtype, n, k, chunks)
-        lay = qf.LAYOUTS[qtype]
-        seg = Segment(0, n, k, lay.sb, lay.u4, (qtype.name,), p.qs, p.scale, p.mins, p.zero)
+        bits = default_bits(qtype) if bits is None else bits
+        p = qrepack.repack(qtype, n, k, chunks, bits)
+        seg = Segment(0, n, k, qf.LAYOUTS[qtype].sb, bits, (qtype.name,), p.qs, p.scale,
+                      p.mins, p.zero)
         return cls(n, k, qtype.name, (seg,))
 
     @classmethod
@@ -212,7 +234,7 @@ class QuantizedWeight:
         runs: list[list[Segment]] = [[segs[0]]]
         for s in segs[1:]:
             last = runs[-1][-1]
-            if (s.u4, s.sb, s.scale.dtype) == (last.u4, last.sb, last.scale.dtype):
+            if (s.bits, s.sb, s.scale.dtype) == (last.bits, last.sb, last.scale.dtype):
                 runs[-1].append(s)
             else:
                 runs.append([s])
@@ -222,7 +244,7 @@ class QuantizedWeight:
             kinds = tuple(dict.fromkeys(kd for s in run for kd in s.kinds))
             if len(run) == 1:
                 c = run[0]
-                seg = Segment(off, c.n, k, c.sb, c.u4, kinds, c.qs, c.scale, c.mins, c.zero)
+                seg = Segment(off, c.n, k, c.sb, c.bits, kinds, c.qs, c.scale, c.mins, c.zero)
             elif Segment.unstackable(run) is None:
                 seg = Segment.stack(run, off, kinds)
             else:  # through the canonical form (e.g. rows move between groups of 16)
@@ -272,7 +294,7 @@ class QuantizedWeight:
         d = {f"{prefix}meta": torch.tensor([self.n, self.k, len(self.segments)])}
         for i, s in enumerate(self.segments):
             p = f"{prefix}{i}."
-            d[p + "meta"] = torch.tensor([s.n_off, s.n, s.sb, int(s.u4)])
+            d[p + "meta"] = torch.tensor([s.n_off, s.n, s.sb, s.bits])
             d[p + "kinds"] = torch.tensor([int(T[kd]) for kd in s.kinds])
             d[p + "qs"], d[p + "scale"] = s.qs, s.scale
             if s.mins is not None:
@@ -287,9 +309,9 @@ class QuantizedWeight:
         segs = []
         for i in range(count):
             p = f"{prefix}{i}."
-            n_off, sn, sb, u4 = (int(v) for v in tensors[p + "meta"].tolist())
+            n_off, sn, sb, bits = (int(v) for v in tensors[p + "meta"].tolist())
             kinds = tuple(T(int(v)).name for v in tensors[p + "kinds"].tolist())
-            segs.append(Segment(n_off, sn, k, sb, bool(u4), kinds, tensors[p + "qs"],
+            segs.append(Segment(n_off, sn, k, sb, bits, kinds, tensors[p + "qs"],
                                 tensors[p + "scale"], tensors.get(p + "mins"),
                                 tensors.get(p + "zero")))
         kind = "+".join(dict.fromkeys(kd for s in segs for kd in s.kinds))

@@ -50,8 +50,9 @@ def zeros(count: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(m, dtype=dtype, count=count)
 
 
-def allocate(qtype: T, n: int, k: int) -> Packed:
-    """Zeroed arrays for n rows of ``qtype`` (zero is what ``pack`` pads rows with)."""
+def allocate(qtype: T, n: int, k: int, bits: int) -> Packed:
+    """Zeroed arrays for n rows of ``qtype`` in ``bits`` storage (zero is what ``pack``
+    pads rows with)."""
     lay = qf.LAYOUTS[qtype]
     g, nsb = (n + 15) // 16, k // lay.sb
     if lay.sfmt == qf.SFMT_KS:
@@ -59,7 +60,7 @@ def allocate(qtype: T, n: int, k: int) -> Packed:
     else:
         sdt, count = torch.float16, g * nsb * 16
     return Packed(
-        qs=zeros(g * nsb * (8 if lay.u4 else 16) * lay.sb, torch.uint8),
+        qs=zeros(g * nsb * qf.storage_bytes(bits, lay.sb), torch.uint8),
         scale=zeros(count, sdt),
         mins=zeros(count, sdt) if lay.mins else None,
         zero=zeros(g * 16, torch.int32) if lay.zero else None,
@@ -71,25 +72,30 @@ _NONE_I32 = torch.empty(0, dtype=torch.int32)
 
 
 def write_rows(out: Packed, qtype: T, n: int, k: int, row_off: int, raw: np.ndarray,
-               threads: int | None = None) -> None:
-    """Rows [row_off, row_off + len(raw)) of an [n, k] weight, from their GGUF block
-    bytes (uint8 [rows, bytes per row], or any array of those bytes in row order)."""
+               bits: int, threads: int | None = None) -> None:
+    """Rows [row_off, row_off + len(raw)) of an [n, k] weight in ``bits`` storage,
+    from their GGUF block bytes (uint8 [rows, bytes per row], or any array of those
+    bytes in row order)."""
     rows = np.ascontiguousarray(raw).view(np.uint8).reshape(len(raw), -1)
     mins = _NONE_U8 if out.mins is None else out.mins.view(torch.uint8)
     zero = _NONE_I32 if out.zero is None else out.zero
     _kernels.qrepack(rows, int(qtype), n, k, row_off, out.qs, out.scale.view(torch.uint8),
-                     mins, zero, kernel_threads() if threads is None else threads)
+                     mins, zero, bits, kernel_threads() if threads is None else threads)
 
 
-def repack(qtype: T, n: int, k: int, chunks: Iterable[tuple[int, np.ndarray]]) -> Packed:
+def repack(qtype: T, n: int, k: int, chunks: Iterable[tuple[int, np.ndarray]],
+           bits: int | None = None) -> Packed:
     """An [n, k] weight from (first row, block bytes of consecutive rows) chunks that
-    cover its rows once each."""
+    cover its rows once each, in ``bits`` storage (default: the type's own)."""
     if qtype not in qf.LAYOUTS:
         raise ValueError(f"no kernel layout for GGUF type {qtype.name}")
-    out = allocate(qtype, n, k)
+    bits = qf.LAYOUTS[qtype].bits if bits is None else bits
+    if bits != qf.LAYOUTS[qtype].bits and not (bits == 6 and qtype in qf.BELOW_64):
+        raise ValueError(f"{qtype.name} cannot be stored in {bits} bits")
+    out = allocate(qtype, n, k, bits)
     covered = 0
     for row_off, raw in chunks:
-        write_rows(out, qtype, n, k, row_off, raw)
+        write_rows(out, qtype, n, k, row_off, raw, bits)
         covered += len(raw)
     if covered != n:
         raise ValueError(f"repack: chunks hold {covered} rows, the weight {n}")
