@@ -36,6 +36,8 @@ def test_matrix_and_config_are_checked() -> None:
         ScaleConfig(ks=(2, 4))
     with pytest.raises(DataError, match="'ar'"):
         ScaleConfig(answers="x", methods=("pld",))
+    with pytest.raises(DataError, match="decode_rounds"):
+        ScaleConfig(decode_rounds=-1)
 
 
 def _recorded_run(tmp_path: Path) -> tuple[list[dict[str, Any]], ReplayConfig]:
@@ -87,10 +89,16 @@ def test_ratios_and_report_of_one_entry() -> None:
                  "load_s": 2.0},
         "llamacpp": {"tg_tok_s": 25.0, "pp_tok_s": 75.0, "cost_ms": {"1": 40.0, "8": 80.0},
                      "rss_mb": 1050.0, "start_s": 0.5},
+        "paired_decode": [{"first": "ours", "ours": 30.0, "llamacpp": 20.0},
+                          {"first": "llamacpp", "ours": 26.0, "llamacpp": 20.0},
+                          {"first": "ours", "ours": 28.0, "llamacpp": 25.0}],
     }
     _derive(entry, {"read_gb_s": 40.0})
     d = entry["derived"]
     assert d["decode_vs_llamacpp"] == pytest.approx(1.2)
+    # The paired rounds' ratios 1.5, 1.3, 1.12: their median and range.
+    assert d["decode_vs_llamacpp_paired"] == pytest.approx(
+        {"median": 1.3, "min": 1.12, "max": 1.5, "rounds": 3})
     assert d["prefill_vs_llamacpp"] == pytest.approx(2.0)
     assert d["cost_ratio"]["8"] == pytest.approx(1.5)
     assert d["llamacpp_cost_ratio"]["8"] == pytest.approx(2.0)
@@ -102,6 +110,7 @@ def test_ratios_and_report_of_one_entry() -> None:
                  "1.10x"):
         assert cell in row, (cell, row)
     assert "commit 0c1e570" in md and "-DGGML_NATIVE=ON" in md
+    assert "smollm2-1.7b Q4_0 1.30x (median of 3, 1.12x-1.50x)" in md
 
 
 @needs_model
@@ -130,3 +139,10 @@ def test_our_side_measures_a_real_gguf_in_a_child(tmp_path: Path) -> None:
     assert curve.decode is not None and curve.decode.contexts == (16, 64)
     assert curve.prefill is not None and curve.prefill.rows == (32, 128)
     assert curve(2, 1, 64) == pytest.approx(res["cost_ms"]["2"] / 1000)
+    # A paired decode round's child: the decode only, no curve.
+    proc = subprocess.run(
+        [sys.executable, "-m", "recallspec.bench.scale_ours", str(gguf), "--repeats", "1",
+         "--new-tokens", "4", "--decode-only", "--threads", "1"],
+        capture_output=True, text=True, check=True, timeout=600)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["ar"]["decode_tok_s"] > 0 and "cost_ms" not in res and "prefill_tok_s" not in res

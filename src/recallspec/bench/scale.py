@@ -11,6 +11,11 @@ For each (shape, quantization) of the matrix, in one run on one machine:
   ``llama-server``'s verification curve (its timed prompt eval of k tokens on top of
   ``cached`` tokens already in its cache: logits of the last row only, so it slightly
   under-prices a verification that needs every row's), its resident memory and start;
+* paired decode rounds (``decode_rounds``): ours (a fresh child, decode only) and
+  llama-bench's tg once each, back to back, the order alternating by round; the median
+  of the rounds' ratios is the decode ratio least moved by a shared VM's drift (its
+  speed changed 1.5-2x within one run here, and the sequential measurements above put
+  the two engines minutes apart);
 * with ``answers`` (a ``recallspec bench`` run of SmolLM2 on Spec-Bench with ``ar`` and
   the drafting methods): the predicted Spec-Bench tokens/s of our methods at the shape
   (``bench/scale_predict.py``), labelled as a prediction, with the replay's error on the
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -59,6 +65,7 @@ class ScaleConfig:
     methods: tuple[str, ...] = PREDICT_METHODS
     stream_mib: int = 1024
     overwrite: bool = False  # measure entries already in OUT/scale.json again
+    decode_rounds: int = 3  # paired decode rounds (with llamacpp; 0: none)
 
     def __post_init__(self) -> None:
         from recallspec.bench.shapes import QUANTS, SHAPES
@@ -74,6 +81,8 @@ class ScaleConfig:
             raise DataError("need repeats >= 1, new_tokens >= 2, prefill >= 1, cached >= 1")
         if not self.ks or min(self.ks) < 1 or 1 not in self.ks:
             raise DataError(f"ks must be positive and include 1 (the ratios' base): {self.ks}")
+        if self.decode_rounds < 0:
+            raise DataError(f"decode_rounds must be >= 0, got {self.decode_rounds}")
         if self.answers is not None and "ar" not in self.methods:
             raise DataError("the predicted speedups need 'ar' among the methods")
 
@@ -101,12 +110,14 @@ def parse_entries(shapes: str | None, quants: str | None) -> tuple[tuple[str, st
     return tuple((s, q) for s in ss for q in qs)
 
 
-def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path, say: Callable[[str], None],
+def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path | None, say: Callable[[str], None],
           ) -> dict[str, Any]:
+    """Our child's measurements; decode only (once) without ``curve_out``."""
     cmd = [sys.executable, "-m", "recallspec.bench.scale_ours", str(gguf),
            "--repeats", str(cfg.repeats), "--new-tokens", str(cfg.new_tokens),
            "--prefill", str(cfg.prefill), "--ks", ",".join(map(str, cfg.ks)),
-           "--cached", str(cfg.cached), "--curve-out", str(curve_out)]
+           "--cached", str(cfg.cached)]
+    cmd += ["--curve-out", str(curve_out)] if curve_out else ["--decode-only", "--repeats", "1"]
     if cfg.threads:
         cmd += ["--threads", str(cfg.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -115,6 +126,32 @@ def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path, say: Callable[[str], No
         say(f"  ours failed (exit {proc.returncode}): {tail}")
         return {"error": f"exit {proc.returncode}: {tail}"}
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _paired_decode(gguf: Path, cfg: ScaleConfig, threads: int,
+                   say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """``decode_rounds`` rounds of {"ours", "llamacpp": decode tok/s, "first": which ran
+    first}; a round whose either half failed is left out (and said)."""
+    from recallspec.bench import llamacpp as lc
+    from recallspec.bench.scale_llamacpp import tg_only
+
+    rounds = []
+    for r in range(cfg.decode_rounds):
+        first = "ours" if r % 2 == 0 else "llamacpp"
+        got: dict[str, Any] = {"first": first}
+        for side in (first, "llamacpp" if first == "ours" else "ours"):
+            if side == "ours":
+                o = _ours(gguf, cfg, None, say)
+                got["ours"] = o.get("ar", {}).get("decode_tok_s")
+            else:
+                try:
+                    got["llamacpp"] = tg_only(gguf, cfg, threads)
+                except (lc.LlamaCppError, lc.PeerNotBuilt) as e:
+                    say(f"  llama.cpp failed: {e}")
+        if got.get("ours") and got.get("llamacpp"):
+            rounds.append(got)
+            say(f"  round {r + 1}: ours {got['ours']:.2f}, llama.cpp {got['llamacpp']:.2f} tok/s")
+    return rounds
 
 
 def _derive(entry: dict[str, Any], stream: dict[str, float]) -> None:
@@ -133,6 +170,11 @@ def _derive(entry: dict[str, Any], stream: dict[str, float]) -> None:
         d["llamacpp_cost_ratio"] = {k: v / lc["cost_ms"]["1"] for k, v in lc["cost_ms"].items()}
     if lc.get("tg_tok_s"):
         d["llamacpp_gb_s"] = entry["file_bytes"] * lc["tg_tok_s"] / 1e9  # ~ bytes read a token
+    ratios = [r["ours"] / r["llamacpp"] for r in entry.get("paired_decode", [])]
+    if ratios:
+        d["decode_vs_llamacpp_paired"] = {"median": statistics.median(ratios),
+                                          "min": min(ratios), "max": max(ratios),
+                                          "rounds": len(ratios)}
     entry["derived"] = d
 
 
@@ -228,6 +270,10 @@ def run_scale(cfg: ScaleConfig, out: Path,
             entry["llamacpp"] = llamacpp_side(gguf, cfg, entry["ours"].get("threads"), say)
             if entry["llamacpp"].get("system_info"):
                 res["peer"]["system_info"] = entry["llamacpp"]["system_info"]
+            if cfg.decode_rounds and "error" not in entry["ours"]:
+                say(f"[{key}] paired decode: {cfg.decode_rounds} rounds")
+                entry["paired_decode"] = _paired_decode(
+                    gguf, cfg, entry["ours"]["threads"], say)
         _derive(entry, entry["stream"])
         res["entries"][key] = entry
         _write(res, out)

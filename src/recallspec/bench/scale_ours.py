@@ -87,6 +87,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                            "threads": threads,
                            "baseline_rss_mb": baseline, "prompt_tokens": len(ids)}
     out["ar"] = engine_ar(engine, ids, args.new_tokens, args.repeats)
+    if args.decode_only:
+        return out
     # Prefill: chunks of 128 and P rows (last row's logits) at positions 0 and 512, the
     # engine's prefill forward (its prefill_chunk is 512); P at 0 is the reported rate.
     sizes = tuple(sorted({PREFILL_SMALL, args.prefill}))
@@ -129,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cached", type=int, default=512)
     p.add_argument("--contexts", type=positive_ints, default=(128, 512, 1024))
     p.add_argument("--curve-out", default=None)
+    p.add_argument("--decode-only", action="store_true",
+                   help="AR decode only (bench scale's paired decode rounds)")
     args = p.parse_args(argv)
     res = measure(args)
     sys.stdout.write(json.dumps(res) + "\n")

@@ -39,6 +39,10 @@ def register_bench(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "ar and the drafting methods: adds predicted tokens/s at each shape")
     sc.add_argument("--methods", default=",".join(PREDICT_METHODS),
                     help="methods to predict (with --answers; must include ar)")
+    sc.add_argument("--decode-rounds", type=int, default=d.decode_rounds,
+                    help="paired decode rounds after each entry: ours and llama-bench tg "
+                    "back to back, order alternating (the ratio least moved by a drifting "
+                    "machine; 0: none)")
     sc.add_argument("--overwrite", action="store_true",
                     help="measure again the entries already in OUT/scale.json")
     sc.add_argument("--out", default="bench_out/scale", help="output directory")
@@ -55,7 +59,7 @@ def run_scale_cmd(args: argparse.Namespace) -> int:
         cached=args.cached, threads=args.threads, llamacpp=not args.no_llamacpp,
         answers=args.answers, methods=tuple(m.strip() for m in args.methods.split(",")
                                             if m.strip()),
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, decode_rounds=args.decode_rounds,
     )
     out = Path(args.out)
     res = run_scale(cfg, out)
