@@ -114,10 +114,11 @@ def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path | None, say: Callable[[s
           ) -> dict[str, Any]:
     """Our child's measurements; decode only (once) without ``curve_out``."""
     cmd = [sys.executable, "-m", "recallspec.bench.scale_ours", str(gguf),
-           "--repeats", str(cfg.repeats), "--new-tokens", str(cfg.new_tokens),
+           "--repeats", str(cfg.repeats if curve_out else 1),
+           "--new-tokens", str(cfg.new_tokens),
            "--prefill", str(cfg.prefill), "--ks", ",".join(map(str, cfg.ks)),
            "--cached", str(cfg.cached)]
-    cmd += ["--curve-out", str(curve_out)] if curve_out else ["--decode-only", "--repeats", "1"]
+    cmd += ["--curve-out", str(curve_out)] if curve_out else ["--decode-only"]
     if cfg.threads:
         cmd += ["--threads", str(cfg.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
