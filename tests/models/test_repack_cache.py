@@ -43,7 +43,8 @@ def numpy_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     concatenated and packed again."""
 
     def from_rows(cls: type[QuantizedWeight], ggml_type: Any, n: int, k: int,
-                  chunks: Any) -> QuantizedWeight:
+                  chunks: Any, *, into: Any = None) -> QuantizedWeight:
+        # each part on its own (``into`` ignored): the fused matrices stacked by copying
         qtype = qf.T(int(ggml_type))
         parts = sorted(((r0, np.array(raw)) for r0, raw in chunks), key=lambda p: p[0])
         raw = np.concatenate([p for _, p in parts])
@@ -86,6 +87,30 @@ def test_first_load_equals_numpy_path(model: str, monkeypatch: pytest.MonkeyPatc
         ref = packed_bytes(first_load_weights(model))
     assert fast.keys() == ref.keys()
     assert [k for k in fast if fast[k] != ref[k]] == []
+
+
+@pytest.mark.parametrize("model", real_models())
+def test_fused_parts_are_written_in_place(model: str) -> None:
+    """A first load writes the parts of QKV and gate-up that share a block type into their
+    fused arrays (``quantized._fused_parts``): the fused weight holds those very arrays,
+    not a copy; parts of different types (Gemma's Q5_0 q/k beside a Q8_0 v) are stacked
+    by copying (both equal the numpy path: ``test_first_load_equals_numpy_path``)."""
+    config = loader.read_config(loader._hf_dir_for(model))
+    hf = quantized.quantized_state_dict(resolve_model(model), config)
+    groups: dict[str, tuple[bool, torch.Tensor]] = {}
+    for i in range(config.num_layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        for fused, names in ((f"layers.{i}.qkv_w", [a + f"{x}_proj.weight" for x in "qkv"]),
+                             (f"layers.{i}.gate_up_w", [m + "gate_proj.weight",
+                                                        m + "up_proj.weight"])):
+            parts = [w for n in names if isinstance(w := hf[n], QuantizedWeight)]
+            assert len(parts) == len(names)
+            groups[fused] = (len({w.kind for w in parts}) == 1, parts[0].segments[0].qs)
+    weights = loader.internal_weights(config, hf)
+    in_place = {name: weights[name].segments[0].qs.data_ptr() == first.data_ptr()
+                for name, (_, first) in groups.items()}
+    assert in_place == {name: same for name, (same, _) in groups.items()}
+    assert any(in_place.values())
 
 
 CACHED = re.compile(r"recallspec: cached the repacked weights \(([\d,]+) MB, ([\d.]+)x the "
@@ -159,3 +184,43 @@ def test_repack_cache_failure_is_reported_and_loses_nothing(
     logits = [m(build_batch([SequenceInput(0, 0, ids)]), m.new_cache(1, 64))
               for m in (model, reference)]
     assert torch.equal(logits[0], logits[1])  # the same weights: the same bits
+
+
+def test_first_load_equals_a_later_load(isolated_cache: Path) -> None:
+    """A first load (the GGUF's tokenizer converted on a second thread while this one
+    repacks its weights) and a later one from the converted directory and repack cache:
+    the same tokens, the same logits bit for bit."""
+    first, tok = load_model(None)
+    assert first.repack_cache_writer is not None
+    first.repack_cache_writer.join()
+    later, tok_later = load_model(None)
+    assert later.repack_cache_writer is None  # read from the cache
+    ids = tok.encode("The printing press changed how knowledge spread, because")
+    assert tok_later.encode("The printing press changed how knowledge spread, because") == ids
+    logits = [m(build_batch([SequenceInput(0, 0, ids)]), m.new_cache(1, 64))
+              for m in (first, later)]
+    assert torch.equal(logits[0], logits[1])
+
+
+def test_first_load_tokenizer_error_loses_nothing(isolated_cache: Path, tmp_path: Path) -> None:
+    """A GGUF whose weights load but whose tokenizer cannot be converted: the error of the
+    conversion thread reaches the caller once the repack beside it has stopped, and the
+    cache holds nothing of the file (no directory, no repack cache, no temporary)."""
+    import gguf
+
+    from recallspec.bench.shapes import SHAPES
+    from recallspec.bench.shapes_gguf import tokenizer_fields, write_shape_gguf
+
+    shape = SHAPES["tiny-llama"]
+    source = tmp_path / "tokenizer.gguf"
+    w = gguf.GGUFWriter(str(source), "llama")
+    for key, value, vtype, sub in tokenizer_fields(shape.vocab):
+        w.add_key_value(key, "nonsense" if key == "tokenizer.ggml.model" else value, vtype, sub)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    bad = tmp_path / "bad-tokenizer.gguf"
+    write_shape_gguf(shape, bad, seed=0, tokenizer_source=source)
+    with pytest.raises(ModelLoadError, match=r"cannot convert the tokenizer of .*'nonsense'"):
+        load_model(str(bad))
+    assert list((isolated_cache / "models").iterdir()) == []

@@ -144,6 +144,52 @@ def test_concat_equals_reference(types: list[T], rows: list[int]) -> None:
         assert_same(got, want)
 
 
+@pytest.mark.parametrize(("qtype", "bits"), STORAGES, ids=STORAGE_IDS)
+def test_parts_written_in_place_equal_the_copy(qtype: T, bits: int) -> None:
+    """Parts repacked into one weight's arrays (``repack(into=)``, as a load writes QKV
+    and gate-up): each part is a view of its groups there, equal to the part repacked on
+    its own; ``concat`` joins them with no copy, into the arrays of the whole, which
+    equal the stacked copy byte for byte."""
+    k, rows = 256, [32, 16, 21]  # the last ends inside a group
+    raws = [random_raw(qtype, n, k, seed=i) for i, n in enumerate(rows)]
+    total = sum(rows)
+    arrays = qrepack.allocate(qtype, total, k, bits)
+    parts, first = [], 0
+    for raw, n in zip(raws, rows, strict=True):
+        parts.append(QuantizedWeight.from_gguf_rows(qtype, n, k, [(0, raw)], bits=bits,
+                                                    into=(arrays, total, first)))
+        first += n
+    alone = [QuantizedWeight.from_gguf_rows(qtype, n, k, [(0, raw)], bits=bits)
+             for raw, n in zip(raws, rows, strict=True)]
+    for got, want in zip(parts, alone, strict=True):
+        assert_same(got.segments[0], want.segments[0])
+    joined, copied = QuantizedWeight.concat(parts), QuantizedWeight.concat(alone)
+    assert len(joined.segments) == len(copied.segments) == 1
+    assert_same(joined.segments[0], copied.segments[0])
+    for name in ("qs", "scale", "mins", "zero"):
+        got, whole = getattr(joined.segments[0], name), getattr(arrays, name)
+        assert (got is None) == (whole is None)
+        if got is not None:  # the very arrays written: no copy
+            assert got.data_ptr() == whole.data_ptr() and got.numel() == whole.numel()
+    with pytest.raises(ValueError, match=r"rows \[8, 24\) do not start a group"):
+        qrepack.repack(qtype, 16, k, [(0, raws[1])], bits, into=(arrays, total, 8))
+    with pytest.raises(ValueError, match=r"rows \[64, 80\) do not start a group"):
+        qrepack.repack(qtype, 16, k, [(0, raws[1])], bits, into=(arrays, total, 64))
+
+
+def test_concat_copies_parts_not_side_by_side() -> None:
+    """Views of one storage that are not one after another in order are copied."""
+    k = 256
+    arrays = qrepack.allocate(T.Q8_0, 32, k, 8)
+    raws = [random_raw(T.Q8_0, 16, k, seed=i) for i in range(2)]
+    a, b = (QuantizedWeight.from_gguf_rows(T.Q8_0, 16, k, [(0, r)], into=(arrays, 32, at))
+            for r, at in zip(raws, (0, 16), strict=True))
+    swapped = QuantizedWeight.concat([b, a])
+    assert swapped.segments[0].qs.data_ptr() != arrays.qs.data_ptr()
+    assert as_bytes(swapped.segments[0].qs) == as_bytes(torch.cat(
+        [b.segments[0].qs, a.segments[0].qs]))
+
+
 def test_errors() -> None:
     raw = random_raw(T.Q4_K, 4, 256)
     with pytest.raises(ValueError, match="not supported"):

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -105,14 +106,21 @@ def file_key(path: Path) -> str:
     return h.hexdigest()[:20]
 
 
+def _target_dir(gguf: Path) -> Path:
+    """Where the converted directory of a GGUF is (or will be) cached."""
+    from recallspec.models import gguf_loader
+
+    if not gguf_loader.check_magic(gguf):
+        raise ModelLoadError(f"{gguf} is not a GGUF file (bad magic)")
+    return cache_dir() / "models" / f"{gguf.stem}-{file_key(gguf)}"
+
+
 def _converted_dir(gguf: Path) -> Path:
     """The cached directory of a GGUF: config.json and tokenizer files (weights files are
     added by ``_gguf_weights`` for the formats asked for)."""
     from recallspec.models import gguf_loader
 
-    if not gguf_loader.check_magic(gguf):
-        raise ModelLoadError(f"{gguf} is not a GGUF file (bad magic)")
-    target = cache_dir() / "models" / f"{gguf.stem}-{file_key(gguf)}"
+    target = _target_dir(gguf)
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -130,15 +138,17 @@ def _converted_dir(gguf: Path) -> Path:
     return target
 
 
-def _model_source(model: str | os.PathLike[str] | None) -> tuple[Path, Path | None]:
-    """(HF-style directory, the GGUF file it was converted from or None)."""
+def _model_source(model: str | os.PathLike[str] | None,
+                  convert: bool = True) -> tuple[Path, Path | None]:
+    """(HF-style directory, the GGUF file it was converted from or None); with
+    ``convert=False`` a GGUF's directory may not exist yet (``_converted_dir`` makes it)."""
     p = resolve_model(model)
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise ModelLoadError(f"{p} is not a model directory (no config.json)")
         return p, None
     if p.suffix.lower() == ".gguf" or p.is_file():
-        return _converted_dir(p), p
+        return (_converted_dir(p) if convert else _target_dir(p)), p
     raise ModelLoadError(f"{p} is neither a .gguf file nor a model directory")
 
 
@@ -263,19 +273,28 @@ def load_model(
     read)."""
     if kv_dtype not in KV_DTYPES:  # (EngineConfig checked the engine's; callers may not)
         raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
-    directory, gguf = _model_source(path)
+    directory, gguf = _model_source(path, convert=False)
     fmt = weight_format(dtype, gguf)
-    config = read_config(directory)
-    tokenizer = Tokenizer.from_dir(directory, extra_eos_ids=_extra_eos(directory))
     writer = None
-    if gguf is not None:
+    if gguf is not None and fmt == "quantized" and not (directory / "config.json").is_file():
+        directory, weights = _first_quantized_load(gguf)
+        config = read_config(directory)
+        if repack_cache:
+            from recallspec.models.quantized import QUANTIZED_WEIGHTS, save_in_background
+
+            writer = save_in_background(weights, directory / QUANTIZED_WEIGHTS, gguf)
+    elif gguf is not None:
+        directory = _converted_dir(gguf)
+        config = read_config(directory)
         weights, writer = _gguf_weights(gguf, directory, config, fmt, repack_cache)
     else:
+        config = read_config(directory)
         weights = internal_weights(config, _read_safetensors(directory))
         if fmt == "quantized":
             from recallspec.models.quantized import quantize_floats
 
             weights = quantize_floats(weights)
+    tokenizer = Tokenizer.from_dir(directory, extra_eos_ids=_extra_eos(directory))
     quantized = fmt == "quantized"
     model = CausalLM(
         config, weights, dtype=_TORCH_DTYPES.get(fmt, torch.float32), quantized=quantized,
@@ -308,6 +327,26 @@ def weight_format(dtype: str | torch.dtype, gguf: Path | None) -> str:
     if dtype == "auto":
         return "quantized" if gguf is not None else "float32"
     return dtype
+
+
+def _first_quantized_load(gguf: Path) -> tuple[Path, dict[str, Any]]:
+    """A GGUF's first quantized load: (its converted directory, its weights in our layout).
+    The conversion (config and tokenizer files: transformers' import and converter, Python
+    holding the GIL, ~2.6 s at a 49k vocabulary on a Zen 3 VM) runs on a second thread
+    while this one reads and repacks the weights (pread and the C++ repack, which release
+    the GIL: ~1.5 s at the 1.7B shape), so the first token comes after about the longer
+    of the two, not their sum (~3.6 s together there: the cores and the GIL are shared).
+    The weights read the header's own config (``hf_config_from_gguf``, which the
+    conversion writes), so neither waits for the other; an error in either is raised here
+    once both have stopped (the directory, if made, is whole: renamed into place)."""
+    from recallspec.models import gguf_loader, quantized
+    from recallspec.models.gguf_header import read_header
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="recallspec-convert") as pool:
+        converting = pool.submit(_converted_dir, gguf)
+        config = ModelConfig.from_hf_dict(gguf_loader.hf_config_from_gguf(read_header(gguf)))
+        weights = internal_weights(config, quantized.quantized_state_dict(gguf, config))
+        return converting.result(), weights
 
 
 def _gguf_weights(gguf: Path, directory: Path, config: ModelConfig, fmt: str,

@@ -18,6 +18,7 @@ of ~400 MB/s).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -32,7 +33,9 @@ import torch
 from recallspec.errors import ModelLoadError
 from recallspec.models.config import ModelConfig
 from recallspec.models.gguf_header import Header, read_header
-from recallspec.runtime.qlinear import QuantizedWeight
+from recallspec.runtime import qformats as qf
+from recallspec.runtime import qrepack
+from recallspec.runtime.qlinear import QuantizedWeight, default_bits
 
 QUANTIZED_WEIGHTS = "recallspec-quantized.safetensors"
 QUANT_FORMAT = 3  # bump when QuantizedWeight's state_dict layout changes (3: storage bits)
@@ -64,6 +67,8 @@ def _state_dict(header: Header, config: ModelConfig, fd: int) -> Weights:
     float_types = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
                    gguf.GGMLQuantizationType.BF16}
     out: Weights = {}
+    fused = _fused_parts(header)
+    arrays: dict[str, qrepack.Packed] = {}  # a fused matrix's, by its first part's name
     for t in header.tensors:
         name = _hf_name(arch, t.name)
         if name is None:
@@ -101,14 +106,51 @@ def _state_dict(header: Header, config: ModelConfig, fd: int) -> Weights:
             fd, t.offset, rows, t.n_bytes // rows, 0 if permute else CHUNK_BYTES)
         if permute:
             chunks = [(0, _unpermute_qk(whole, permute)) for _, whole in chunks]
+        into = None
+        if t.name in fused:
+            key, total, first = fused[t.name]
+            if key not in arrays:
+                arrays[key] = qrepack.allocate(qtype, total, shape[1], default_bits(qtype))
+            into = (arrays[key], total, first)
         try:
-            out[name] = QuantizedWeight.from_gguf_rows(qtype, rows, shape[1], chunks)
+            out[name] = QuantizedWeight.from_gguf_rows(qtype, rows, shape[1], chunks,
+                                                       into=into)
         except (ValueError, NotImplementedError) as e:
             raise ModelLoadError(
                 f"{t.name}: block type {qtype.name} is not supported by the quantized "
                 f"path ({e}); load with dtype='float32'"
             ) from None
     return out
+
+
+# The matrices a load fuses (``loader.internal_weights``: QKV, gate-up), in their order.
+_FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+
+
+def _fused_parts(header: Header) -> dict[str, tuple[str, int, int]]:
+    """GGUF tensor name -> (its fused matrix's key, that matrix's rows, this part's first
+    row there), for the fused matrices whose parts share one block type and row length
+    and start groups of 16 rows: their rows are repacked straight into the fused arrays
+    (``qrepack.repack(into=)``), which the fusing then takes as they are. Others (Gemma's
+    Q5_0 q/k beside a Q8_0 v, float parts) are fused by copying, as before. Without it a
+    first load wrote and faulted in each of these bytes twice (QKV and gate-up are ~2/3
+    of a llama block's matrix bytes)."""
+    by_name = {t.name: t for t in header.tensors}
+    layers = sorted({int(n.split(".")[1]) for n in by_name
+                     if n.startswith("blk.") and n.split(".")[1].isdigit()})
+    plan: dict[str, tuple[str, int, int]] = {}
+    for layer, group in ((i, g) for i in layers for g in _FUSED):
+        found = [by_name.get(f"blk.{layer}.{part}.weight") for part in group]
+        parts = [t for t in found if t is not None and len(t.shape) == 2]
+        if (len(parts) < len(group) or parts[0].ggml_type not in qf.LAYOUTS
+                or len({(t.ggml_type, t.shape[1]) for t in parts}) > 1
+                or any(t.shape[0] % 16 for t in parts[:-1])):
+            continue
+        key, total, first = f"blk.{layer}.{group[0]}", sum(t.shape[0] for t in parts), 0
+        for t in parts:
+            plan[t.name] = (key, total, first)
+            first += t.shape[0]
+    return plan
 
 
 def _row_chunks(fd: int, offset: int, rows: int, row_bytes: int,
@@ -175,6 +217,11 @@ def save_in_background(weights: Mapping[str, torch.Tensor | QuantizedWeight], pa
     run meanwhile). Join it before timing anything on this machine (the cost curve)."""
 
     def write() -> None:
+        if sys.platform == "linux":
+            # This thread only (Linux gives each thread its own nice value): the model's
+            # first forwards, on the other threads, keep the cores while it writes.
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         try:
             save_quantized(weights, path)
         except Exception as e:  # the weights in memory are whole: only the cache is lost

@@ -125,6 +125,9 @@ class Segment:
                                                                  dtype=torch.int32)
 
         def cat(parts: list[torch.Tensor]) -> torch.Tensor:
+            joined = _adjacent(parts)
+            if joined is not None:  # parts written in place (``qrepack.repack(into=)``)
+                return joined
             out = qrepack.zeros(sum(p.numel() for p in parts), parts[0].dtype)
             return torch.cat(parts, out=out)
 
@@ -135,6 +138,19 @@ class Segment:
             cat([s.qs for s in run]), cat([s.scale for s in run]),
             cat([mins(s) for s in run]) if has_mins else None,
             cat([zero(s) for s in run]) if has_zero else None)
+
+
+def _adjacent(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One view of flat contiguous tensors that lie one after another in one storage, in
+    order (the concatenation, with no copy); None when they do not."""
+    first = parts[0]
+    base, at = first.untyped_storage().data_ptr(), first.data_ptr()
+    for p in parts:
+        if (p.dtype != first.dtype or p.dim() != 1 or not p.is_contiguous()
+                or p.untyped_storage().data_ptr() != base or p.data_ptr() != at):
+            return None
+        at += p.numel() * p.element_size()
+    return first.as_strided((sum(p.numel() for p in parts),), (1,))
 
 
 # Loads store these in 6 bits where the kernel path reads 6-bit storage itself: AVX2
@@ -190,11 +206,13 @@ class QuantizedWeight:
     @classmethod
     def from_gguf_rows(cls, ggml_type: int | T, n: int, k: int,
                        chunks: Iterable[tuple[int, np.ndarray]], *,
-                       bits: int | None = None) -> QuantizedWeight:
+                       bits: int | None = None,
+                       into: tuple[qrepack.Packed, int, int] | None = None) -> QuantizedWeight:
         """From a quantized GGUF tensor's block bytes given as (first row, rows) chunks
         that cover its n rows (a loader reads a large tensor a piece at a time). Packed
         in C++ (``runtime.qrepack``), byte for byte ``qformats.pack(qformats.decode())``
-        (``with_bits`` applied), in ``bits`` storage (default: ``default_bits``)."""
+        (``with_bits`` applied), in ``bits`` storage (default: ``default_bits``);
+        ``into``: written into a fused matrix's arrays (``qrepack.repack``)."""
         qtype = _ggml_type(ggml_type)
         if qtype not in qf.BLOCKS:
             raise ValueError(f"GGUF type {qtype.name} is not supported by the quantized kernels")
@@ -202,7 +220,7 @@ class QuantizedWeight:
             raise ValueError(f"{qtype.name}: row length {k} is not a multiple of "
                              f"{qf.BLOCKS[qtype][0]}")
         bits = default_bits(qtype) if bits is None else bits
-        p = qrepack.repack(qtype, n, k, chunks, bits)
+        p = qrepack.repack(qtype, n, k, chunks, bits, into)
         seg = Segment(0, n, k, qf.LAYOUTS[qtype].sb, bits, (qtype.name,), p.qs, p.scale,
                       p.mins, p.zero)
         return cls(n, k, qtype.name, (seg,))

@@ -84,19 +84,40 @@ def write_rows(out: Packed, qtype: T, n: int, k: int, row_off: int, raw: np.ndar
 
 
 def repack(qtype: T, n: int, k: int, chunks: Iterable[tuple[int, np.ndarray]],
-           bits: int | None = None) -> Packed:
+           bits: int | None = None, into: tuple[Packed, int, int] | None = None) -> Packed:
     """An [n, k] weight from (first row, block bytes of consecutive rows) chunks that
-    cover its rows once each, in ``bits`` storage (default: the type's own)."""
+    cover its rows once each, in ``bits`` storage (default: the type's own).
+    ``into``: (the arrays of an [N, k] weight of this type and storage, N, this weight's
+    first row there, a multiple of 16) writes the rows into those arrays and returns
+    views of its groups of rows: the parts of a fused matrix written where the fused
+    arrays have them, which ``Segment.stack`` then joins without a copy."""
     if qtype not in qf.LAYOUTS:
         raise ValueError(f"no kernel layout for GGUF type {qtype.name}")
     bits = qf.LAYOUTS[qtype].bits if bits is None else bits
     if bits != qf.LAYOUTS[qtype].bits and not (bits == 6 and qtype in qf.BELOW_64):
         raise ValueError(f"{qtype.name} cannot be stored in {bits} bits")
-    out = allocate(qtype, n, k, bits)
+    out, total, first = (allocate(qtype, n, k, bits), n, 0) if into is None else into
+    if first % 16 or not 0 <= first <= total - n:
+        raise ValueError(f"repack: rows [{first}, {first + n}) do not start a group of 16 "
+                         f"rows inside the {total} of the arrays given")
     covered = 0
     for row_off, raw in chunks:
-        write_rows(out, qtype, n, k, row_off, raw, bits)
+        write_rows(out, qtype, total, k, first + row_off, raw, bits)
         covered += len(raw)
     if covered != n:
         raise ValueError(f"repack: chunks hold {covered} rows, the weight {n}")
-    return out
+    return out if into is None else groups(out, total, first, n)
+
+
+def groups(p: Packed, total: int, first: int, n: int) -> Packed:
+    """Views of the arrays of rows [first, first + n) of a weight of ``total`` rows
+    (first a multiple of 16): each array holds its groups of 16 rows one after another,
+    the same number of elements per group."""
+    g_total, g0, g1 = (total + 15) // 16, first // 16, (first + n + 15) // 16
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        per = t.numel() // g_total
+        return t[g0 * per:g1 * per]
+
+    return Packed(cut(p.qs), cut(p.scale), None if p.mins is None else cut(p.mins),
+                  None if p.zero is None else cut(p.zero))
