@@ -129,7 +129,7 @@ def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path | None, say: Callable[[s
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def _paired_decode(gguf: Path, cfg: ScaleConfig, threads: int,
+def paired_decode(gguf: Path, cfg: ScaleConfig, threads: int,
                    say: Callable[[str], None]) -> list[dict[str, Any]]:
     """``decode_rounds`` rounds of {"ours", "llamacpp": decode tok/s, "first": which ran
     first}; a round whose either half failed is left out (and said)."""
@@ -273,7 +273,7 @@ def run_scale(cfg: ScaleConfig, out: Path,
                 res["peer"]["system_info"] = entry["llamacpp"]["system_info"]
             if cfg.decode_rounds and "error" not in entry["ours"]:
                 say(f"[{key}] paired decode: {cfg.decode_rounds} rounds")
-                entry["paired_decode"] = _paired_decode(
+                entry["paired_decode"] = paired_decode(
                     gguf, cfg, entry["ours"]["threads"], say)
         _derive(entry, entry["stream"])
         res["entries"][key] = entry
