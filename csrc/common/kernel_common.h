@@ -8,7 +8,10 @@
 // changes what a kernel computes (each part writes its own outputs, in a fixed order).
 #pragma once
 
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -132,13 +135,37 @@ enum Isa : int {
   kAvx512Vnni = 3,
   kAvx2Vnni = 4,
   kAvx2VnniEvex = 5,
+  kAvx512Amx = 6,  // kAvx512Vnni with AMX-INT8 tiles for products of 10-32 rows (qgemm_amx.cpp)
 };
 
-inline bool isa_avx512(int isa) { return isa == kAvx512 || isa == kAvx512Vnni; }
+inline bool isa_avx512(int isa) { return isa == kAvx512 || isa == kAvx512Vnni || isa == kAvx512Amx; }
 inline bool isa_avx2(int isa) { return isa == kAvx2 || isa == kAvx2Vnni || isa == kAvx2VnniEvex; }
 // The products without VNNI take u8 weights through vpmaddwd on int16 activation pairs
 // (widen_pairs).
 inline bool isa_widened(int isa) { return isa == kAvx2 || isa == kAvx512; }
+
+// AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25).
+inline bool cpu_has_amx_int8() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (d >> 24 & 1) && (d >> 25 & 1);
+}
+
+// Linux hands a process the (8 KB) tile state only on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, since 5.16); a CPU with AMX under a kernel
+// or hypervisor that refuses it cannot run the tiles. Asked once per process (the
+// permission then holds for every thread); the answer never changes.
+inline bool amx_permitted() {
+  static const bool ok = [] {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
+}
 
 inline bool cpu_has_isa(int isa) {
   switch (isa) {
@@ -153,15 +180,16 @@ inline bool cpu_has_isa(int isa) {
     case kAvx512Vnni: return cpu_has_isa(kAvx512) && __builtin_cpu_supports("avx512vnni");
     case kAvx2Vnni: return cpu_has_isa(kAvx2) && __builtin_cpu_supports("avxvnni");
     case kAvx2VnniEvex: return cpu_has_isa(kAvx2) && cpu_has_isa(kAvx512Vnni);
+    case kAvx512Amx: return cpu_has_isa(kAvx512Vnni) && cpu_has_amx_int8() && amx_permitted();
     default: return false;
   }
 }
 
 inline void require_isa(int isa) {
-  if (isa < kScalar || isa > kAvx2VnniEvex)
+  if (isa < kScalar || isa > kAvx512Amx)
     throw std::invalid_argument(
-        "kernels: isa must be 0 (scalar), 1 (avx2), 2 (avx512), 3 (avx512+vnni), 4 (avx2+vnni) "
-        "or 5 (avx2+vnni, EVEX)");
+        "kernels: isa must be 0 (scalar), 1 (avx2), 2 (avx512), 3 (avx512+vnni), 4 (avx2+vnni), "
+        "5 (avx2+vnni, EVEX) or 6 (avx512+vnni+amx)");
   if (!cpu_has_isa(isa))
     throw std::invalid_argument("kernels: this CPU cannot run the requested instruction-set path");
 }

@@ -21,6 +21,7 @@ void gemm_isa(int isa, const QW& w, const QX& x, float* out, int64_t ldo, int64_
   }
   switch (isa) {
     case rs::kAvx512Vnni: gemm_avx512vnni(w, x, out, ldo, g0, g1); break;
+    case rs::kAvx512Amx: gemm_avx512amx(w, x, out, ldo, g0, g1); break;
     case rs::kAvx512: gemm_avx512(w, x, out, ldo, g0, g1); break;
     case rs::kAvx2: gemm_avx2(w, x, out, ldo, g0, g1); break;
     case rs::kAvx2Vnni: gemm_avxvnni(w, x, out, ldo, g0, g1); break;

@@ -51,10 +51,11 @@ def weights() -> dict[tuple[T, int], tuple[np.ndarray, QuantizedWeight]]:
 
 
 def test_isa_selection(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert isa.ISA in isa.available_isas() and isa.available_isas()[-1] == "scalar"
+    # (ISA is a path, or avx512-amx where auto takes the AMX tiles.)
+    assert isa.ISA in isa.variants() and isa.available_isas()[-1] == "scalar"
     assert f"kernels {isa.ISA} (" in isa.describe()
     for v in VARIANTS:
-        assert isa.code(v) in range(6)
+        assert isa.code(v) in range(7)
         assert isa._choose(v) == v  # a variant may be forced, for measurements
     with pytest.raises(isa.KernelIsaError, match=r"expected one of .* variant"):
         isa._choose("neon")
@@ -147,8 +148,10 @@ def test_batch_thread_and_isa_invariance(weights: dict, qtype: T, nbits: int) ->
         full = qlinear(x, w, threads=2, isa=v)
         assert np.array_equal(bits(full), bits(ref)), f"{v} differs from {VARIANTS[0]}"
         # Every row count a kernel has its own code for (1 row; 2-32 rows in even passes
-        # of at most 9 on VNNI; tiles of 64) and counts that end in a partial tile.
-        for bs in (*range(2, 18), 24, 31, 33, 64):
+        # of at most 9 on VNNI; tiles of 64; AMX: 10-16 rows in one tile, 17-32 in two
+        # of equal height whose last one repeats a row where the count is odd) and
+        # counts that end in a partial tile.
+        for bs in (*range(2, 18), 24, 31, 33, 64, 70):
             got = torch.cat([qlinear(x[i:i + bs], w, threads=1, isa=v) for i in range(0, 256, bs)])
             assert np.array_equal(bits(got), bits(ref)), f"{v}, batches of {bs}"
         rows = [0, 1, 3, 100, 128, 255] if v == "scalar" else range(256)
@@ -205,11 +208,12 @@ def test_extreme_operands(qtype: T, nbits: int, fill: int) -> None:
     x[1] = -1.0
     x[2, ::2] = -1.0  # alternating signs: pair sums of opposite terms
     x[3, : K // 2] = -1.0
+    x = x.repeat(4, 1)  # 16 rows: one AMX tile where the CPU has AMX
     ref = qlinear(x, w, threads=1, isa="scalar")
     for v in VARIANTS:
-        for rows in (1, 4):  # the 1-row kernels and the multi-row ones
+        for rows in (1, 4, 16):  # the 1-row kernels and the multi-row ones
             got = torch.cat([qlinear(x[i:i + rows], w, threads=1, isa=v)
-                             for i in range(0, 4, rows)])
+                             for i in range(0, 16, rows)])
             assert np.array_equal(bits(got), bits(ref)), f"{v}, {rows} rows"
     # The value itself where it is easy to state: nibbles 15 of Q4_0 (u - z = 7), all
     # q = 127 with d = 1/127: each output is sum_b s_b * (7 * 127 * 32) / 127. rtol:

@@ -3,8 +3,9 @@
 ``RECALLSPEC_KERNELS`` = ``auto`` (default) | ``avx512`` | ``avx2`` | ``scalar`` (or, for
 measurements, one of the variants below) is read once, at import. ``auto`` takes the
 best path this CPU has: ``avx512`` (AVX-512 F/BW/VL, with VNNI for the quantized kernels
-where present), ``avx2`` (AVX2 + FMA + F16C, with AVX-VNNI for the quantized kernels
-where present: laptops since Intel's 12th generation and AMD's Zen 5), else ``scalar``.
+where present; ``avx512-amx`` where AMX-INT8 tiles are present too and the OS grants
+them), ``avx2`` (AVX2 + FMA + F16C, with AVX-VNNI for the quantized kernels where
+present: laptops since Intel's 12th generation and AMD's Zen 5), else ``scalar``.
 Naming a path the CPU lacks is an error at import (a forced run must not silently test
 something else).
 
@@ -29,8 +30,12 @@ CHOICES = ("auto", "avx512", "avx2", "scalar")
 # without vpdpbusd) on a VNNI machine, and "avx2-vnni-evex", the AVX-VNNI product compiled
 # as AVX-512 VL instructions, which CPUs with AVX-512 VNNI but without AVX-VNNI (Zen 4)
 # run.
+# On CPUs with AMX-INT8 tiles (Intel Sapphire Rapids and later) whose OS grants them,
+# "avx512-amx" is the VNNI path with AMX tiles for products of 10-32 rows (qgemm_amx.cpp:
+# 0.82-0.97x the VNNI time there on an Emerald Rapids host, the same bits); ``auto``
+# picks it there.
 _CODES = {"scalar": 0, "avx2-novnni": 1, "avx512-novnni": 2, "avx512": 3, "avx2": 4,
-          "avx2-vnni-evex": 5}
+          "avx2-vnni-evex": 5, "avx512-amx": 6}
 _NAMES = {"scalar": "portable C++, no SIMD", "avx2": "AVX2, FMA, F16C", "avx512": "AVX512F/BW/VL"}
 
 
@@ -44,6 +49,7 @@ def _has(variant: str) -> bool:
 
 HAS_VNNI: bool = _has("avx512")  # AVX-512 VNNI (implies the AVX-512 path)
 HAS_AVX_VNNI: bool = _has("avx2")  # AVX-VNNI (the VEX encoding, on AVX2 machines)
+HAS_AMX: bool = _has("avx512-amx")  # AMX-TILE + AMX-INT8, granted by the OS
 
 
 def available_isas() -> list[str]:
@@ -55,12 +61,14 @@ def available_isas() -> list[str]:
 def variants() -> list[str]:
     """Every kernel variant this CPU can run, for tests: the paths of
     ``available_isas``, each followed by its variant without VNNI where the CPU has VNNI,
-    and ``avx2-vnni-evex`` where the CPU runs it."""
+    ``avx512-amx`` where the CPU runs it, and ``avx2-vnni-evex`` where the CPU runs it."""
     out: list[str] = []
     for name in available_isas():
         out.append(name)
         if (name == "avx512" and HAS_VNNI) or (name == "avx2" and HAS_AVX_VNNI):
             out.append(f"{name}-novnni")
+        if name == "avx512" and HAS_AMX:
+            out.append("avx512-amx")
         if name == "avx2" and _has("avx2-vnni-evex"):
             out.append("avx2-vnni-evex")
     return out
@@ -75,7 +83,7 @@ def _choose(requested: str) -> str:
                              f"(or a variant: {', '.join(sorted(set(_CODES) - set(CHOICES)))})")
     avail = available_isas()
     if req == "auto":
-        return avail[0]
+        return "avx512-amx" if avail[0] == "avx512" and HAS_AMX else avail[0]
     runnable = variants()
     if req not in runnable:
         raise KernelIsaError(
@@ -140,9 +148,12 @@ def describe(isa: str | None = None) -> str:
     chosen path and the instruction sets its kernels use, e.g. ``AMD EPYC (25/17/1);
     kernels avx512 (AVX512F/BW/VL, VNNI)``."""
     name = ISA if isa is None else isa
-    sets = _NAMES.get(name.removesuffix("-novnni").removesuffix("-vnni-evex"), name)
+    sets = _NAMES.get(name.removesuffix("-novnni").removesuffix("-vnni-evex").removesuffix("-amx"),
+                      name)
     if name == "avx512" and HAS_VNNI:
         sets += ", VNNI"
+    elif name == "avx512-amx":
+        sets += ", VNNI, AMX-INT8"
     elif name == "avx2" and HAS_AVX_VNNI:
         sets += ", AVX-VNNI"
     elif name == "avx2-vnni-evex":

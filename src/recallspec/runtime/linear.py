@@ -27,7 +27,7 @@ MAX_KERNEL_ROWS = 32
 # The fp32 kernel runs on the chosen path (RECALLSPEC_KERNELS); bf16 only on
 # AVX512_BF16, and not when the portable paths are forced.
 _F32_ISA = _isa.code()
-_HAS_BF16 = _isa.ISA == "avx512" and bool(_kernels.has_avx512_bf16())
+_HAS_BF16 = _isa.ISA in ("avx512", "avx512-amx") and bool(_kernels.has_avx512_bf16())
 
 
 def forward_threads(rows: int, threads: int | None = None) -> AbstractContextManager[None]:
