@@ -160,8 +160,10 @@ def _adjacent(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
 # the u8 time for 1 row (the stream), 0.82-0.85x for 4, the same for 8, 1.05x for 16, and
 # 1.10x in cache (2048 x 2048). The VNNI paths run 6-bit storage through that AVX2
 # product (qkernels.h), so their loads keep u8 until they have a 6-bit product of their
-# own. Q5_0/Q5_1 keep u8: Gemma's q/k stack with their Q8_0 v into one segment.
-_SIX_BIT = frozenset({T.Q5_K, T.Q6_K})
+# own. Q5_0/Q5_1 (a K-quant file's fallback where a row length is no multiple of 256,
+# as SmolLM2-360M's 960) too: in Gemma's QKV their q/k then form a 6-bit segment beside
+# the Q8_0 v (QuantizedWeight.concat keeps segments of different storage apart).
+_SIX_BIT = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K})
 _READS_SIX_BITS = (0, 1)  # the C++ codes (kernel_common.h) of scalar and AVX2 without VNNI
 
 
