@@ -180,7 +180,12 @@ inline bool cpu_has_isa(int isa) {
     case kAvx512Vnni: return cpu_has_isa(kAvx512) && __builtin_cpu_supports("avx512vnni");
     case kAvx2Vnni: return cpu_has_isa(kAvx2) && __builtin_cpu_supports("avxvnni");
     case kAvx2VnniEvex: return cpu_has_isa(kAvx2) && cpu_has_isa(kAvx512Vnni);
-    case kAvx512Amx: return cpu_has_isa(kAvx512Vnni) && cpu_has_amx_int8() && amx_permitted();
+    case kAvx512Amx:
+#ifdef RS_HAVE_AMX  // (CMakeLists.txt: the compiler knows -mamx-tile -mamx-int8)
+      return cpu_has_isa(kAvx512Vnni) && cpu_has_amx_int8() && amx_permitted();
+#else
+      return false;
+#endif
     default: return false;
   }
 }

@@ -38,6 +38,7 @@
 
 #include "qgemm/qkernels.h"
 
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 namespace qk {
 namespace {
 
@@ -254,3 +255,12 @@ void gemm_avx512amx(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g
 }
 
 }  // namespace qk
+#else
+namespace qk {
+// A compiler without AMX: never called (cpu_has_isa(kAvx512Amx) is false without
+// RS_HAVE_AMX); the VNNI product keeps the symbol meaningful all the same.
+void gemm_avx512amx(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1) {
+  gemm_avx512vnni(w, x, out, ldo, g0, g1);
+}
+}  // namespace qk
+#endif
