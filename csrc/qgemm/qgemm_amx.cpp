@@ -102,11 +102,11 @@ inline __m512 load_scales(const QW& w, const void* p, int64_t g, int64_t b) {
 
 // Group g x input rows [m, m + R) (9 <= R <= 16, the tiles configured for R rows): the R
 // accumulators stay in registers for the whole of K. a: those rows' activations laid out
-// as [K/SB][R][SB] (chunk); wpre: null, or (u4) the group's sub-blocks unpacked to B tiles
-// [K/SB][512]. Sub-block b's tile product goes to
-// the ring slot b % kRing of c; its float steps run kLag sub-blocks later, so the tile
-// unit works ahead while the vector unit reads what it stored. Each row still takes its
-// sub-blocks' float steps in increasing order.
+// as [K/SB][R][SB] (run); wpre: null, or (u4) the group's sub-blocks unpacked to B tiles
+// [K/SB][512]. Sub-block b's tile product goes to the ring slot b % kRing of c; its float
+// steps run kLag sub-blocks later, so the tile unit works ahead while the vector unit
+// reads what it stored. Each row still takes its sub-blocks' float steps in increasing
+// order.
 template <bool U4, int SB, bool HZ, bool HM, int R>
 void tile_rows(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g, int64_t m,
                const int8_t* a, const uint8_t* wpre) {
