@@ -133,7 +133,7 @@ void gemm_avx512(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, 
 void gemm_avx512vnni(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
 void gemm_avxvnni(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
 void gemm_avx2vnni_evex(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
-// AMX-INT8 tiles for 9+ rows, the VNNI product for fewer (qgemm_amx.cpp).
+// AMX-INT8 tiles for 10-32 rows, the VNNI product for other row counts (qgemm_amx.cpp).
 void gemm_avx512amx(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
 
 // The two above for instruction-set path isa (kernel_common.h's rs::Isa codes, checked
