@@ -1,10 +1,13 @@
-"""A GGUF's tokenizer conversion (models/gguf_loader.py) fed by our header reader gives
-exactly what transformers' own GGUF path gives, on the real models' files."""
+"""A GGUF's tokenizer conversion (models/gguf_tokenizer.py) fed by our header reader gives
+exactly what transformers' own GGUF path gives, on the real models' files and on headers
+varied from them (our transformers-free byte-level build included)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +15,18 @@ import pytest
 from availability import requires
 
 from recallspec.models import resolve_model
-from recallspec.models.gguf_header import read_header
-from recallspec.models.gguf_loader import (
-    convert_gguf,
+from recallspec.models.gguf_header import Header, read_header
+from recallspec.models.gguf_loader import convert_gguf
+from recallspec.models.gguf_tokenizer import (
+    _SPLITS,
+    TOKENIZER_CONFIG_KEYS,
+    TOKENIZER_KEYS,
+    byte_level_json,
     gguf_tokenizer_config,
     gguf_tokenizer_dict,
     tokenizer_arrays,
+    tokenizer_files,
+    transformers_json,
 )
 
 pytest.importorskip("transformers")
@@ -42,4 +51,68 @@ def test_tokenizer_dict_and_json_match_transformers(
     assert gguf_tokenizer_config(header) == ref_config
     convert_gguf(path, tmp_path)
     hf = hf_gguf_tokenizer(model)
+    # SmolLM2's goes through our byte-level build, Gemma's (sentencepiece) through transformers
+    assert (byte_level_json(header) is not None) == (model is None)
     assert (tmp_path / "tokenizer.json").read_text() == hf.backend_tokenizer.to_str()
+
+
+def test_key_tables_are_transformers_own() -> None:
+    from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING
+
+    assert GGUF_TOKENIZER_MAPPING == {"tokenizer": TOKENIZER_KEYS,
+                                      "tokenizer_config": TOKENIZER_CONFIG_KEYS}
+
+
+# ---- our byte-level build against transformers' converter, on headers varied from
+# SmolLM2's (its real vocabulary and merges; the fields a GGUF of another model family
+# would set changed one at a time) ----
+
+def _smollm2_header() -> Header:
+    return read_header(resolve_model(None), arrays=tokenizer_arrays())
+
+
+def _varied(header: Header, meta: dict[str, Any] | None = None,
+            types: dict[int, int] | None = None, pad_to: int = 0) -> Header:
+    arrays = dict(header.arrays)
+    tokens = list(arrays["tokenizer.ggml.tokens"])
+    kinds = list(arrays["tokenizer.ggml.token_type"])
+    for i, k in (types or {}).items():
+        kinds[i] = k
+    # Padded as a shape GGUF pads a larger model's vocabulary (bench/shapes_gguf.py).
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), pad_to)]
+    kinds += [5] * (len(tokens) - len(kinds))
+    arrays["tokenizer.ggml.tokens"], arrays["tokenizer.ggml.token_type"] = tokens, kinds
+    return replace(header, metadata={**header.metadata, **(meta or {})}, arrays=arrays)
+
+
+@pytest.mark.parametrize("pre", sorted(k for k in _SPLITS if k is not None))
+def test_byte_level_build_equals_transformers_per_pre_tokenizer(pre: str) -> None:
+    header = _varied(_smollm2_header(), {"tokenizer.ggml.pre": pre})
+    ours = byte_level_json(header)
+    assert ours is not None
+    assert ours == transformers_json(Path("varied.gguf"), header)
+
+
+def test_byte_level_build_equals_transformers_bos_eos_added_tokens_large_vocab() -> None:
+    """Llama-3-like: BOS and EOS added, a user-defined token, 128,256 ids."""
+    header = _varied(_smollm2_header(),
+                     {"tokenizer.ggml.pre": "llama-bpe", "tokenizer.ggml.add_bos_token": True,
+                      "tokenizer.ggml.add_eos_token": True},
+                     types={1000: 4, 1001: 4}, pad_to=128_256)
+    ours = byte_level_json(header)
+    assert ours is not None
+    built = json.loads(ours)
+    assert set(built["post_processor"]["special_tokens"]) == {"<|im_start|>", "<|im_end|>"}
+    assert [t["id"] for t in built["added_tokens"] if not t["special"]] == [1000, 1001]
+    assert ours == transformers_json(Path("varied.gguf"), header)
+
+
+@pytest.mark.parametrize("meta", [
+    pytest.param({"tokenizer.ggml.pre": "tekken"}, id="unlisted-pre-tokenizer"),
+    pytest.param({"tokenizer.ggml.bos_token_id": 1000}, id="bos-not-a-control-token"),
+])
+def test_unknown_cases_go_to_transformers(meta: dict[str, Any], tmp_path: Path) -> None:
+    header = _varied(_smollm2_header(), meta)
+    assert byte_level_json(header) is None
+    text, _ = tokenizer_files(Path("varied.gguf"), header)
+    assert text == transformers_json(Path("varied.gguf"), header)

@@ -9,10 +9,10 @@ GGUF import does (the tests check tensor equality against it):
   * llama.cpp permutes the Q/K rows of llama-arch models for its interleaved RoPE; we apply
     the inverse permutation so rotate-half RoPE is correct;
   * llama.cpp stores Gemma norm weights as ``1 + w``; HF stores ``w``, so we subtract 1.
-The tokenizer is converted once with transformers' GGUF tokenizer converter (the only place
-transformers is imported outside tests), fed from our own header reader (``gguf_header``:
-the vocabulary and merges decoded in one pass, where gguf's and transformers' readers take
-seconds); later loads use the saved ``tokenizer.json``.
+The tokenizer is converted once (``gguf_tokenizer``: as transformers' GGUF converter does,
+byte-level BPE vocabularies without importing it), fed from our own header reader
+(``gguf_header``: the vocabulary and merges decoded in one pass, where gguf's and
+transformers' readers take seconds); later loads use the saved ``tokenizer.json``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import torch
 from recallspec.errors import ModelLoadError
 from recallspec.models.config import ARCHITECTURES, unsupported_architecture
 from recallspec.models.gguf_header import Header, read_header
+from recallspec.models.gguf_tokenizer import tokenizer_arrays, tokenizer_files
 
 GGUF_MAGIC = b"GGUF"
 
@@ -212,82 +213,6 @@ def dequantized_state_dict(reader: Any, cfg: dict[str, Any]) -> dict[str, torch.
     return out
 
 
-def _tokenizer_mapping() -> dict[str, dict[str, str]]:
-    """transformers' table of the GGUF tokenizer keys its converter reads."""
-    try:
-        from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING
-    except ImportError:
-        raise ModelLoadError(
-            "converting a GGUF tokenizer the first time needs transformers "
-            "(a dependency of recallspec: reinstall it); later loads use the cached tokenizer.json"
-        ) from None
-    return dict(GGUF_TOKENIZER_MAPPING)
-
-
-def tokenizer_arrays() -> set[str]:
-    """The metadata keys whose arrays the tokenizer conversion reads (``read_header``)."""
-    return {f"tokenizer.{key}" for key in _tokenizer_mapping()["tokenizer"]}
-
-
-def gguf_tokenizer_dict(header: Header) -> dict[str, Any]:
-    """The tokenizer description transformers' converter takes, from a header read with
-    ``tokenizer_arrays()``: the values of the keys its table names, under its names, as
-    ``transformers.integrations.gguf.get_gguf_tokenizer`` builds it (which reads them
-    again, through numpy memory maps: ~3 s for a 49k vocabulary, more for 128k ones; the
-    tests check both give the same)."""
-    values: dict[str, Any] = {**header.metadata, **header.arrays}
-    return {name: values[f"tokenizer.{key}"]
-            for key, name in _tokenizer_mapping()["tokenizer"].items()
-            if f"tokenizer.{key}" in values}
-
-
-def gguf_tokenizer_config(header: Header) -> dict[str, Any]:
-    """The keyword arguments transformers gives the tokenizer class for a GGUF (its
-    special tokens, whether it adds BOS/EOS: they set the post-processor), as
-    ``get_gguf_tokenizer`` builds them (its third value; checked by the tests)."""
-    meta, tokens = header.metadata, header.arrays.get("tokenizer.ggml.tokens", [])
-    cfg: dict[str, Any] = {name: meta[f"tokenizer.{key}"]
-                           for key, name in _tokenizer_mapping()["tokenizer_config"].items()
-                           if f"tokenizer.{key}" in meta}
-    if meta.get("tokenizer.ggml.model") == "llama":
-        # transformers' rule: a sentencepiece vocabulary without the flag adds BOS (as
-        # llama.cpp does)
-        cfg.setdefault("add_bos_token", True)
-    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-                      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
-        i = meta.get(f"tokenizer.ggml.{key}")
-        cfg[name] = tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
-    return cfg
-
-
-def _gguf_tokenizer_files(path: Path, header: Header) -> tuple[str, dict[str, Any]]:
-    """tokenizer.json text and a tokenizer_config.json dict, by transformers' GGUF
-    tokenizer converter and tokenizer class (once: the class sets the post-processor that
-    adds BOS), from a header read with ``tokenizer_arrays()``: what
-    ``AutoTokenizer.from_pretrained(..., gguf_file=...)`` makes, without its readers."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf import convert_gguf_tokenizer
-
-    meta = header.metadata
-    arch = check_architecture(meta.get("general.architecture"))
-    tokens = header.arrays.get("tokenizer.ggml.tokens")
-    if not tokens:
-        raise ModelLoadError(f"{path} has no tokenizer vocabulary (tokenizer.ggml.tokens)")
-    kwargs = gguf_tokenizer_config(header)
-    try:
-        backend, _ = convert_gguf_tokenizer(arch, gguf_tokenizer_dict(header))
-        tok = PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs)
-    except Exception as e:
-        raise ModelLoadError(f"cannot convert the tokenizer of {path}: {e}") from None
-    # The special tokens as the class got them; add_bos_token as the file says (no
-    # sentencepiece default: tokenizer_config.json has always said so).
-    tcfg: dict[str, Any] = {name: kwargs[name]
-                            for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
-    tcfg["add_bos_token"] = bool(meta.get("tokenizer.ggml.add_bos_token", False))
-    tcfg["chat_template"] = meta.get("tokenizer.chat_template")
-    return tok.backend_tokenizer.to_str(), tcfg
-
-
 INTERNAL_WEIGHTS = "recallspec.safetensors"
 
 
@@ -303,7 +228,7 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
     header = read_header(path, arrays=tokenizer_arrays())
     cfg = hf_config_from_gguf(header)
     ModelConfig.from_hf_dict(cfg)  # an unsupported model fails before anything is written
-    tokenizer_json, tok_cfg = _gguf_tokenizer_files(path, header)
+    tokenizer_json, tok_cfg = tokenizer_files(path, header)
     (out_dir / "tokenizer.json").write_text(tokenizer_json)
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))  # last: marks complete
@@ -334,6 +259,5 @@ def write_float_weights(path: Path, out: Path) -> None:
 
 
 __all__ = ["check_architecture", "check_magic", "convert_gguf", "gguf_architecture",
-           "gguf_tokenizer_config", "gguf_tokenizer_dict", "hf_config_from_gguf",
-           "open_reader", "tokenizer_arrays", "unsupported_architecture",
+           "hf_config_from_gguf", "open_reader", "unsupported_architecture",
            "write_float_weights"]
