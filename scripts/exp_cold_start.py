@@ -11,6 +11,14 @@ cached per model: ``runtime/cost_calibration.py``). Cold runs use a fresh
 The first-run process also writes the repack cache in the background: its end is
 reported apart (``exit_s``), since the model answers before it.
 
+Every process starts after ``--pause`` seconds of idle (default 5): VMs that return freed
+memory to their host (virtio-balloon free page reporting, as on our Firecracker
+measuring VMs, ~2 s after a free) fault it back in at ~1-3 s per GB, so a process
+started right after another freed its memory would find that memory still backed and
+start faster than on a machine that had been idle, whichever engine it is. Both
+engines' first runs allocate fresh memory (ours: the repacked weights; llama-server:
+its own repacked Q4_0/Q4_K buffers, the KV cache).
+
     .venv/bin/python scripts/exp_cold_start.py --model PATH.gguf --repeats 3 \
         --out bench_out/cold_start
 
@@ -88,6 +96,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("bench_out/cold_start"))
+    ap.add_argument("--pause", type=float, default=5.0,
+                    help="idle seconds before each process starts (see above; 0: none)")
     ap.add_argument("--no-peer", action="store_true",
                     help="ours only (e.g. an older checkout's, for a before/after)")
     args = ap.parse_args()
@@ -98,9 +108,12 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {"ours_first": [], "ours_later": [], "llamacpp": []}
     for i in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="cold-", dir=args.out) as tmp:
+            time.sleep(args.pause)
             runs["ours_first"].append(ours(args.model, args.threads, Path(tmp)))
+            time.sleep(args.pause)
             runs["ours_later"].append(ours(args.model, args.threads, Path(tmp)))
         if not args.no_peer:
+            time.sleep(args.pause)
             runs["llamacpp"].append(llamacpp(args.model, args.threads))
         last = {name: rows[-1]["first_token_s"] for name, rows in runs.items() if rows}
         print(f"repeat {i + 1}/{args.repeats}: " + ", ".join(
@@ -120,14 +133,15 @@ def main() -> None:
     summary["first_vs_llamacpp"] = summary["ours_first_token_s"] / lc_first
     summary["later_vs_llamacpp"] = summary["ours_later_token_s"] / lc_first
     res = {"model": str(args.model), "file_mb": args.model.stat().st_size / 1e6,
-           "threads": args.threads, "repeats": args.repeats, "prompt": PROMPT,
+           "threads": args.threads, "repeats": args.repeats, "pause_s": args.pause,
+           "prompt": PROMPT,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "summary": summary, "runs": runs}
     (args.out / "cold_start.json").write_text(json.dumps(res, indent=2))
     s = summary
     md = (f"Time to first token from a fresh process, {args.model.name} "
-          f"({res['file_mb']:,.0f} MB), {args.threads} threads, medians of {args.repeats} "
-          f"({res['date']}).\n\n"
+          f"({res['file_mb']:,.0f} MB), {args.threads} threads, medians of {args.repeats}, "
+          f"{args.pause:g} s idle before each process ({res['date']}).\n\n"
           "| | ours first run | ours later run | llama-server |\n|---|---|---|---|\n"
           f"| first token s | {s['ours_first_token_s']:.2f} | {s['ours_later_token_s']:.2f} | "
           f"{s['llamacpp_first_token_s']:.2f} |\n"

@@ -32,21 +32,22 @@ class Packed:
     zero: torch.Tensor | None  # int32
 
 
-_HUGE = 2 << 20  # a transparent huge page
+_LAZY = 2 << 20  # from here up, an anonymous mapping of its own
 
 
 def zeros(count: int, dtype: torch.dtype) -> torch.Tensor:
-    """A flat tensor of zeros. From 2 MiB up, in an anonymous mapping of its own
-    advised to use huge pages: the kernel zeroes its pages as they are first written
-    (no memset pass), 2 MiB per fault where THP allows (first-touch faults of 4 KiB
-    pages cost 0.36 s per GB on a Zen 3 VM: 2.5 s for an 8B model's weights). The
-    mapping lives as long as the tensor (``torch.frombuffer`` holds it)."""
+    """A flat tensor of zeros. From 2 MiB up, in an anonymous mapping of its own: the
+    kernel zeroes its pages as they are first written (no memset pass). Not advised to
+    use transparent huge pages: on VMs that return free memory to their host (virtio
+    free page reporting, our Firecracker measuring VMs) a huge page comes from the
+    reported blocks and faults back in from the host, 4 KiB pages mostly from memory
+    freed recently: the 1.7B shape's first repack took 4.1-4.8 s of system time with the
+    advice and 1.3-1.4 s without (1 GB, three alternated pairs), decode within noise.
+    The mapping lives as long as the tensor (``torch.frombuffer`` holds it)."""
     nbytes = count * torch.empty(0, dtype=dtype).element_size()
-    if nbytes < _HUGE:
+    if nbytes < _LAZY:
         return torch.zeros(count, dtype=dtype)
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        m.madvise(mmap.MADV_HUGEPAGE)
     return torch.frombuffer(m, dtype=dtype, count=count)
 
 
