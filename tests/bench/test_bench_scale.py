@@ -13,6 +13,7 @@ import pytest
 from helpers import FoldedByteTokenizer, needs_model
 from replay_helpers import V, cycle_model, grid_curve
 
+from recallspec.bench.cold_start import ColdStartConfig, measure, summarize
 from recallspec.bench.replay import ReplayConfig, load_ar_answers
 from recallspec.bench.scale import DEFAULT_MATRIX, ScaleConfig, _derive, parse_entries
 from recallspec.bench.scale_predict import fitted_model, predict_at_curve
@@ -38,6 +39,10 @@ def test_matrix_and_config_are_checked() -> None:
         ScaleConfig(answers="x", methods=("pld",))
     with pytest.raises(DataError, match="decode_rounds"):
         ScaleConfig(decode_rounds=-1)
+    with pytest.raises(DataError, match="ttft_repeats"):
+        ScaleConfig(ttft_repeats=-1)
+    with pytest.raises(DataError, match="repeats >= 1"):
+        ColdStartConfig(repeats=0)
 
 
 def _recorded_run(tmp_path: Path) -> tuple[list[dict[str, Any]], ReplayConfig]:
@@ -92,6 +97,12 @@ def test_ratios_and_report_of_one_entry() -> None:
         "paired_decode": [{"first": "ours", "ours": 30.0, "llamacpp": 20.0},
                           {"first": "llamacpp", "ours": 26.0, "llamacpp": 20.0},
                           {"first": "ours", "ours": 28.0, "llamacpp": 25.0}],
+        "ttft": {"summary": summarize({
+            "ours_first": [{"first_token_s": 4.0, "load_s": 3.5, "exit_s": 6.0},
+                           {"first_token_s": 5.0, "load_s": 4.5, "exit_s": 7.0},
+                           {"first_token_s": 9.0, "load_s": 8.0, "exit_s": 9.5}],
+            "ours_later": [{"first_token_s": 2.0, "import_s": 1.5}] * 3,
+            "llamacpp": [{"first_token_s": 2.5, "ready_s": 2.0}] * 3})},
     }
     _derive(entry, {"read_gb_s": 40.0})
     d = entry["derived"]
@@ -106,8 +117,9 @@ def test_ratios_and_report_of_one_entry() -> None:
     assert d["rss_vs_file"] == pytest.approx(1.1)
     md = render_scale_markdown(_result(entry))
     row = next(line for line in md.splitlines() if line.startswith("| smollm2-1.7b | Q4_0"))
+    # TTFT: the medians (first run 5.0 s of 4, 5, 9) and their ratios to llama-server's
     for cell in ("30.0 / 25.0", "1.20x", "150.0 / 75.0", "2.00x", "1.50x (2.00x)", "(75%)",
-                 "1.10x"):
+                 "1.10x", "5.00 / 2.00 / 2.50 (2.00x, 0.80x)"):
         assert cell in row, (cell, row)
     assert "commit 0c1e570" in md and "-DGGML_NATIVE=ON" in md
     assert "smollm2-1.7b Q4_0 1.30x (median of 3, 1.12x-1.50x)" in md
@@ -146,3 +158,22 @@ def test_our_side_measures_a_real_gguf_in_a_child(tmp_path: Path) -> None:
         capture_output=True, text=True, check=True, timeout=600)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["ar"]["decode_tok_s"] > 0 and "cost_ms" not in res and "prefill_tok_s" not in res
+
+
+@needs_model
+def test_time_to_first_token_from_fresh_processes(tmp_path: Path) -> None:
+    """Ours from fresh processes: the first run repacks the GGUF (and writes the repack
+    cache), the later run reads that cache; each answers one token."""
+    from recallspec.models import resolve_model
+
+    res = measure(resolve_model(None), ColdStartConfig(threads=1, pause_s=0, peer=False),
+                  scratch=tmp_path)
+    (first,), (later,) = res["runs"]["ours_first"], res["runs"]["ours_later"]
+    assert first["repacked"] and not later["repacked"]
+    assert first["tokens"] == later["tokens"] == 1
+    for run in (first, later):
+        assert 0 < run["import_s"] < run["load_s"] < run["first_token_s"] < run["exit_s"]
+    s = res["summary"]
+    assert s["ours_first_token_s"] == first["first_token_s"]
+    assert s["llamacpp_first_token_s"] is None and s["first_vs_llamacpp"] is None
+    assert list(tmp_path.iterdir()) == []  # the first run's cache directory removed

@@ -16,6 +16,9 @@ For each (shape, quantization) of the matrix, in one run on one machine:
   of the rounds' ratios is the decode ratio least moved by a shared VM's drift (its
   speed changed 1.5-2x within one run here, and the sequential measurements above put
   the two engines minutes apart);
+* time to first token (``ttft_repeats``, ``bench/cold_start.py``): ours from a fresh
+  process on the first run (conversion and repack) and on a later run (the repack cache
+  read), and llama-server's from its process start, each process after a pause;
 * with ``answers`` (a ``recallspec bench`` run of SmolLM2 on Spec-Bench with ``ar`` and
   the drafting methods): the predicted Spec-Bench tokens/s of our methods at the shape
   (``bench/scale_predict.py``), labelled as a prediction, with the replay's error on the
@@ -66,6 +69,7 @@ class ScaleConfig:
     stream_mib: int = 1024
     overwrite: bool = False  # measure entries already in OUT/scale.json again
     decode_rounds: int = 3  # paired decode rounds (with llamacpp; 0: none)
+    ttft_repeats: int = 1  # time to first token from fresh processes (0: not measured)
 
     def __post_init__(self) -> None:
         from recallspec.bench.shapes import QUANTS, SHAPES
@@ -83,6 +87,8 @@ class ScaleConfig:
             raise DataError(f"ks must be positive and include 1 (the ratios' base): {self.ks}")
         if self.decode_rounds < 0:
             raise DataError(f"decode_rounds must be >= 0, got {self.decode_rounds}")
+        if self.ttft_repeats < 0:
+            raise DataError(f"ttft_repeats must be >= 0, got {self.ttft_repeats}")
         if self.answers is not None and "ar" not in self.methods:
             raise DataError("the predicted speedups need 'ar' among the methods")
 
@@ -153,6 +159,19 @@ def paired_decode(gguf: Path, cfg: ScaleConfig, threads: int,
             rounds.append(got)
             say(f"  round {r + 1}: ours {got['ours']:.2f}, llama.cpp {got['llamacpp']:.2f} tok/s")
     return rounds
+
+
+def _ttft(gguf: Path, cfg: ScaleConfig, threads: int, out: Path,
+          say: Callable[[str], None]) -> dict[str, Any]:
+    """``bench/cold_start.py``'s figures for one model, or {"error": ...}."""
+    from recallspec.bench.cold_start import ColdStartConfig, measure
+
+    try:
+        return measure(gguf, ColdStartConfig(threads=threads, repeats=cfg.ttft_repeats,
+                                             peer=cfg.llamacpp), scratch=out, say=say)
+    except DataError as e:
+        say(f"  time to first token failed: {e}")
+        return {"error": str(e)}
 
 
 def _derive(entry: dict[str, Any], stream: dict[str, float]) -> None:
@@ -275,6 +294,9 @@ def run_scale(cfg: ScaleConfig, out: Path,
                 say(f"[{key}] paired decode: {cfg.decode_rounds} rounds")
                 entry["paired_decode"] = paired_decode(
                     gguf, cfg, entry["ours"]["threads"], say)
+        if cfg.ttft_repeats and "error" not in entry["ours"]:
+            say(f"[{key}] time to first token: ours first and later run, llama-server")
+            entry["ttft"] = _ttft(gguf, cfg, entry["ours"]["threads"], out, say)
         _derive(entry, entry["stream"])
         res["entries"][key] = entry
         _write(res, out)

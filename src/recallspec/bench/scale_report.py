@@ -45,13 +45,17 @@ def render_scale_markdown(res: dict[str, Any]) -> str:
         f"prefill: a {cfg['prefill']}-token prompt (llama-bench pp{cfg['prefill']}); "
         f"verification: one forward of k new rows on {cfg['cached']} cached tokens "
         f"(ours: every row's logits; llama.cpp: llama-server's prompt eval of k tokens on "
-        f"its cached {cfg['cached']}, last row's logits). Medians of {cfg['repeats']}.",
+        f"its cached {cfg['cached']}, last row's logits). Medians of {cfg['repeats']}. "
+        "TTFT: process start to the first token, ours on the first run of a file "
+        "(conversion, repack) and a later run (the repack cache), llama-server's from its "
+        "start (`bench/cold_start.py`).",
         "",
         "| shape | quant | params | file MB | decode ours / llama.cpp tok/s | ratio "
         "| prefill ours / llama.cpp tok/s | ratio | k=8 / k=1 ours (llama.cpp) "
         "| k=16 / k=1 ours (llama.cpp) | ours GB/s (of stream) | ours RSS / file "
-        "| llama.cpp RSS MB | load s ours / llama.cpp |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| llama.cpp RSS MB | load s ours / llama.cpp "
+        "| TTFT s ours first / later / llama-server (first, later vs llama-server) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in res["entries"].values():
         o, lc, d = e.get("ours", {}), e.get("llamacpp", {}), e.get("derived", {})
@@ -70,7 +74,7 @@ def render_scale_markdown(res: dict[str, Any]) -> str:
             f"| {_n(cr.get('16'), '.2f', 'x')} ({_n(lcr.get('16'), '.2f', 'x')}) "
             f"| {_n(o.get('achieved_gb_s'))} ({_n(pct, '.0f', '%')}) "
             f"| {_n(d.get('rss_vs_file'), '.2f', 'x')} | {_n(lc.get('rss_mb'), ',.0f')} "
-            f"| {_n(o.get('load_s'))} / {_n(lc.get('start_s'))} |"
+            f"| {_n(o.get('load_s'))} / {_n(lc.get('start_s'))} | {_ttft_cell(e)} |"
         )
         if "error" in o or "error" in lc:
             lines.append(f"|  | errors: {o.get('error', '')} {lc.get('error', '')} |")
@@ -90,6 +94,18 @@ def render_scale_markdown(res: dict[str, Any]) -> str:
     lines += _curve_table(res)
     lines += _prediction_table(res)
     return "\n".join(lines) + "\n"
+
+
+def _ttft_cell(entry: dict[str, Any]) -> str:
+    t = entry.get("ttft")
+    if not t:
+        return "-"
+    if "error" in t:
+        return "failed"
+    s = t["summary"]
+    return (f"{_n(s['ours_first_token_s'], '.2f')} / {_n(s['ours_later_token_s'], '.2f')} / "
+            f"{_n(s['llamacpp_first_token_s'], '.2f')} "
+            f"({_n(s['first_vs_llamacpp'], '.2f', 'x')}, {_n(s['later_vs_llamacpp'], '.2f', 'x')})")
 
 
 def _curve_table(res: dict[str, Any]) -> list[str]:

@@ -43,6 +43,9 @@ def register_bench(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     help="paired decode rounds after each entry: ours and llama-bench tg "
                     "back to back, order alternating (the ratio least moved by a drifting "
                     "machine; 0: none)")
+    sc.add_argument("--ttft-repeats", type=int, default=d.ttft_repeats,
+                    help="time to first token from fresh processes (ours first and later "
+                    "run, llama-server), repeats per model (0: not measured)")
     sc.add_argument("--overwrite", action="store_true",
                     help="measure again the entries already in OUT/scale.json")
     sc.add_argument("--out", default="bench_out/scale", help="output directory")
@@ -60,6 +63,7 @@ def run_scale_cmd(args: argparse.Namespace) -> int:
         answers=args.answers, methods=tuple(m.strip() for m in args.methods.split(",")
                                             if m.strip()),
         overwrite=args.overwrite, decode_rounds=args.decode_rounds,
+        ttft_repeats=args.ttft_repeats,
     )
     out = Path(args.out)
     res = run_scale(cfg, out)
