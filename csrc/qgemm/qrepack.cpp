@@ -89,18 +89,26 @@ struct RowOut {
     if (o.p6) {
       uint8_t* blk = o.qs + (g * o.nsb + b) * o.sb_bytes;
       const int64_t h = lane / 8, t = 4 * (lane % 8);
+      // Four values at once, as one 32-bit word (bytes stay apart: every value < 64, so
+      // the shifts and masks below never carry into a neighbour's byte).
+      auto or32 = [](uint8_t* dst, uint32_t bits) {
+        uint32_t w;
+        std::memcpy(&w, dst, 4);
+        w |= bits;
+        std::memcpy(dst, &w, 4);
+      };
       for (int c = 0; c < sb / 4; ++c) {
         uint8_t* pair = blk + 96 * (c / 2) + t;
         const int64_t v = 2 * h + c % 2;  // 0 A, 1 B, 2 C, 3 spread over their bits 6-7
-        for (int j = 0; j < 4; ++j) {
-          const uint8_t x = u[4 * c + j];
-          if (v < 3) {
-            pair[32 * v + j] |= x;
-          } else {
-            pair[j] |= uint8_t(x << 6);
-            pair[32 + j] |= uint8_t((x >> 2) << 6);
-            pair[64 + j] |= uint8_t((x >> 4) << 6);
-          }
+        uint32_t x;
+        std::memcpy(&x, u + 4 * c, 4);
+        if (v < 3) {
+          or32(pair + 32 * v, x);
+        } else {
+          constexpr uint32_t kLow2 = 0x03030303u;
+          or32(pair, (x & kLow2) << 6);
+          or32(pair + 32, ((x >> 2) & kLow2) << 6);
+          or32(pair + 64, ((x >> 4) & kLow2) << 6);
         }
       }
       return;

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import sys
 import tempfile
@@ -156,21 +157,29 @@ def _fused_parts(header: Header) -> dict[str, tuple[str, int, int]]:
 def _row_chunks(fd: int, offset: int, rows: int, row_bytes: int,
                 chunk_bytes: int) -> Iterator[tuple[int, np.ndarray]]:
     """(first row, uint8 [rows, row_bytes]) pieces of a tensor at ``offset`` in the file,
-    read with pread: the file is not memory-mapped, so its pages never count in this
-    process's resident memory. With chunk_bytes > 0, pieces of whole groups of 16 rows
-    in one reused buffer: each is valid until the next is asked for (a consumer repacks
-    it first); with chunk_bytes=0, the whole tensor in a buffer of its own."""
+    as read-only views of the file's pages (the GGUF is in the page cache after a first
+    read, so nothing is copied): with chunk_bytes > 0, pieces of whole groups of 16 rows,
+    each mapped on its own and unmapped once the consumer drops it (a consumer repacks a
+    piece before asking for the next), so the file's pages count in this process's
+    resident memory a piece at a time, never the whole file; with chunk_bytes=0, the
+    whole tensor at once. A file shorter than the header says is refused before mapping
+    (mapping past its end would fault on access)."""
     step = rows if chunk_bytes <= 0 else max(16, chunk_bytes // max(1, row_bytes) // 16 * 16)
-    buf = np.empty((min(step, rows), row_bytes), dtype=np.uint8)
+    size = os.fstat(fd).st_size
+    if offset + rows * row_bytes > size:
+        raise ModelLoadError(f"GGUF file ends inside a tensor (offset {offset}, "
+                             f"{rows * row_bytes} bytes, file {size} bytes)")
     for r0 in range(0, rows, step):
-        view = buf[:min(step, rows - r0)]
-        mem, pos = view.data.cast("B"), offset + r0 * row_bytes
-        while len(mem):
-            got = os.preadv(fd, [mem], pos)
-            if got <= 0:
-                raise ModelLoadError(f"GGUF file ends inside a tensor (offset {pos})")
-            mem, pos = mem[got:], pos + got
-        yield r0, view
+        n = min(step, rows - r0)
+        pos = offset + r0 * row_bytes
+        start = pos - pos % mmap.ALLOCATIONGRANULARITY
+        m = mmap.mmap(fd, pos + n * row_bytes - start, flags=mmap.MAP_SHARED | _POPULATE,
+                      prot=mmap.PROT_READ, offset=start)
+        yield r0, np.frombuffer(m, np.uint8, n * row_bytes, pos - start).reshape(n, row_bytes)
+
+
+# Map a piece's pages in one call (they are in the page cache) rather than a fault per page.
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 def quantize_floats(weights: Mapping[str, torch.Tensor]) -> Weights:
