@@ -42,7 +42,10 @@ def zeros(count: int, dtype: torch.dtype) -> torch.Tensor:
     free page reporting, our Firecracker measuring VMs) a huge page comes from the
     reported blocks and faults back in from the host, 4 KiB pages mostly from memory
     freed recently: the 1.7B shape's first repack took 4.1-4.8 s of system time with the
-    advice and 1.3-1.4 s without (1 GB, three alternated pairs), decode within noise.
+    advice and 1.3-1.4 s without (1 GB, three alternated pairs); the 8B's first load
+    15.0-16.1 s -> 5.2-5.8 s. The price: this process decodes from 4 KiB pages (at 8B
+    ~8% slower, median of four pairs; 1.7B within noise); later runs map the repack cache
+    file, whose page cache this kernel maps in 2 MiB folios anyway.
     The mapping lives as long as the tensor (``torch.frombuffer`` holds it)."""
     nbytes = count * torch.empty(0, dtype=dtype).element_size()
     if nbytes < _LAZY:
