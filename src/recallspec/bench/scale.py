@@ -164,12 +164,13 @@ def paired_decode(gguf: Path, cfg: ScaleConfig, threads: int,
 def _ttft(gguf: Path, cfg: ScaleConfig, threads: int, out: Path,
           say: Callable[[str], None]) -> dict[str, Any]:
     """``bench/cold_start.py``'s figures for one model, or {"error": ...}."""
+    from recallspec.bench import llamacpp as lc
     from recallspec.bench.cold_start import ColdStartConfig, measure
 
     try:
         return measure(gguf, ColdStartConfig(threads=threads, repeats=cfg.ttft_repeats,
                                              peer=cfg.llamacpp), scratch=out, say=say)
-    except DataError as e:
+    except (DataError, lc.LlamaCppError) as e:  # (PeerNotBuilt is a DataError) the run goes on
         say(f"  time to first token failed: {e}")
         return {"error": str(e)}
 
