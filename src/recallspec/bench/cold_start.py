@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,7 @@ def llamacpp_once(model: Path, threads: int) -> dict[str, Any]:
 
 
 def measure(model: Path, cfg: ColdStartConfig, scratch: Path | None = None,
-            say: Any = None) -> dict[str, Any]:
+            say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """{"runs": every process's figures, "summary": their medians and ratios}; first
     runs' cache directories are made (and removed) under ``scratch`` (default: the
     system's temporary directory)."""

@@ -159,11 +159,11 @@ def byte_level_json(header: Header) -> str | None:
             for t, k in zip(tokens, types, strict=False) if k == _USER_DEFINED and t in in_vocab]
     if user:
         tok.add_tokens(user)
-    tok.post_processor = _post_processor(config, tok.get_vocab(), processors)
+    tok.post_processor = _post_processor(config, tok, processors)
     return tok.to_str()
 
 
-def _post_processor(config: dict[str, Any], vocab: dict[str, int], processors: Any) -> Any:
+def _post_processor(config: dict[str, Any], tok: Any, processors: Any) -> Any:
     """The template transformers' ``TokenizersBackend.update_post_processor`` sets: BOS
     and/or EOS around each sequence where the file asks for them and names the token."""
     bos, eos = config["bos_token"], config["eos_token"]
@@ -172,7 +172,9 @@ def _post_processor(config: dict[str, Any], vocab: dict[str, int], processors: A
     single = f"{bos + ':0 ' if add_bos else ''}$A:0{' ' + eos + ':0' if add_eos else ''}"
     pair = (f"{single}{' ' + bos + ':1' if add_bos else ''} $B:1"
             f"{' ' + eos + ':1' if add_eos else ''}")
-    special = ([(bos, vocab[bos])] if add_bos else []) + ([(eos, vocab[eos])] if add_eos else [])
+    # (token_to_id: one lookup, where get_vocab() would build a dict of every id again)
+    special = ([(bos, tok.token_to_id(bos))] if add_bos else []) + (
+        [(eos, tok.token_to_id(eos))] if add_eos else [])
     return processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
 
 

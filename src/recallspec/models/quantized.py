@@ -162,8 +162,9 @@ def _row_chunks(fd: int, offset: int, rows: int, row_bytes: int,
     each mapped on its own and unmapped once the consumer drops it (a consumer repacks a
     piece before asking for the next), so the file's pages count in this process's
     resident memory a piece at a time, never the whole file; with chunk_bytes=0, the
-    whole tensor at once. A file shorter than the header says is refused before mapping
-    (mapping past its end would fault on access)."""
+    whole tensor at once. ``read_header`` checked that every tensor lies inside the file;
+    the size is checked again here because the file may have changed since, and a
+    mapping past its end would kill the process (SIGBUS) instead of raising."""
     step = rows if chunk_bytes <= 0 else max(16, chunk_bytes // max(1, row_bytes) // 16 * 16)
     size = os.fstat(fd).st_size
     if offset + rows * row_bytes > size:
