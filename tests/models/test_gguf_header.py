@@ -86,3 +86,29 @@ def test_errors(tmp_path: Path) -> None:
         p.write_bytes(data)
         with pytest.raises(ModelLoadError, match=r"corrupt or truncated|not a GGUF"):
             read_header(p)
+
+
+def test_a_type_we_do_not_read(tmp_path: Path) -> None:
+    """A Q3_K tensor (a type the kernels do not read, outside ggml_types' table): its size
+    comes from gguf, its type stays a bare id, and the quantized path names it."""
+    from recallspec.runtime.ggml_types import GGMLType, type_name
+    from recallspec.runtime.qlinear import QuantizedWeight
+
+    path = tmp_path / "q3.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    raw = np.arange(4 * 110, dtype=np.uint8).reshape(4, 110)  # 4 rows of one 256-block
+    w.add_tensor("q3", raw, raw_dtype=T.Q3_K)
+    w.add_tensor("q8", gguf.quants.quantize(np.ones((2, 32), np.float32), T.Q8_0),
+                 raw_dtype=T.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert_like_reader(path)
+    q3, q8 = read_header(path).tensors
+    assert not isinstance(q3.ggml_type, GGMLType) and q3.ggml_type == int(T.Q3_K)
+    assert (q3.shape, q3.n_bytes) == ((4, 256), 440)
+    assert type_name(q3.ggml_type) == "Q3_K"
+    assert q8.ggml_type is GGMLType.Q8_0
+    with pytest.raises(ValueError, match="Q3_K is not supported"):
+        QuantizedWeight.from_gguf_rows(q3.ggml_type, 4, 256, [(0, raw)])

@@ -22,10 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
-
 from recallspec.errors import ModelLoadError
+from recallspec.runtime.ggml_types import GGMLType, block_size, known
 
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
             12: "d"}
@@ -35,7 +33,9 @@ _STRING, _ARRAY = 8, 9
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
-    ggml_type: T
+    # A type a load reads, or the bare id of one it does not (named by
+    # ``ggml_types.type_name``; its size came from gguf).
+    ggml_type: GGMLType | int
     shape: tuple[int, ...]  # numpy order: rows first (GGUF lists the innermost first)
     offset: int  # of its first byte in the file
     n_bytes: int
@@ -162,7 +162,8 @@ def _parse(buf: mmap.mmap, arrays: Collection[str]) -> Header:
     for _ in range(n_tensors):
         name = c.string()
         dims = [int(c.take("Q")) for _ in range(int(c.take("I")))]
-        infos.append((name, T(int(c.take("I"))), dims, int(c.take("Q"))))
+        qtype = int(c.take("I"))
+        infos.append((name, GGMLType(qtype) if known(qtype) else qtype, dims, int(c.take("Q"))))
     align = int(meta.get("general.alignment", 32))
     if align <= 0 or align & (align - 1):
         raise ValueError(f"alignment {align} is not a power of two")
@@ -172,7 +173,10 @@ def _parse(buf: mmap.mmap, arrays: Collection[str]) -> Header:
         count = 1
         for d in dims:
             count *= d
-        bs, ts = GGML_QUANT_SIZES[qtype]
+        size = block_size(qtype)
+        if size is None:
+            raise ValueError(f"tensor {name} has unknown GGML type {qtype}")
+        bs, ts = size
         n_bytes = count // bs * ts
         if start + offset + n_bytes > len(buf):
             raise ValueError(f"tensor {name} ends past the end of the file")

@@ -36,6 +36,7 @@ from recallspec.models.config import ModelConfig
 from recallspec.models.gguf_header import Header, read_header
 from recallspec.runtime import qformats as qf
 from recallspec.runtime import qrepack
+from recallspec.runtime.ggml_types import GGMLType, to_gguf, type_name
 from recallspec.runtime.qlinear import QuantizedWeight, default_bits
 
 QUANTIZED_WEIGHTS = "recallspec-quantized.safetensors"
@@ -65,8 +66,7 @@ def _state_dict(header: Header, config: ModelConfig, fd: int) -> Weights:
     from recallspec.models.gguf_loader import _hf_name, _unpermute_qk, check_architecture
 
     arch = check_architecture(header.metadata.get("general.architecture"))
-    float_types = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
-                   gguf.GGMLQuantizationType.BF16}
+    float_types = {GGMLType.F32, GGMLType.F16, GGMLType.BF16}
     out: Weights = {}
     fused = _fused_parts(header)
     arrays: dict[str, qrepack.Packed] = {}  # a fused matrix's, by its first part's name
@@ -77,6 +77,10 @@ def _state_dict(header: Header, config: ModelConfig, fd: int) -> Weights:
                 continue
             raise ModelLoadError(f"unexpected tensor {t.name!r} in {arch} GGUF")
         shape, qtype = t.shape, t.ggml_type  # [rows, cols] as numpy sees it
+        if not isinstance(qtype, GGMLType):
+            raise ModelLoadError(
+                f"{t.name}: block type {type_name(qtype)} is not supported by the quantized "
+                "path; load with dtype='float32'")
         permute = (
             config.num_heads if arch == "llama" and t.name.endswith(("attn_q.weight",
                                                                      "attn_q.bias"))
@@ -88,7 +92,7 @@ def _state_dict(header: Header, config: ModelConfig, fd: int) -> Weights:
         if len(shape) == 1 or qtype in float_types:
             _, raw = next(_row_chunks(fd, t.offset, rows, t.n_bytes // rows, 0))
             try:
-                arr = gguf.quants.dequantize(raw, qtype)
+                arr = gguf.quants.dequantize(raw, to_gguf(qtype))
             except Exception as e:
                 raise ModelLoadError(f"cannot read {t.name} ({qtype.name}): {e}") from None
             arr = np.asarray(arr, dtype=np.float32).reshape(shape)

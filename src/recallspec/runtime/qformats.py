@@ -42,12 +42,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
+
+from recallspec.runtime.ggml_types import BLOCK_SIZES
+from recallspec.runtime.ggml_types import GGMLType as T
 
 # block size in elements, bytes per block
 BLOCKS: dict[T, tuple[int, int]] = {
-    T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q5_0: (32, 22), T.Q5_1: (32, 24),
-    T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q5_K: (256, 176), T.Q6_K: (256, 210),
+    t: BLOCK_SIZES[t] for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
 }
 
 

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType as T
-from gguf import quants as gguf_quants
 
 from recallspec import _kernels
 from recallspec.runtime import isa as _isa
 from recallspec.runtime import qformats as qf
 from recallspec.runtime import qrepack
+from recallspec.runtime.ggml_types import GGMLType as T
+from recallspec.runtime.ggml_types import known, to_gguf, type_name
 from recallspec.runtime.threads import kernel_threads
 
 _FLOAT_TYPES = (T.F32, T.F16, T.BF16)
@@ -174,11 +174,10 @@ def default_bits(qtype: T) -> int:
     return qf.LAYOUTS[qtype].bits
 
 
-def _ggml_type(t: int | T) -> T:
-    try:
-        return T(int(t))
-    except ValueError:
-        raise ValueError(f"unknown GGML type {t!r}") from None
+def _ggml_type(t: int) -> T:
+    if not known(t):
+        raise ValueError(f"GGUF type {type_name(t)} is not supported by the quantized kernels")
+    return T(int(t))
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,7 +199,9 @@ class QuantizedWeight:
         qtype = _ggml_type(ggml_type)
         if qtype in _FLOAT_TYPES:
             data = np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1)
-            w = np.ascontiguousarray(gguf_quants.dequantize(data, qtype)).reshape(n, k)
+            from gguf import quants  # (the float path: a load that converts, not the cached one)
+
+            w = np.ascontiguousarray(quants.dequantize(data, to_gguf(qtype))).reshape(n, k)
             return cls.from_float(torch.from_numpy(w), float_kind)
         rows = np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1)
         return cls.from_gguf_rows(qtype, n, k, [(0, rows)])
@@ -237,7 +238,9 @@ class QuantizedWeight:
             raise ValueError(f"from_float: need [n, k] with k % 32 == 0, got {tuple(w.shape)}")
         n, k = w.shape
         qtype = T[kind]
-        raw = gguf_quants.quantize(w.detach().to(torch.float32).contiguous().numpy(), qtype)
+        from gguf import quants
+
+        raw = quants.quantize(w.detach().to(torch.float32).contiguous().numpy(), to_gguf(qtype))
         return cls.from_gguf(raw, qtype, n, k)
 
     @staticmethod

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType as T
 
 from recallspec import _kernels
 from recallspec.runtime import qformats as qf
+from recallspec.runtime.ggml_types import GGMLType as T
 from recallspec.runtime.threads import kernel_threads
 
 
