@@ -9,9 +9,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recallspec.cli import KV_HELP, MAX_DRAFT_NODES_HELP, REPACK_CACHE_HELP
-from recallspec.engine.prefix_pool import DEFAULT_POOL_BYTES, DEFAULT_POOL_TOKENS
 from recallspec.errors import DataError, RecallspecError
-from recallspec.params import DEFAULT_KV_DTYPE, DEFAULT_WEIGHT_FORMAT, KV_DTYPES, WEIGHT_FORMATS
+from recallspec.params import (
+    DEFAULT_KV_DTYPE,
+    DEFAULT_POOL_BYTES,
+    DEFAULT_POOL_TOKENS,
+    DEFAULT_WEIGHT_FORMAT,
+    KV_DTYPES,
+    WEIGHT_FORMATS,
+)
 from recallspec.policy import SERVE_POLICY
 
 if TYPE_CHECKING:
