@@ -27,7 +27,6 @@ from recallspec.params import DEFAULT_POOL_BYTES, DEFAULT_POOL_TOKENS
 from recallspec.runtime.kv_memory import available_memory
 
 
-
 def default_pool_tokens(bytes_per_token: int) -> int:
     """The default pool budget for a cache whose token weighs ``bytes_per_token``."""
     return min(DEFAULT_POOL_TOKENS, DEFAULT_POOL_BYTES // max(bytes_per_token, 1))

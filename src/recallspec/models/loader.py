@@ -345,9 +345,10 @@ def _first_quantized_load(gguf: Path) -> tuple[Path, dict[str, Any]]:
     """A GGUF's first quantized load: (its converted directory, its weights in our layout).
     The conversion (config and tokenizer files: ~0.3 s for a byte-level vocabulary of
     49k ids, ~3.5 s for Gemma's 262k, Python holding the GIL; more where transformers'
-    converter is needed, ``gguf_tokenizer.py``) runs on a second thread while this one maps and repacks the
-    weights (the C++ repack releases the GIL: ~1.3 s at the 1.7B shape on a Zen 3 VM),
-    so the first token comes after about the longer of the two, not their sum.
+    converter is needed, ``gguf_tokenizer.py``) runs on a second thread while this one
+    maps and repacks the weights (the C++ repack releases the GIL: ~1.3 s at the 1.7B
+    shape on a Zen 3 VM), so the first token comes after about the longer of the two, not
+    their sum.
     The weights read the header's own config (``hf_config_from_gguf``, which the
     conversion writes), so neither waits for the other; an error in either is raised here
     once both have stopped (the directory, if made, is whole: renamed into place)."""
