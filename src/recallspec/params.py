@@ -66,8 +66,8 @@ def sizing_refusal(word: str, what: str = "sizing") -> str:
 # The prefix pool's default (``engine/prefix_pool.py``): this many tokens, but never more
 # than DEFAULT_POOL_BYTES of keys and values (a token weighs 46 KB at SmolLM2-135M in
 # float32, 393 KB at the SmolLM2-1.7B shape, 262 KB at Llama-3.1-8B's: 16,384 tokens would
-# be 6.4 GB at 1.7B). llama-server's
-# prompt cache defaults to 8 GiB (``--cache-ram``) beside a context it reserves up front;
-# ours holds only what it was given, within the engine's KV budget too.
+# be 6.4 GB at 1.7B). llama-server's prompt cache defaults to 8 GiB (``--cache-ram``)
+# beside a context it reserves up front; ours holds only what it was given, within the
+# engine's KV budget too.
 DEFAULT_POOL_TOKENS = 16384
 DEFAULT_POOL_BYTES = 2 << 30

@@ -276,5 +276,5 @@ def tokenizer_files(path: Path, header: Header) -> tuple[str, dict[str, Any]]:
 
 
 __all__ = ["TOKENIZER_CONFIG_KEYS", "TOKENIZER_KEYS", "byte_level_json", "gemma_json",
-           "gguf_tokenizer_config",
-           "gguf_tokenizer_dict", "tokenizer_arrays", "tokenizer_files", "transformers_json"]
+           "gguf_tokenizer_config", "gguf_tokenizer_dict", "tokenizer_arrays", "tokenizer_files",
+           "transformers_json"]
