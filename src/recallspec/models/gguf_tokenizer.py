@@ -118,7 +118,7 @@ def byte_level_json(header: Header) -> str | None:
     transformers): another tokenizer model, a pre-tokenizer type outside ``_SPLITS``, a
     named special token not among the control tokens (transformers would add it anew), a
     merge that is not two symbols."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE
 
     meta, arrays = header.metadata, header.arrays
@@ -154,15 +154,7 @@ def byte_level_json(header: Header) -> str | None:
             pre_tokenizers.Split(Regex(split), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    if control:
-        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
-    in_vocab = tok.get_vocab()
-    user = [AddedToken(t, normalized=False, special=False)
-            for t, k in zip(tokens, types, strict=False) if k == _USER_DEFINED and t in in_vocab]
-    if user:
-        tok.add_tokens(user)
-    tok.post_processor = _post_processor(config, tok, processors)
-    return tok.to_str()
+    return _with_added_tokens(tok, tokens, types, control, config)
 
 
 # Architectures whose sentencepiece vocabulary transformers builds with its Gemma rules
@@ -177,7 +169,7 @@ def gemma_json(header: Header) -> str | None:
     it, or None where this cannot promise the same (the caller then asks transformers):
     another tokenizer model or architecture, merges in the file, a special token that
     transformers would name but the file does not mark as a control token."""
-    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
 
     meta, arrays = header.metadata, header.arrays
@@ -203,14 +195,7 @@ def gemma_json(header: Header) -> str | None:
                                      decoders.Fuse()])
     tok.normalizer = normalizers.Replace(" ", "\u2581")
     # (control and user-defined tokens as the file spells them, as transformers adds them)
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
-    in_vocab = tok.get_vocab()
-    user = [AddedToken(t, normalized=False, special=False)
-            for t, k in zip(tokens, types, strict=False) if k == _USER_DEFINED and t in in_vocab]
-    if user:
-        tok.add_tokens(user)
-    tok.post_processor = _post_processor(config, tok, processors)
-    return tok.to_str()
+    return _with_added_tokens(tok, tokens, types, control, config)
 
 
 def _merges_by_position(vocab: dict[str, int]) -> list[tuple[str, str]]:
@@ -222,6 +207,25 @@ def _merges_by_position(vocab: dict[str, int]) -> list[tuple[str, str]]:
     by_id = sorted(vocab, key=vocab.__getitem__)
     return [(t[:i], t[i:]) for t in by_id for i in range(len(t) - 1, 0, -1)
             if has(t[:i]) and has(t[i:])]
+
+
+def _with_added_tokens(tok: Any, tokens: list[str], types: list[int], control: list[str],
+                       config: dict[str, Any]) -> str:
+    """``tok``'s JSON after transformers' last steps for a GGUF vocabulary
+    (``add_gguf_special_tokens``, then the tokenizer class's post-processor): the control
+    tokens added as special, then the user-defined ones already in the vocabulary as
+    plain added tokens, then BOS/EOS as the file asks."""
+    from tokenizers import AddedToken, processors
+
+    if control:
+        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in control])
+    in_vocab = tok.get_vocab()
+    user = [AddedToken(t, normalized=False, special=False)
+            for t, k in zip(tokens, types, strict=False) if k == _USER_DEFINED and t in in_vocab]
+    if user:
+        tok.add_tokens(user)
+    tok.post_processor = _post_processor(config, tok, processors)
+    return str(tok.to_str())
 
 
 def _post_processor(config: dict[str, Any], tok: Any, processors: Any) -> Any:
