@@ -78,8 +78,10 @@ def run_demo(model: str | None = None, drafter: str = POLICY, max_new_tokens: in
         ar_tps, sp_tps = [], []
         ar = sp = None
         for _ in range(repeats):
-            ar = engine.generate(ids, params, drafter="none")
-            sp = engine.generate(ids, params, drafter=spec)
+            # Both from a cold prefill: with prefix reuse the second would start from
+            # the first one's KV of the same prompt.
+            ar = engine.generate(ids, params, drafter="none", prefix_cache=False)
+            sp = engine.generate(ids, params, drafter=spec, prefix_cache=False)
             assert isinstance(ar, GenerationResult) and isinstance(sp, GenerationResult)
             ar_tps.append(ar.tokens_per_s)
             sp_tps.append(sp.tokens_per_s)

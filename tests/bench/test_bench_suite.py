@@ -135,6 +135,10 @@ def test_run_report_schema_and_arithmetic(tmp_path: Path) -> None:
         assert len(c["wall_time_repeats"][0]) == 2
         assert c["new_tokens"] == [len(t) for t in c["token_ids"]]
         assert len(c["prompt_ids"]) == len(c["turns"])
+        # Every turn from a cold prefill, as the peers answer: the engine's prefix cache
+        # (on here) would otherwise hand pld, and every second repeat, the KV an earlier
+        # answer left for the same prompt.
+        assert [t["cached_tokens"] for t in c["timing"]] == [0] * len(c["turns"])
     assert all(a == 1 for r in ar for a in r["choices"][0]["accept_lengths"])
     # The fake model is lossless under any drafter: PLD output == AR output.
     assert [r["choices"][0]["token_ids"] for r in ar] == [r["choices"][0]["token_ids"] for r in pld]

@@ -136,6 +136,27 @@ def test_prefix_cache_off() -> None:
     assert eng.scheduler.prefix is None
 
 
+def test_a_cold_request_neither_reuses_nor_leaves_a_prefix() -> None:
+    """``prefix_cache=False`` (a benchmark's request): a cold prefill whatever was
+    retained, nothing retained after it, no lookup counted, and what others retained
+    stays theirs: in a free slot (two slots) or, where it took the only slot, in the
+    pool."""
+    prompt = list(b"the cat sat on the mat; the cat sat")
+    params = SamplingParams(max_new_tokens=6)
+    for slots in (2, 1):
+        eng = make_engine(max_batch_size=slots)
+        warm = _run(eng, prompt, 6)
+        cold = [eng.generate(prompt, params, prefix_cache=False) for _ in range(2)]
+        assert [c.cached_tokens for c in cold] == [0, 0]
+        assert all(c.token_ids == warm.token_ids for c in cold)
+        stats = eng.prefix_cache_stats()
+        assert stats is not None
+        assert (stats.queries, stats.hits) == (len(prompt), 0)  # the warm request's only
+        assert stats.retained_slots == (1 if slots == 2 else 0)  # the cold left nothing
+        again = _run(eng, prompt, 6)  # the warm request's rows are still there to reuse
+        assert again.cached_tokens == len(prompt) - 1 and again.token_ids == warm.token_ids
+
+
 def _together(eng: Any, prompts: list[list[int]], params: SamplingParams,
               tenants: list[str] | None = None) -> list[Any]:
     """Add the requests at once, run them to the end; their results in order."""

@@ -171,10 +171,14 @@ class EngineMethod:
         self._spec = method_spec(name)  # parsed once; the engine takes the object
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> TurnOutput:
-        res = self.engine.generate(prompt_ids, params, drafter=self._spec)
+        # Every turn from a cold prefill, as the peers answer (llama-server without
+        # cache_prompt, llama-cpp-python reset): with the engine's prefix cache a method
+        # would start from the KV an earlier method (or turn) left for the same prompt.
+        res = self.engine.generate(prompt_ids, params, drafter=self._spec, prefix_cache=False)
+        timing = {**engine_timing(self.engine.stats), "cached_tokens": float(res.cached_tokens)}
         return TurnOutput(
             list(res.token_ids), res.text, list(res.accept_lengths), float(res.wall_time),
-            int(res.prompt_tokens), str(res.finish_reason), engine_timing(self.engine.stats),
+            int(res.prompt_tokens), str(res.finish_reason), timing,
         )
 
 

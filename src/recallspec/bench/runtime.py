@@ -144,12 +144,12 @@ def prompt_ids(tokenizer: Any) -> list[int]:
 def engine_ar(engine: Any, ids: list[int], n: int, repeats: int) -> dict[str, float]:
     """AR decoding of ``engine``, end to end and decode only (seconds, tok/s, ms/token):
     ``n`` greedy tokens after ``ids``, EOS ignored, no drafter; each the median of
-    ``repeats`` runs of n and of 1 token."""
+    ``repeats`` runs of n and of 1 token, each from a cold prefill (no prefix reuse)."""
     from recallspec.spec.sampling import SamplingParams
 
     def gen(k: int) -> Callable[[], Any]:
         p = SamplingParams(max_new_tokens=k, ignore_eos=True)
-        return lambda: engine.generate(ids, p, drafter="none")
+        return lambda: engine.generate(ids, p, drafter="none", prefix_cache=False)
 
     t_n = _median_time(gen(n), repeats)
     t_1 = _median_time(gen(1), repeats)

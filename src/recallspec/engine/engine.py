@@ -219,7 +219,7 @@ class Engine:
         drafter: DrafterArg = None, drafter_options: Mapping[str, Any] | None = None,
         mode: str | None = None, sizing: Sizing | None = None,
         request_id: str | None = None, chat: bool = False, arrival: float | None = None,
-        tenant: str | None = None, memory: bool = True,
+        tenant: str | None = None, memory: bool = True, prefix_cache: bool = True,
     ) -> int:
         """Queue a request; returns its id (``rid``). Raises ``RecallspecError`` at once
         on bad input (empty or over-long prompt, ids outside the vocabulary, an unknown
@@ -230,7 +230,9 @@ class Engine:
         as one user turn; ``arrival`` (a ``time.perf_counter()`` time, not
         before earlier requests') holds it back until then (offline traffic simulation).
         ``tenant``: requests of one tenant share response memory (None: the anonymous
-        partition); ``memory=False``: this request neither drafts from nor feeds it."""
+        partition); ``memory=False``: this request neither drafts from nor feeds it;
+        ``prefix_cache=False``: it neither starts from a retained prefix nor leaves one
+        (a cold prefill: ``Scheduler.admit``)."""
         if tenant is not None and not isinstance(tenant, str):
             raise DataError("tenant must be a string")
         if params is None:
@@ -252,7 +254,7 @@ class Engine:
         self.scheduler.add(Request(rid, ids, params, how.drafter, gen, request_id,
                                    arrival=now if arrival is None else arrival,
                                    tenant=tenant or "", use_memory=bool(memory),
-                                   sizing=how.sizing))
+                                   use_prefix=bool(prefix_cache), sizing=how.sizing))
         return rid
 
     def has_unfinished(self) -> bool:

@@ -41,6 +41,7 @@ def generate(
     arrivals: Sequence[float] | None = None,
     tenant: str | None = None,
     memory: bool = True,
+    prefix_cache: bool = True,
 ) -> GenerationResult | list[GenerationResult]:
     """Generate for one prompt (text, token ids, chat messages) or a list of them.
 
@@ -51,7 +52,8 @@ def generate(
     tokens. ``arrivals`` (seconds after the call, one per prompt) holds each request
     back until it arrives, to simulate online traffic;
     ``GenerationResult.latency`` counts from the arrival. ``Engine.stats`` counts this
-    call's steps. ``tenant`` and ``memory`` apply to every request (``add_request``).
+    call's steps. ``tenant``, ``memory`` and ``prefix_cache`` apply to every request
+    (``add_request``).
     The engine must be idle (no requests of the online API in flight).
     """
     single = is_single(prompts)
@@ -83,7 +85,7 @@ def generate(
                 arrival = t0 + (arrivals[i] if arrivals is not None else 0.0)
                 rid = engine.add_request(p, sp, drafter=how.drafter, sizing=how.sizing,
                                          chat=chat, arrival=arrival, tenant=tenant,
-                                         memory=memory)
+                                         memory=memory, prefix_cache=prefix_cache)
             except RecallspecError as e:
                 if single:
                     raise

@@ -96,10 +96,7 @@ class PrefixCache:
         give the first new token); (-1, 0) when none shares a token. ``free``: the
         cache's free slots with their allocation counts; a slot allocated since it was
         retained (by anyone) retains nothing and is forgotten here."""
-        for s, allocation in free:
-            r = self._slots.get(s)
-            if r is not None and r.allocation != allocation:
-                del self._slots[s]  # its rows were overwritten since
+        self._prune(free)
         best_slot, best = -1, 0
         limit = max(len(prompt) - 1, 0)
         for s, _ in free:
@@ -111,17 +108,32 @@ class PrefixCache:
                 best_slot, best = s, n
         return best_slot, best
 
+    def _prune(self, free: Sequence[tuple[int, int]]) -> None:
+        """Forget the free slots allocated since they were retained (their rows were
+        overwritten): nothing may start from them, nor copy them out."""
+        for s, allocation in free:
+            r = self._slots.get(s)
+            if r is not None and r.allocation != allocation:
+                del self._slots[s]
+
     def choose(
-        self, prompt: Sequence[int], tenant: str, free: Sequence[tuple[int, int]]
+        self, prompt: Sequence[int], tenant: str, free: Sequence[tuple[int, int]], *,
+        reuse: bool = True,
     ) -> tuple[int, int, Retained | None]:
         """(slot, reused, dropped): the free slot to give a request with this prompt
         (``best``'s, else an empty slot, else the least recently retained), how many of
         its first tokens' KV that slot already holds, and what the slot retained (None:
         nothing), which it no longer does (the request's rows overwrite it past
-        ``reused``: the caller may copy it out first, ``prefix_pool.py``)."""
+        ``reused``: the caller may copy it out first, ``prefix_pool.py``).
+        ``reuse=False``: a cold request, given an empty slot (else the least recently
+        retained) and 0 reused tokens, whatever its prompt shares."""
         if not free:
             raise ValueError("no free slot to choose from")
-        best_slot, best = self.best(prompt, tenant, free)
+        if reuse:
+            best_slot, best = self.best(prompt, tenant, free)
+        else:
+            self._prune(free)
+            best_slot, best = -1, 0
         if best == 0:  # nothing to reuse: an empty slot, else the least recently retained
             slots = [s for s, _ in free]
             empty = [s for s in slots if s not in self._slots]

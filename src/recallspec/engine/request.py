@@ -98,6 +98,10 @@ class Request:
     # whether it uses the memory at all (it still sees the live corpora).
     tenant: str = ""
     use_memory: bool = True
+    # Whether it takes part in prefix reuse (``prefix_cache.py``): False, it starts from
+    # an empty slot, leaves nothing retained and lends its rows to nobody (a cold
+    # prefill, as a benchmark that times one method against another needs).
+    use_prefix: bool = True
     # How its drafts are sized (``spec/draft_sizing.py``). The engine always states it
     # (``DrafterPool.drafting``); "fixed" for requests built by hand (tests, replay).
     sizing: Sizing = "fixed"

@@ -155,7 +155,8 @@ class Scheduler:
             running = sum(self.cache.resident_rows(r.slot) for r in self.running.values())
             if running + need > self.kv_budget:
                 break  # waits for running requests to end (in arrival order)
-            if self.prefix is not None and self._share_soon(self.waiting[0]):
+            if (self.prefix is not None and self.waiting[0].use_prefix
+                    and self._share_soon(self.waiting[0])):
                 break  # waits for a running prefill of its prompt (a few steps)
             req = self.waiting.popleft()
             if self.prefix is None:
@@ -200,9 +201,10 @@ class Scheduler:
 
     def release(self, req: Request) -> None:
         """Take a request out: its slot back to the cache (or out of the queue); the
-        memory of its rows goes back, but for a prefix the slot retains."""
+        memory of its rows goes back, but for a prefix the slot retains (none for a
+        cold request: ``Request.use_prefix``)."""
         if req.slot >= 0:
-            keep = self._keep_prefix(req) if self.prefix is not None else 0
+            keep = self._keep_prefix(req) if self.prefix is not None and req.use_prefix else 0
             self.cache.release(req.slot, keep)
             req.slot = -1
         if self.running.pop(req.rid, None) is None and req in self.waiting:
@@ -217,12 +219,15 @@ class Scheduler:
         """Give ``req`` the free slot holding the longest prefix of its prompt, or copy
         a longer one into the slot it gets, from the pool or from a running request's
         slot (the pool on a tie); a slot's retained rows that are about to be
-        overwritten go to the pool first (when there is one)."""
+        overwritten go to the pool first (when there is one). A cold request
+        (``Request.use_prefix`` False) starts from nothing and counts as no lookup."""
         assert self.prefix is not None
         free = self._free_slots()
-        slot, reused, dropped = self.prefix.choose(req.prompt, req.tenant, free)
-        entry, n = (None, 0) if self.pool is None else self.pool.best(req.prompt, req.tenant)
-        src, m = self._running_rows(req)
+        cold = not req.use_prefix
+        slot, reused, dropped = self.prefix.choose(req.prompt, req.tenant, free, reuse=not cold)
+        entry, n = ((None, 0) if self.pool is None or cold
+                    else self.pool.best(req.prompt, req.tenant))
+        src, m = (None, 0) if cold else self._running_rows(req)
         from_pool = entry is not None and n > reused and n >= m
         from_running = src is not None and m > max(reused, n)
         # What the slot held past the reused rows is about to be overwritten (e.g. a
@@ -247,14 +252,15 @@ class Scheduler:
             reused = m
         else:
             self.cache.resume(slot, reused)
-        self.prefix.admitted(len(req.prompt), reused)
+        if not cold:
+            self.prefix.admitted(len(req.prompt), reused)
         req.prefilled = req.reused = reused
 
     def _sources(self, req: Request) -> Iterator[Request]:
         """Running requests whose rows ``req`` may start from: its tenant's, unfinished,
-        holding a slot without padding entries."""
+        holding a slot without padding entries, not cold."""
         for r in self.running.values():
-            if (r.tenant == req.tenant and not r.is_finished and r.slot >= 0
+            if (r.tenant == req.tenant and r.use_prefix and not r.is_finished and r.slot >= 0
                     and self.cache.valid_prefix(r.slot) is None):
                 yield r
 
