@@ -162,7 +162,8 @@ def main() -> None:
     # Warm-up (first forwards, drafter construction) outside any timing.
     eng0.generate(ps[:2], SamplingParams(max_new_tokens=8), drafter="llma")
     for bs in a.batch_sizes:
-        eng = Engine(eng0.model, eng0.tokenizer, EngineConfig(max_batch_size=bs))
+        cfg = EngineConfig(max_batch_size=bs, prefix_cache=False)  # every run prefilled
+        eng = Engine(eng0.model, eng0.tokenizer, cfg)
         runs = res["runs"].setdefault(str(bs), {})
         # One sequence has nothing to pad: the padded layouts are ems there.
         modes = a.modes if bs > 1 else [m for m in a.modes if m in ("ems", "adaptive")]
@@ -208,7 +209,8 @@ def main() -> None:
             save()
     # Continuous batching with Poisson arrivals.
     pois = res.setdefault("poisson", {})
-    eng = Engine(eng0.model, eng0.tokenizer, EngineConfig(max_batch_size=a.poisson_batch))
+    cfg = EngineConfig(max_batch_size=a.poisson_batch, prefix_cache=False)
+    eng = Engine(eng0.model, eng0.tokenizer, cfg)
     pp = ps[: a.poisson_prompts]
     for rate in a.rates:
         rng = random.Random(0)

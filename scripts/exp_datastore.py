@@ -239,7 +239,7 @@ def real_runs(bench: str, res: dict[str, Any], answers: Path, n: int) -> dict[st
 
     records, settings = load_ar_answers(answers)
     records = records[:n]
-    eng = Engine.load(None)
+    eng = Engine.load(None, prefix_cache=False)  # every answer prefilled: methods compared
     params = SamplingParams(max_new_tokens=int(settings.get("max_new_tokens", 128)))
     rows = res["rows"]
     pick = {

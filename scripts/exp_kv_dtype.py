@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     prompts = [q.turns[0] for q in load_suite(args.suite, SuiteSelection(args.per_category))]
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)
-    engines = {kv: Engine.load(kv_dtype=kv) for kv in KVS}
+    engines = {kv: Engine.load(kv_dtype=kv, prefix_cache=False) for kv in KVS}
     prompt_tokens = [len(engines["float32"].encode_prompt(p, chat=True)) for p in prompts]
     speed: dict[tuple[str, str], list[float]] = {}
     answers: dict[tuple[str, str], list[list[int]]] = {}

@@ -36,7 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -199,7 +199,8 @@ def _derive(entry: dict[str, Any], stream: dict[str, float]) -> None:
     entry["derived"] = d
 
 
-def _write(res: dict[str, Any], out: Path) -> None:
+def write_scale(res: dict[str, Any], out: Path) -> None:
+    """scale.json, scale.md and scale.png in ``out``."""
     from recallspec.bench.scale_report import plot_scale, render_scale_markdown
 
     out.mkdir(parents=True, exist_ok=True)
@@ -210,8 +211,13 @@ def _write(res: dict[str, Any], out: Path) -> None:
     plot_scale(res, out / "scale.png")
 
 
-def _predictions(res: dict[str, Any], cfg: ScaleConfig, out: Path,
-                 say: Callable[[str], None]) -> None:
+def add_predictions(res: dict[str, Any], answers_dir: str | Path, methods: Sequence[str],
+                    threads: int | None, say: Callable[[str], None]) -> None:
+    """``res["prediction"]``: the Spec-Bench answers in ``answers_dir`` (a ``recallspec
+    bench`` run of SmolLM2 with ar and the drafting ``methods``) replayed with each entry's
+    measured curve (``curve_file``), the time model fitted on that run
+    (``bench/scale_predict.py``); also for a table measured before
+    (``scripts/exp_repredict.py``)."""
     from recallspec.bench.methods import recorded_sizing_default
     from recallspec.bench.replay import ReplayConfig, load_ar_answers
     from recallspec.bench.scale_predict import fitted_model, predict_at_curve
@@ -219,8 +225,7 @@ def _predictions(res: dict[str, Any], cfg: ScaleConfig, out: Path,
     from recallspec.params import MAX_DRAFT_NODES
     from recallspec.runtime.cost_curve import CostCurve
 
-    assert cfg.answers is not None
-    answers = Path(cfg.answers) / "answers" / "ar.jsonl"
+    answers = Path(answers_dir) / "answers" / "ar.jsonl"
     recs, settings = load_ar_answers(answers)
     rc = ReplayConfig(max_new_tokens=int(settings.get("max_new_tokens") or 128),
                       max_draft_nodes=int(settings.get("max_draft_nodes") or MAX_DRAFT_NODES),
@@ -228,8 +233,8 @@ def _predictions(res: dict[str, Any], cfg: ScaleConfig, out: Path,
                       sizing_default=recorded_sizing_default(settings))
     say(f"prediction: fitting the time model on {answers} ({len(recs)} questions)")
     engine = Engine.load(settings.get("model"), dtype=settings.get("dtype", "auto"),
-                         threads=cfg.threads)
-    fit, check = fitted_model(recs, rc, engine.cost_curve(), cfg.methods, answers.parent.parent,
+                         threads=threads)
+    fit, check = fitted_model(recs, rc, engine.cost_curve(), methods, answers.parent.parent,
                               lambda m: say(f"  {m}"))
     del engine
     res["prediction"] = {"answers": str(answers), "questions": len(recs),
@@ -241,8 +246,7 @@ def _predictions(res: dict[str, Any], cfg: ScaleConfig, out: Path,
             continue
         say(f"prediction at {key}")
         curve = CostCurve.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
-        res["prediction"]["entries"][key] = predict_at_curve(recs, rc, curve, cfg.methods, fit)
-    _write(res, out)
+        res["prediction"]["entries"][key] = predict_at_curve(recs, rc, curve, methods, fit)
 
 
 def run_scale(cfg: ScaleConfig, out: Path,
@@ -300,10 +304,11 @@ def run_scale(cfg: ScaleConfig, out: Path,
             entry["ttft"] = _ttft(gguf, cfg, entry["ours"]["threads"], out, say)
         _derive(entry, entry["stream"])
         res["entries"][key] = entry
-        _write(res, out)
+        write_scale(res, out)
     res["stream_after"] = stream_bandwidth(cfg.stream_mib, cfg.repeats)
     if cfg.answers:
-        _predictions(res, cfg, out, say)
+        add_predictions(res, cfg.answers, cfg.methods, cfg.threads, say)
+        write_scale(res, out)
     res["machine_after"] = _machine()
-    _write(res, out)
+    write_scale(res, out)
     return res
