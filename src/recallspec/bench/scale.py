@@ -308,7 +308,6 @@ def run_scale(cfg: ScaleConfig, out: Path,
     res["stream_after"] = stream_bandwidth(cfg.stream_mib, cfg.repeats)
     if cfg.answers:
         add_predictions(res, cfg.answers, cfg.methods, cfg.threads, say)
-        write_scale(res, out)
     res["machine_after"] = _machine()
     write_scale(res, out)
     return res
