@@ -152,6 +152,28 @@ def test_native_llama_bench_tg() -> None:
 
 @needs_model
 @pytest.mark.peer
+def test_paired_rounds_with_the_native_peer() -> None:
+    """A decode round and a prefill round of bench scale's pairs: ours in a fresh child
+    and llama-bench, the order alternating by round; the median of the rounds' ratios."""
+    from recallspec.bench.scale import ScaleConfig, paired_rounds, paired_summary
+
+    gguf, _ = _native()
+    cfg = ScaleConfig(repeats=1, new_tokens=4, prefill=32, pair_idle_s=0.0)
+    logs: list[str] = []
+    for measure in ("decode", "prefill"):
+        rounds = paired_rounds(Path(gguf), cfg, THREADS, measure, 2, logs.append)
+        assert [r["first"] for r in rounds] == ["ours", "llamacpp"], logs
+        assert all(r["ours"] > 0 and r["llamacpp"] > 0 for r in rounds)
+        summary = paired_summary(rounds)
+        assert summary is not None and summary["rounds"] == 2
+        assert summary["min"] <= summary["median"] <= summary["max"]
+    assert not [m for m in logs if "failed" in m], logs
+    with pytest.raises(ValueError, match="measure"):
+        paired_rounds(Path(gguf), cfg, THREADS, "ttft", 1, logs.append)
+
+
+@needs_model
+@pytest.mark.peer
 def test_native_peer_methods_in_a_bench_run(tmp_path: Path) -> None:
     """llamacpp-greedy and llamacpp-ngram-simple answer the demo suite; the report
     says how many n-gram answers equal llama.cpp's own greedy ones."""

@@ -39,6 +39,10 @@ def test_matrix_and_config_are_checked() -> None:
         ScaleConfig(answers="x", methods=("pld",))
     with pytest.raises(DataError, match="decode_rounds"):
         ScaleConfig(decode_rounds=-1)
+    with pytest.raises(DataError, match="prefill_rounds"):
+        ScaleConfig(prefill_rounds=-1)
+    with pytest.raises(DataError, match="pair_idle_s"):
+        ScaleConfig(pair_idle_s=-0.5)
     with pytest.raises(DataError, match="ttft_repeats"):
         ScaleConfig(ttft_repeats=-1)
     with pytest.raises(DataError, match="repeats >= 1"):
@@ -97,6 +101,8 @@ def test_ratios_and_report_of_one_entry() -> None:
         "paired_decode": [{"first": "ours", "ours": 30.0, "llamacpp": 20.0},
                           {"first": "llamacpp", "ours": 26.0, "llamacpp": 20.0},
                           {"first": "ours", "ours": 28.0, "llamacpp": 25.0}],
+        "paired_prefill": [{"first": "ours", "ours": 150.0, "llamacpp": 60.0},
+                           {"first": "llamacpp", "ours": 140.0, "llamacpp": 70.0}],
         "ttft": {"summary": summarize({
             "ours_first": [{"first_token_s": 4.0, "load_s": 3.5, "exit_s": 6.0},
                            {"first_token_s": 5.0, "load_s": 4.5, "exit_s": 7.0},
@@ -111,6 +117,9 @@ def test_ratios_and_report_of_one_entry() -> None:
     assert d["decode_vs_llamacpp_paired"] == pytest.approx(
         {"median": 1.3, "min": 1.12, "max": 1.5, "rounds": 3})
     assert d["prefill_vs_llamacpp"] == pytest.approx(2.0)
+    # Two prefill rounds, 2.5x and 2.0x: the median is their mean.
+    assert d["prefill_vs_llamacpp_paired"] == pytest.approx(
+        {"median": 2.25, "min": 2.0, "max": 2.5, "rounds": 2})
     assert d["cost_ratio"]["8"] == pytest.approx(1.5)
     assert d["llamacpp_cost_ratio"]["8"] == pytest.approx(2.0)
     assert d["bandwidth_fraction"] == pytest.approx(0.75)
@@ -123,6 +132,8 @@ def test_ratios_and_report_of_one_entry() -> None:
         assert cell in row, (cell, row)
     assert "commit 0c1e570" in md and "-DGGML_NATIVE=ON" in md
     assert "smollm2-1.7b Q4_0 1.30x (median of 3, 1.12x-1.50x)" in md
+    assert "Prefill in paired rounds" in md and "llama-bench pp" in md
+    assert "smollm2-1.7b Q4_0 2.25x (median of 2, 2.00x-2.50x)" in md
 
 
 @needs_model
@@ -151,13 +162,14 @@ def test_our_side_measures_a_real_gguf_in_a_child(tmp_path: Path) -> None:
     assert curve.decode is not None and curve.decode.contexts == (16, 64)
     assert curve.prefill is not None and curve.prefill.rows == (32, 128)
     assert curve(2, 1, 64) == pytest.approx(res["cost_ms"]["2"] / 1000)
-    # A paired decode round's child: the decode only, no curve.
-    proc = subprocess.run(
-        [sys.executable, "-m", "recallspec.bench.scale_ours", str(gguf), "--repeats", "1",
-         "--new-tokens", "4", "--decode-only", "--threads", "1"],
-        capture_output=True, text=True, check=True, timeout=600)
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["ar"]["decode_tok_s"] > 0 and "cost_ms" not in res and "prefill_tok_s" not in res
+    # A paired round's child: the decode or the prefill only, no curve.
+    for only, has, lacks in (("decode", "ar", "prefill_tok_s"), ("prefill", "prefill_tok_s", "ar")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "recallspec.bench.scale_ours", str(gguf), "--repeats", "1",
+             "--new-tokens", "4", "--prefill", "32", "--only", only, "--threads", "1"],
+            capture_output=True, text=True, check=True, timeout=600)
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert res[has] and lacks not in res and "cost_ms" not in res, (only, res)
 
 
 @needs_model

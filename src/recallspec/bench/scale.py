@@ -11,11 +11,12 @@ For each (shape, quantization) of the matrix, in one run on one machine:
   ``llama-server``'s verification curve (its timed prompt eval of k tokens on top of
   ``cached`` tokens already in its cache: logits of the last row only, so it slightly
   under-prices a verification that needs every row's), its resident memory and start;
-* paired decode rounds (``decode_rounds``): ours (a fresh child, decode only) and
-  llama-bench's tg once each, back to back, the order alternating by round; the median
-  of the rounds' ratios is the decode ratio least moved by a shared VM's drift (its
-  speed changed 1.5-2x within one run here, and the sequential measurements above put
-  the two engines minutes apart);
+* paired decode and prefill rounds (``decode_rounds``, ``prefill_rounds``): ours (a
+  fresh child, decode or prefill only) and llama-bench's tg or pp, back to back, the
+  order alternating by round, each after an idle pause; the median of the rounds'
+  ratios is the ratio least moved by a shared VM's drift (its speed changed 1.5-2x
+  within one run here, and the sequential measurements above put the two engines
+  minutes apart);
 * time to first token (``ttft_repeats``, ``bench/cold_start.py``): ours from a fresh
   process on the first run (conversion and repack) and on a later run (the repack cache
   read), and llama-server's from its process start, each process after a pause;
@@ -69,6 +70,8 @@ class ScaleConfig:
     stream_mib: int = 1024
     overwrite: bool = False  # measure entries already in OUT/scale.json again
     decode_rounds: int = 3  # paired decode rounds (with llamacpp; 0: none)
+    prefill_rounds: int = 3  # paired prefill rounds (with llamacpp; 0: none)
+    pair_idle_s: float = 5.0  # idle before each side of a paired round
     ttft_repeats: int = 1  # time to first token from fresh processes (0: not measured)
 
     def __post_init__(self) -> None:
@@ -85,8 +88,11 @@ class ScaleConfig:
             raise DataError("need repeats >= 1, new_tokens >= 2, prefill >= 1, cached >= 1")
         if not self.ks or min(self.ks) < 1 or 1 not in self.ks:
             raise DataError(f"ks must be positive and include 1 (the ratios' base): {self.ks}")
-        if self.decode_rounds < 0:
-            raise DataError(f"decode_rounds must be >= 0, got {self.decode_rounds}")
+        if self.decode_rounds < 0 or self.prefill_rounds < 0:
+            raise DataError("decode_rounds and prefill_rounds must be >= 0, got "
+                            f"{self.decode_rounds} and {self.prefill_rounds}")
+        if self.pair_idle_s < 0:
+            raise DataError(f"pair_idle_s must be >= 0, got {self.pair_idle_s}")
         if self.ttft_repeats < 0:
             raise DataError(f"ttft_repeats must be >= 0, got {self.ttft_repeats}")
         if self.answers is not None and "ar" not in self.methods:
@@ -117,14 +123,15 @@ def parse_entries(shapes: str | None, quants: str | None) -> tuple[tuple[str, st
 
 
 def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path | None, say: Callable[[str], None],
-          ) -> dict[str, Any]:
-    """Our child's measurements; decode only (once) without ``curve_out``."""
+          only: str | None = None) -> dict[str, Any]:
+    """Our child's measurements: everything, with the curve written to ``curve_out``; or
+    ``only`` "decode" (once) or "prefill" (median of ``repeats``), a paired round's side."""
     cmd = [sys.executable, "-m", "recallspec.bench.scale_ours", str(gguf),
-           "--repeats", str(cfg.repeats if curve_out else 1),
+           "--repeats", str(1 if only == "decode" else cfg.repeats),
            "--new-tokens", str(cfg.new_tokens),
            "--prefill", str(cfg.prefill), "--ks", ",".join(map(str, cfg.ks)),
            "--cached", str(cfg.cached)]
-    cmd += ["--curve-out", str(curve_out)] if curve_out else ["--decode-only"]
+    cmd += ["--only", only] if only else ["--curve-out", str(curve_out)]
     if cfg.threads:
         cmd += ["--threads", str(cfg.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -135,30 +142,50 @@ def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path | None, say: Callable[[s
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def paired_decode(gguf: Path, cfg: ScaleConfig, threads: int,
-                   say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """``decode_rounds`` rounds of {"ours", "llamacpp": decode tok/s, "first": which ran
-    first}; a round whose either half failed is left out (and said)."""
+def paired_rounds(gguf: Path, cfg: ScaleConfig, threads: int, measure: str, rounds: int,
+                  say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """``rounds`` rounds of {"ours", "llamacpp": tok/s, "first": which ran first}: ours in a
+    fresh child and llama-bench, back to back, the order alternating by round, each after
+    ``cfg.pair_idle_s`` idle. ``measure``: "decode" (``new_tokens``, once each: AR decode
+    and tg) or "prefill" (``prefill`` tokens, median of ``repeats`` each: one prefill
+    forward and pp). A round whose either half failed is left out (and said)."""
     from recallspec.bench import llamacpp as lc
-    from recallspec.bench.scale_llamacpp import tg_only
+    from recallspec.bench.scale_llamacpp import one_rate
 
-    rounds = []
-    for r in range(cfg.decode_rounds):
+    if measure not in ("decode", "prefill"):
+        raise ValueError(f"measure must be 'decode' or 'prefill', got {measure!r}")
+    tokens, repeats = ((cfg.new_tokens, 1) if measure == "decode"
+                       else (cfg.prefill, cfg.repeats))
+    done = []
+    for r in range(rounds):
         first = "ours" if r % 2 == 0 else "llamacpp"
         got: dict[str, Any] = {"first": first}
         for side in (first, "llamacpp" if first == "ours" else "ours"):
+            # Memory the other side freed faults back slowly on a VM: an idle pause first.
+            time.sleep(cfg.pair_idle_s)
             if side == "ours":
-                o = _ours(gguf, cfg, None, say)
-                got["ours"] = o.get("ar", {}).get("decode_tok_s")
+                o = _ours(gguf, cfg, None, say, only=measure)
+                got["ours"] = (o.get("ar", {}).get("decode_tok_s") if measure == "decode"
+                               else o.get("prefill_tok_s"))
             else:
                 try:
-                    got["llamacpp"] = tg_only(gguf, cfg, threads)
+                    got["llamacpp"] = one_rate(gguf, threads, measure, tokens, repeats)
                 except (lc.LlamaCppError, lc.PeerNotBuilt) as e:
                     say(f"  llama.cpp failed: {e}")
         if got.get("ours") and got.get("llamacpp"):
-            rounds.append(got)
-            say(f"  round {r + 1}: ours {got['ours']:.2f}, llama.cpp {got['llamacpp']:.2f} tok/s")
-    return rounds
+            done.append(got)
+            say(f"  {measure} round {r + 1}: ours {got['ours']:.2f}, llama.cpp "
+                f"{got['llamacpp']:.2f} tok/s ({got['ours'] / got['llamacpp']:.2f}x)")
+    return done
+
+
+def paired_summary(rounds: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """{"median", "min", "max", "rounds"} of the rounds' ours / llama.cpp; None for none."""
+    ratios = [r["ours"] / r["llamacpp"] for r in rounds]
+    if not ratios:
+        return None
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "rounds": len(ratios)}
 
 
 def _ttft(gguf: Path, cfg: ScaleConfig, threads: int, out: Path,
@@ -191,11 +218,10 @@ def _derive(entry: dict[str, Any], stream: dict[str, float]) -> None:
         d["llamacpp_cost_ratio"] = {k: v / lc["cost_ms"]["1"] for k, v in lc["cost_ms"].items()}
     if lc.get("tg_tok_s"):
         d["llamacpp_gb_s"] = entry["file_bytes"] * lc["tg_tok_s"] / 1e9  # ~ bytes read a token
-    ratios = [r["ours"] / r["llamacpp"] for r in entry.get("paired_decode", [])]
-    if ratios:
-        d["decode_vs_llamacpp_paired"] = {"median": statistics.median(ratios),
-                                          "min": min(ratios), "max": max(ratios),
-                                          "rounds": len(ratios)}
+    for measure in ("decode", "prefill"):
+        summary = paired_summary(entry.get(f"paired_{measure}", []))
+        if summary:
+            d[f"{measure}_vs_llamacpp_paired"] = summary
     entry["derived"] = d
 
 
@@ -295,10 +321,12 @@ def run_scale(cfg: ScaleConfig, out: Path,
             entry["llamacpp"] = llamacpp_side(gguf, cfg, entry["ours"].get("threads"), say)
             if entry["llamacpp"].get("system_info"):
                 res["peer"]["system_info"] = entry["llamacpp"]["system_info"]
-            if cfg.decode_rounds and "error" not in entry["ours"]:
-                say(f"[{key}] paired decode: {cfg.decode_rounds} rounds")
-                entry["paired_decode"] = paired_decode(
-                    gguf, cfg, entry["ours"]["threads"], say)
+            for measure, rounds in (("decode", cfg.decode_rounds),
+                                    ("prefill", cfg.prefill_rounds)):
+                if rounds and "error" not in entry["ours"]:
+                    say(f"[{key}] paired {measure}: {rounds} rounds")
+                    entry[f"paired_{measure}"] = paired_rounds(
+                        gguf, cfg, entry["ours"]["threads"], measure, rounds, say)
         if cfg.ttft_repeats and "error" not in entry["ours"]:
             say(f"[{key}] time to first token: ours first and later run, llama-server")
             entry["ttft"] = _ttft(gguf, cfg, entry["ours"]["threads"], out, say)

@@ -60,13 +60,15 @@ def _bench(gguf: Path, cfg: ScaleConfig, threads: int) -> dict[str, Any]:
     return out
 
 
-def tg_only(gguf: Path, cfg: ScaleConfig, threads: int) -> float:
-    """llama-bench's tg of ``new_tokens`` once (a paired decode round's llama.cpp half)."""
-    rows = lc.llama_bench(str(gguf), threads, n=cfg.new_tokens, repeats=1)
-    tg = [r for r in rows if int(r["n_gen"]) == cfg.new_tokens and int(r["n_prompt"]) == 0]
-    if not tg:
-        raise lc.LlamaCppError(f"llama-bench wrote no tg{cfg.new_tokens} row")
-    return _median_ts(tg[0], cfg.new_tokens)
+def one_rate(gguf: Path, threads: int, measure: str, tokens: int, repeats: int) -> float:
+    """llama-bench's tg (``measure`` "decode") or pp ("prefill") of ``tokens``, the median of
+    ``repeats`` (one side of a paired round, ``bench.scale.paired_rounds``)."""
+    p, n = (tokens, 0) if measure == "prefill" else (0, tokens)
+    rows = lc.llama_bench(str(gguf), threads, p=p, n=n, repeats=repeats)
+    got = [r for r in rows if int(r["n_prompt"]) == p and int(r["n_gen"]) == n]
+    if not got:
+        raise lc.LlamaCppError(f"llama-bench wrote no {'pp' if p else 'tg'}{tokens} row")
+    return _median_ts(got[0], tokens)
 
 
 def server_cost_curve(srv: lc.LlamaServer, ks: tuple[int, ...], *, cached: int,

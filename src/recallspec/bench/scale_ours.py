@@ -24,6 +24,9 @@ and reads one JSON object from stdout:
 * ``rss_mb``/``peak_rss_mb``: the process's resident and peak resident memory after
   all of it (the Python runtime and torch included: ``baseline_rss_mb`` is before load).
 
+``--only decode`` or ``--only prefill``: ``ar`` or ``prefill_tok_s`` alone (a paired
+round's side of ours: ``bench.scale.paired_rounds``).
+
 ``--curve-out`` also writes the model's cost curve (``runtime/cost_curve.CostCurve``,
 format 3) from the same forwards plus a prefill grid: what ``bench replay``'s time
 model prices a replayed policy with at this shape.
@@ -86,15 +89,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"load_s": load_s, "cache_write_wait_s": cache_write_s,
                            "threads": threads,
                            "baseline_rss_mb": baseline, "prompt_tokens": len(ids)}
-    out["ar"] = engine_ar(engine, ids, args.new_tokens, args.repeats)
-    if args.decode_only:
+    if args.only != "prefill":
+        out["ar"] = engine_ar(engine, ids, args.new_tokens, args.repeats)
+    if args.only == "decode":
         return out
     # Prefill: chunks of 128 and P rows (last row's logits) at positions 0 and 512, the
-    # engine's prefill forward (its prefill_chunk is 512); P at 0 is the reported rate.
-    sizes = tuple(sorted({PREFILL_SMALL, args.prefill}))
-    pgrid = grid_times(model, model.new_cache(1, max(PREFILL_STARTS) + max(sizes) + 2),
-                       threads, sizes, PREFILL_STARTS, logits="last", repeats=args.repeats)
+    # engine's prefill forward (its prefill_chunk is 512); P at 0 is the reported rate
+    # (alone for --only prefill).
+    sizes, starts = (((args.prefill,), (0,)) if args.only == "prefill"
+                     else (tuple(sorted({PREFILL_SMALL, args.prefill})), PREFILL_STARTS))
+    pgrid = grid_times(model, model.new_cache(1, max(starts) + max(sizes) + 2),
+                       threads, sizes, starts, logits="last", repeats=args.repeats)
     out["prefill_tok_s"] = args.prefill / pgrid[0][args.prefill]
+    if args.only == "prefill":
+        return out
     # Verification: chains of k rows after each context; the one at --cached is the
     # reported curve, all of them the curve's decode grid.
     contexts = tuple(sorted(set(args.contexts) | {args.cached}))
@@ -131,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cached", type=int, default=512)
     p.add_argument("--contexts", type=positive_ints, default=(128, 512, 1024))
     p.add_argument("--curve-out", default=None)
-    p.add_argument("--decode-only", action="store_true",
-                   help="AR decode only (bench scale's paired decode rounds)")
+    p.add_argument("--only", choices=("decode", "prefill"), default=None,
+                   help="AR decode or prefill only (one side of bench scale's paired rounds)")
     args = p.parse_args(argv)
     res = measure(args)
     sys.stdout.write(json.dumps(res) + "\n")

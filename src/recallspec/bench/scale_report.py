@@ -78,14 +78,17 @@ def render_scale_markdown(res: dict[str, Any]) -> str:
         )
         if "error" in o or "error" in lc:
             lines.append(f"|  | errors: {o.get('error', '')} {lc.get('error', '')} |")
-    paired = [(e, e["derived"]["decode_vs_llamacpp_paired"]) for e in res["entries"].values()
-              if e.get("derived", {}).get("decode_vs_llamacpp_paired")]
-    if paired:
-        lines += ["", "Decode in paired rounds (ours, a fresh process, and llama-bench tg once "
-                  "each, back to back, the order alternating), ours / llama.cpp: " + "; ".join(
-                      f"{e['shape']} {e['quant']} {_n(p['median'], '.2f', 'x')} (median of "
-                      f"{p['rounds']}, {_n(p['min'], '.2f', 'x')}-{_n(p['max'], '.2f', 'x')})"
-                      for e, p in paired) + "."]
+    for measure, peer in (("decode", "tg"), ("prefill", "pp")):
+        paired = [(e, e["derived"][f"{measure}_vs_llamacpp_paired"])
+                  for e in res["entries"].values()
+                  if e.get("derived", {}).get(f"{measure}_vs_llamacpp_paired")]
+        if paired:
+            lines += ["", f"{measure.capitalize()} in paired rounds (ours, a fresh process, and "
+                      f"llama-bench {peer}, back to back, the order alternating), ours / "
+                      "llama.cpp: " + "; ".join(
+                          f"{e['shape']} {e['quant']} {_n(p['median'], '.2f', 'x')} (median of "
+                          f"{p['rounds']}, {_n(p['min'], '.2f', 'x')}-{_n(p['max'], '.2f', 'x')})"
+                          for e, p in paired) + "."]
     s = res.get("stream", {})
     lines += ["", f"Streaming read bandwidth in the run: {_n(s.get('read_gb_s'))} GB/s at the "
               f"start, {_n(res.get('stream_after', {}).get('read_gb_s'))} GB/s at the end "

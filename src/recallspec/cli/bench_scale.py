@@ -43,6 +43,9 @@ def register_bench(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     help="paired decode rounds after each entry: ours and llama-bench tg "
                     "back to back, order alternating (the ratio least moved by a drifting "
                     "machine; 0: none)")
+    sc.add_argument("--prefill-rounds", type=int, default=d.prefill_rounds,
+                    help="paired prefill rounds after each entry: ours and llama-bench pp, "
+                    "as the decode rounds (0: none)")
     sc.add_argument("--ttft-repeats", type=int, default=d.ttft_repeats,
                     help="time to first token from fresh processes (ours first and later "
                     "run, llama-server), repeats per model (0: not measured)")
@@ -63,6 +66,7 @@ def run_scale_cmd(args: argparse.Namespace) -> int:
         answers=args.answers, methods=tuple(m.strip() for m in args.methods.split(",")
                                             if m.strip()),
         overwrite=args.overwrite, decode_rounds=args.decode_rounds,
+        prefill_rounds=args.prefill_rounds,
         ttft_repeats=args.ttft_repeats,
     )
     out = Path(args.out)
