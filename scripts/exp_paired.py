@@ -7,7 +7,7 @@ drifts within a run; more rounds than `bench scale --decode-rounds/--prefill-rou
     .venv/bin/python scripts/exp_paired.py --shape llama-3.1-8b --measure decode \
         --rounds 5 --threads 2 --out bench_out/paired_8b.json
     .venv/bin/python scripts/exp_paired.py --gguf SHAPE.gguf --measure prefill \
-        --rounds 6 [--prefill 512] [--repeats 3] --threads 2 --out bench_out/paired_pp.json
+        --rounds 6 [--prefill 512] [--repeats 1] --threads 2 --out bench_out/paired_pp.json
 
 Writes OUT (JSON: the rounds, their ratios, median, min, max) and prints the median.
 Run it alone on the machine.
@@ -34,30 +34,31 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=ScaleConfig.new_tokens)
     ap.add_argument("--prefill", type=int, default=ScaleConfig.prefill)
-    ap.add_argument("--repeats", type=int, default=ScaleConfig.repeats,
-                    help="prefill forwards a side (the median); decode runs once")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="measurements a side, after its warm-up (the median)")
     ap.add_argument("--idle", type=float, default=ScaleConfig.pair_idle_s,
                     help="seconds idle before each side")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    if a.rounds < 1:
-        ap.error("--rounds must be >= 1")
+    if a.rounds < 1 or a.repeats < 1:
+        ap.error("--rounds and --repeats must be >= 1")
     if a.gguf is not None and not a.gguf.is_file():
         ap.error(f"no such GGUF: {a.gguf}")
-    cfg = ScaleConfig(threads=a.threads, repeats=a.repeats, new_tokens=a.new_tokens,
-                      prefill=a.prefill, pair_idle_s=a.idle)
+    cfg = ScaleConfig(threads=a.threads, new_tokens=a.new_tokens, prefill=a.prefill,
+                      pair_idle_s=a.idle)
     gguf = a.gguf or ensure_shape_gguf(a.shape, a.quant)
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rounds = paired_rounds(gguf, cfg, a.threads, a.measure, a.rounds,
-                           lambda s: print(s, flush=True))
+                           lambda s: print(s, flush=True), repeats=a.repeats)
     summary = paired_summary(rounds)
     if summary is None:
         raise SystemExit("no round completed (see above)")
     out = {"date": date, "gguf": str(gguf), "measure": a.measure, "threads": a.threads,
            "tokens": a.new_tokens if a.measure == "decode" else a.prefill,
-           "repeats": 1 if a.measure == "decode" else a.repeats, "idle_s": a.idle,
-           "rounds": rounds, "ratios": [r["ours"] / r["llamacpp"] for r in rounds], **summary}
+           "repeats": a.repeats, "idle_s": a.idle,
+           "rounds": rounds, "ratios": [r["ours"] / r["llamacpp"] for r in rounds],
+           **{k: summary[k] for k in ("median", "min", "max")}}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1))
     print(f"median {summary['median']:.3f} (min {summary['min']:.3f}, max {summary['max']:.3f})"

@@ -15,7 +15,13 @@ from replay_helpers import V, cycle_model, grid_curve
 
 from recallspec.bench.cold_start import ColdStartConfig, measure, summarize
 from recallspec.bench.replay import ReplayConfig, load_ar_answers
-from recallspec.bench.scale import DEFAULT_MATRIX, ScaleConfig, _derive, parse_entries
+from recallspec.bench.scale import (
+    DEFAULT_MATRIX,
+    ScaleConfig,
+    _derive,
+    paired_rounds,
+    parse_entries,
+)
 from recallspec.bench.scale_predict import fitted_model, predict_at_curve
 from recallspec.bench.scale_report import render_scale_markdown
 from recallspec.engine import Engine, EngineConfig
@@ -43,6 +49,11 @@ def test_matrix_and_config_are_checked() -> None:
         ScaleConfig(prefill_rounds=-1)
     with pytest.raises(DataError, match="pair_idle_s"):
         ScaleConfig(pair_idle_s=-0.5)
+    # (both refused before anything runs)
+    with pytest.raises(ValueError, match="measure"):
+        paired_rounds(Path("m.gguf"), ScaleConfig(), 1, "ttft", 1, print)
+    with pytest.raises(ValueError, match="repeats"):
+        paired_rounds(Path("m.gguf"), ScaleConfig(), 1, "prefill", 1, print, repeats=0)
     with pytest.raises(DataError, match="ttft_repeats"):
         ScaleConfig(ttft_repeats=-1)
     with pytest.raises(DataError, match="repeats >= 1"):

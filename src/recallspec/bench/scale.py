@@ -123,11 +123,12 @@ def parse_entries(shapes: str | None, quants: str | None) -> tuple[tuple[str, st
 
 
 def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path | None, say: Callable[[str], None],
-          only: str | None = None) -> dict[str, Any]:
+          only: str | None = None, repeats: int | None = None) -> dict[str, Any]:
     """Our child's measurements: everything, with the curve written to ``curve_out``; or
-    ``only`` "decode" (once) or "prefill" (median of ``repeats``), a paired round's side."""
+    ``only`` "decode" or "prefill" (a paired round's side), medians of ``repeats``
+    (default ``cfg.repeats``)."""
     cmd = [sys.executable, "-m", "recallspec.bench.scale_ours", str(gguf),
-           "--repeats", str(1 if only == "decode" else cfg.repeats),
+           "--repeats", str(repeats or cfg.repeats),
            "--new-tokens", str(cfg.new_tokens),
            "--prefill", str(cfg.prefill), "--ks", ",".join(map(str, cfg.ks)),
            "--cached", str(cfg.cached)]
@@ -143,19 +144,22 @@ def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path | None, say: Callable[[s
 
 
 def paired_rounds(gguf: Path, cfg: ScaleConfig, threads: int, measure: str, rounds: int,
-                  say: Callable[[str], None]) -> list[dict[str, Any]]:
+                  say: Callable[[str], None], repeats: int = 1) -> list[dict[str, Any]]:
     """``rounds`` rounds of {"ours", "llamacpp": tok/s, "first": which ran first}: ours in a
     fresh child and llama-bench, back to back, the order alternating by round, each after
-    ``cfg.pair_idle_s`` idle. ``measure``: "decode" (``new_tokens``, once each: AR decode
-    and tg) or "prefill" (``prefill`` tokens, median of ``repeats`` each: one prefill
-    forward and pp). A round whose either half failed is left out (and said)."""
+    ``cfg.pair_idle_s`` idle. ``measure``: "decode" (``new_tokens``: AR decode and tg) or
+    "prefill" (``prefill`` tokens: one prefill forward and pp), each side the median of
+    ``repeats`` after its warm-up (once by default: the rounds' median is the estimate,
+    and an 8B pp512 of llama.cpp takes over a minute on two cores). A round whose either
+    half failed is left out (and said)."""
     from recallspec.bench import llamacpp as lc
     from recallspec.bench.scale_llamacpp import one_rate
 
     if measure not in ("decode", "prefill"):
         raise ValueError(f"measure must be 'decode' or 'prefill', got {measure!r}")
-    tokens, repeats = ((cfg.new_tokens, 1) if measure == "decode"
-                       else (cfg.prefill, cfg.repeats))
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    tokens = cfg.new_tokens if measure == "decode" else cfg.prefill
     done = []
     for r in range(rounds):
         first = "ours" if r % 2 == 0 else "llamacpp"
@@ -164,7 +168,7 @@ def paired_rounds(gguf: Path, cfg: ScaleConfig, threads: int, measure: str, roun
             # Memory the other side freed faults back slowly on a VM: an idle pause first.
             time.sleep(cfg.pair_idle_s)
             if side == "ours":
-                o = _ours(gguf, cfg, None, say, only=measure)
+                o = _ours(gguf, cfg, None, say, only=measure, repeats=repeats)
                 got["ours"] = (o.get("ar", {}).get("decode_tok_s") if measure == "decode"
                                else o.get("prefill_tok_s"))
             else:
