@@ -19,6 +19,7 @@ from recallspec.bench.scale import (
     DEFAULT_MATRIX,
     ScaleConfig,
     _derive,
+    _ours,
     paired_rounds,
     parse_entries,
 )
@@ -54,6 +55,8 @@ def test_matrix_and_config_are_checked() -> None:
         paired_rounds(Path("m.gguf"), ScaleConfig(), 1, "ttft", 1, print)
     with pytest.raises(ValueError, match="repeats"):
         paired_rounds(Path("m.gguf"), ScaleConfig(), 1, "prefill", 1, print, repeats=0)
+    with pytest.raises(ValueError, match="not both"):  # neither a curve nor one side
+        _ours(Path("m.gguf"), ScaleConfig(), None, print)
     with pytest.raises(DataError, match="ttft_repeats"):
         ScaleConfig(ttft_repeats=-1)
     with pytest.raises(DataError, match="repeats >= 1"):

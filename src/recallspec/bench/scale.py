@@ -127,6 +127,8 @@ def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path | None, say: Callable[[s
     """Our child's measurements: everything, with the curve written to ``curve_out``; or
     ``only`` "decode" or "prefill" (a paired round's side), medians of ``repeats``
     (default ``cfg.repeats``)."""
+    if (only is None) == (curve_out is None):
+        raise ValueError("_ours measures everything (curve_out) or one side (only), not both")
     cmd = [sys.executable, "-m", "recallspec.bench.scale_ours", str(gguf),
            "--repeats", str(repeats or cfg.repeats),
            "--new-tokens", str(cfg.new_tokens),

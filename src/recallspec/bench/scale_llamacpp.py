@@ -45,6 +45,15 @@ def _median_ts(row: dict[str, Any], tokens: int) -> float:
     return tokens / (statistics.median(ns) / 1e9) if ns else float(row["avg_ts"])
 
 
+def _rate(rows: list[dict[str, Any]], p: int, n: int) -> float | None:
+    """Tokens/s of llama-bench's pp``p`` (``n`` = 0) or tg``n`` (``p`` = 0) row among
+    ``rows`` (``_median_ts``), None where it wrote none."""
+    for r in rows:
+        if int(r["n_prompt"]) == p and int(r["n_gen"]) == n:
+            return _median_ts(r, p or n)
+    return None
+
+
 def _bench(gguf: Path, cfg: ScaleConfig, threads: int) -> dict[str, Any]:
     rows = lc.llama_bench(str(gguf), threads, p=cfg.prefill, n=cfg.new_tokens,
                           repeats=cfg.repeats)
@@ -52,11 +61,10 @@ def _bench(gguf: Path, cfg: ScaleConfig, threads: int) -> dict[str, Any]:
         {k: r.get(k) for k in ("n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts",
                                "samples_ns", "build_commit", "cpu_info", "n_threads")}
         for r in rows]}
-    for r in rows:
-        if int(r["n_gen"]) == cfg.new_tokens and int(r["n_prompt"]) == 0:
-            out["tg_tok_s"] = _median_ts(r, cfg.new_tokens)
-        elif int(r["n_prompt"]) == cfg.prefill and int(r["n_gen"]) == 0:
-            out["pp_tok_s"] = _median_ts(r, cfg.prefill)
+    for key, (p, n) in (("tg_tok_s", (0, cfg.new_tokens)), ("pp_tok_s", (cfg.prefill, 0))):
+        rate = _rate(rows, p, n)
+        if rate is not None:
+            out[key] = rate
     return out
 
 
@@ -64,11 +72,10 @@ def one_rate(gguf: Path, threads: int, measure: str, tokens: int, repeats: int) 
     """llama-bench's tg (``measure`` "decode") or pp ("prefill") of ``tokens``, the median of
     ``repeats`` (one side of a paired round, ``bench.scale.paired_rounds``)."""
     p, n = (tokens, 0) if measure == "prefill" else (0, tokens)
-    rows = lc.llama_bench(str(gguf), threads, p=p, n=n, repeats=repeats)
-    got = [r for r in rows if int(r["n_prompt"]) == p and int(r["n_gen"]) == n]
-    if not got:
+    rate = _rate(lc.llama_bench(str(gguf), threads, p=p, n=n, repeats=repeats), p, n)
+    if rate is None:
         raise lc.LlamaCppError(f"llama-bench wrote no {'pp' if p else 'tg'}{tokens} row")
-    return _median_ts(got[0], tokens)
+    return rate
 
 
 def server_cost_curve(srv: lc.LlamaServer, ks: tuple[int, ...], *, cached: int,
