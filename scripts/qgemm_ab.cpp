@@ -4,14 +4,20 @@
 // (q4k: Q4_K-like u4 with K-quant scales and mins; q6k: 6-bit u8, sb 16, z 32; q40: u4,
 // fp16 scales, z 8; q80: u8, z 128), activations quantized by the scalar quantizer.
 //
-//   git show REV:csrc/qgemm/qgemm_avx2.inc > /tmp/base.inc
-//   printf '#define QK_VNNI 0\n#define QK_GEMM gemm_base\n#include "/tmp/base.inc"\n' > /tmp/base.cpp
-//   F="-O3 -ffp-contract=off -mavx2 -mfma -mf16c -Icsrc"
-//   g++ $F -c /tmp/base.cpp -o /tmp/base.o && g++ $F scripts/qgemm_ab.cpp /tmp/base.o \
-//     csrc/qgemm/qgemm_avx2.cpp csrc/qgemm/qkernel_scalar.cpp -o /tmp/qgemm_ab
+//   mkdir -p /tmp/base/qgemm
+//   for f in qgemm_avx2.inc qgemm_avx2_bytes.inc qkernels.h; do
+//     git show REV:csrc/qgemm/$f > /tmp/base/qgemm/$f; done
+//   printf '#define QK_VNNI 0\n#define QK_GEMM gemm_base\n#include "qgemm/qgemm_avx2.inc"\n' > /tmp/base/base.cpp
+//   F="-O3 -ffp-contract=off -mavx2 -mfma -mf16c"
+//   g++ $F -I/tmp/base -c /tmp/base/base.cpp -o /tmp/base.o
+//   g++ $F -Icsrc scripts/qgemm_ab.cpp /tmp/base.o csrc/qgemm/qgemm_avx2.cpp csrc/qgemm/qkernel_scalar.cpp -o /tmp/qgemm_ab
 //   /tmp/qgemm_ab q4k 256 2048 50     # FORMAT N K REPEATS (256 x 2048 stays in L2)
+//   /tmp/qgemm_ab q4k where 10        # this checkout's kernel from L1 to memory (where())
 //
-// (REV's kernel must agree with this checkout's qkernels.h on QW and QX.) Prints per row
+// (Every file of REV's kernel comes from REV: until 2026-11-30 this build took the
+// working tree's qgemm_avx2_bytes.inc for the base too, so an A/B of a change in that
+// file compared it with itself. REV's kernel must agree with this checkout's qkernels.h
+// on QW and QX.) Prints per row
 // count the ms and G MAC/s of both and "ok" where both match the scalar bits. Run it
 // alone on the machine.
 #include <immintrin.h>
@@ -119,12 +125,41 @@ Act activations(int64_t rows, int64_t k, int sb, std::mt19937& rng) {
 
 }  // namespace
 
+// `FORMAT where REPEATS`: this checkout's kernel alone on matrices of 16, 256, 4096 and
+// 32768 x 2048 (in L1, L2, L3 and memory on a Zen 3) for 6, 12 and 64 input rows, the
+// sizes alternating within each repeat (best of REPEATS each): what the memory hierarchy
+// costs the product.
+static int where(const std::string& fmt, int reps) {
+  const int64_t k = 2048, ns[] = {16, 256, 4096, 32768};
+  std::mt19937 rng(1);
+  std::vector<Mat> mats;
+  for (const int64_t n : ns) mats.push_back(make(fmt, n, k, rng));
+  std::vector<float> out(64 * 32768);
+  for (const int rows : {6, 12, 64}) {
+    const Act a = activations(rows, k, mats[0].w.sb, rng);
+    double best[4] = {1e30, 1e30, 1e30, 1e30};
+    for (int r = 0; r < reps; ++r)
+      for (int i = 0; i < 4; ++i) {
+        // Small matrices run several times per timing (at least 1/64 of the largest's work).
+        const int inner = int(std::min<int64_t>(64, 32768 / ns[i]));
+        const double t = now();
+        for (int z = 0; z < inner; ++z) gemm_avx2(mats[i].w, a.x, out.data(), ns[i], 0, mats[i].w.groups);
+        best[i] = std::min(best[i], (now() - t) / inner);
+      }
+    std::printf("%s rows %2d, G MAC/s:", fmt.c_str(), rows);
+    for (int i = 0; i < 4; ++i) std::printf("  %ld x %ld %6.1f", long(ns[i]), long(k), double(rows) * ns[i] * k / best[i] / 1e9);
+    std::printf("\n");
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string fmt = argc > 1 ? argv[1] : "q4k";
   if (fmt != "q4k" && fmt != "q6k" && fmt != "q40" && fmt != "q80") {
     std::fprintf(stderr, "format: q4k, q6k, q40 or q80\n");
     return 2;
   }
+  if (argc > 2 && std::string(argv[2]) == "where") return where(fmt, argc > 3 ? std::max(1, std::atoi(argv[3])) : 10);
   const int64_t n = argc > 2 ? std::atol(argv[2]) : 256, k = argc > 3 ? std::atol(argv[3]) : 2048;
   const int reps = argc > 4 ? std::atoi(argv[4]) : 20;
   if (n <= 0 || k <= 0 || k % 256 || reps <= 0) {
