@@ -195,9 +195,10 @@ def test_extreme_operands(qtype: T, nbits: int, fill: int) -> None:
     """Every value byte set to one pattern (nibbles all 15, bytes 128, 127 or 0) times
     activations all at +-127 after quantization: the largest integer sums each path's
     narrow accumulators meet (without VNNI the AVX2 u4 product adds a sub-block's 8 pair
-    sums in int16: 8 * 2 * 15 * 127 = 30480, and its u6 product two chunks' pair sums of
-    6-bit values: 2 * 2 * 63 * 127 = 32004, as close to 2^15 as they get). Any overflow
-    or saturation would differ from the scalar path, which sums in int32."""
+    sums in int16: 8 * 2 * 15 * 127 = 30480, its u6 product two chunks' pair sums of
+    6-bit values: 2 * 2 * 63 * 127 = 32004, and Q6_K's sub-block of 16 with its zero
+    points folded in, bytes 0: 8 * 32 * 127 = 32512, as close to 2^15 as they get). Any
+    overflow or saturation would differ from the scalar path, which sums in int32."""
     bs, ts = gguf.GGML_QUANT_SIZES[qtype]
     raw = random_raw(qtype, 16, K, seed=7).reshape(16, K // bs, ts).copy()
     keep = raw[..., FP16_BYTES[qtype]].copy()
