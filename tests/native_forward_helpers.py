@@ -6,7 +6,7 @@ forward with explicit threads and kernel paths."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import torch
@@ -98,7 +98,7 @@ def _forward_with(model: CausalLM, steps: Steps, max_len: int = 256,
     for s in steps:
         meta = build_batch(s)
         n_layers, max_pos = model._check_batch(meta, cache, None)
-        rope = [model._rope_table(b, max_pos) for b in model.rope_bases]
+        rope = model.rope.for_cache(max_pos, cache.max_len)
         out.append(model.native.forward(meta, cache, n_layers, rope, **kw))  # type: ignore[arg-type]
     return out
 
@@ -109,3 +109,39 @@ def _other_settings() -> list[dict[str, object]]:
     too slow for whole steps; the tests check it on a short case)."""
     return [{"threads": 2}, *({"isa": v, "threads": 2} for v in isa.variants()
                               if v not in ("scalar", isa.ISA))]
+
+
+# The oracles' bounds (tests/runtime/test_native_forward.py's docstring says why).
+REL_DENSE = 2.0**-16
+REL_QUANT = 2.0**-3
+Forward = Callable[..., torch.Tensor]
+
+
+def _run(model: CausalLM, fwd: Forward, steps: Steps, cache: KVCache) -> list[torch.Tensor]:
+    return [fwd(build_batch(s), cache) for s in steps]
+
+
+def _check_quantized(ours: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> str:
+    """Quantized oracle over all rows of all steps (module docstring)."""
+    a, b = torch.cat(list(ours)), torch.cat(list(ref))
+    dev = (a - b).abs().amax(-1) / b.abs().amax(-1)
+    in_top5 = [int(a[r].argmax()) in b[r].topk(5).indices.tolist() and
+               int(b[r].argmax()) in a[r].topk(5).indices.tolist() for r in range(b.shape[0])]
+    summary = (f"median deviation {float(dev.median()):.3f}, max {float(dev.max()):.3f}, "
+               f"argmax in top-5 {sum(in_top5)}/{len(in_top5)}")
+    assert float(dev.median()) <= REL_QUANT and float(dev.max()) <= 0.5, summary
+    assert sum(in_top5) >= 0.95 * len(in_top5), summary
+    return summary
+
+
+def _parity(model: CausalLM, steps: Steps, rel: float | None, max_len: int = 256) -> str:
+    """Native vs reference over `steps`: the dense oracle with bound `rel`, or (None) the
+    quantized one."""
+    ca, cb = model.new_cache(3, max_len), model.new_cache(3, max_len)
+    ours = _run(model, model.forward, steps, ca)
+    ref = _run(model, model.forward_reference, steps, cb)
+    if rel is None:
+        return _check_quantized(ours, ref)
+    pairs = enumerate(zip(ours, ref, strict=True))
+    worst = max(_check(o, r, rel, f"step {i}") for i, (o, r) in pairs)
+    return f"worst deviation {worst:.2e}"

@@ -35,6 +35,10 @@ NativeModel::NativeModel(const Config& cfg) : cfg_(cfg), layers_(size_t(std::max
   need(cfg.hidden > 0 && cfg.hidden % 32 == 0 && cfg.inter > 0 && cfg.inter % 32 == 0,
        "hidden and intermediate sizes must be multiples of 32");
   need(cfg.head_dim > 0 && cfg.head_dim % 32 == 0, "head_dim must be a multiple of 32");
+  need(cfg.rot > 0 && cfg.rot % 32 == 0 && cfg.rot <= cfg.head_dim,
+       "rotary dims must be a multiple of 32 within head_dim");
+  need(cfg.logit_div != 0.0f && cfg.residual_scale != 0.0f && cfg.attn_softcap >= 0.0f,
+       "logit divisor and residual scale must be non-zero, the attention soft-cap >= 0");
   need(cfg.heads > 0 && cfg.kv_heads > 0 && cfg.heads % cfg.kv_heads == 0,
        "heads must be a multiple of kv_heads");
   need(cfg.layers >= 0 && cfg.vocab > 0, "need layers >= 0 and vocab > 0");
@@ -88,7 +92,7 @@ void NativeModel::set_layer(int64_t index, int32_t window, int32_t rope, nb::obj
                             nb::object attn_norm, nb::object ffn_norm, nb::object q_norm,
                             nb::object k_norm, nb::object post_attn, nb::object post_ffn) {
   need(index >= 0 && index < cfg_.layers, "layer index out of range");
-  need(window >= 0 && rope >= 0, "window and rope must be >= 0");
+  need(window >= 0 && rope >= -1, "window must be >= 0 and rope >= -1 (-1: no RoPE)");
   Layer& l = layers_[size_t(index)];
   const int64_t hid = cfg_.hidden, nq = cfg_.heads * cfg_.head_dim, nkv = cfg_.kv_heads * cfg_.head_dim;
   l.qkv = matrix(qkv, nq + 2 * nkv, hid);
@@ -221,16 +225,20 @@ void register_native(nb::module_& m) {
   nb::class_<NativeModel>(m, "NativeModel", "the native forward of a quantized CausalLM")
       .def("__init__",
            [](NativeModel* self, int64_t hidden, int64_t inter, int64_t vocab, int64_t layers,
-              int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double embed_scale,
-              double attn_scale, double softcap, bool gelu) {
+              int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, double eps,
+              double embed_scale, double attn_scale, double softcap, double attn_softcap,
+              double residual_scale, double logit_divisor, bool gelu) {
              // eps and the scales rounded to fp32, as the reference computes with them.
-             new (self) NativeModel(nf::Config{hidden, inter, vocab, layers, heads, kv_heads,
-                                               head_dim, float(eps), float(embed_scale),
-                                               float(attn_scale), float(softcap), gelu});
+             new (self) NativeModel(nf::Config{
+                 hidden, inter, vocab, layers, heads, kv_heads, head_dim, rotary_dim, float(eps),
+                 float(embed_scale), float(attn_scale), float(softcap), float(attn_softcap),
+                 float(residual_scale), float(logit_divisor), gelu});
            },
            nb::arg("hidden"), nb::arg("intermediate"), nb::arg("vocab"), nb::arg("layers"),
-           nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("eps"),
-           nb::arg("embed_scale"), nb::arg("attn_scale"), nb::arg("softcap"), nb::arg("gelu"))
+           nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("rotary_dim"),
+           nb::arg("eps"), nb::arg("embed_scale"), nb::arg("attn_scale"), nb::arg("softcap"),
+           nb::arg("attn_softcap"), nb::arg("residual_scale"), nb::arg("logit_divisor"),
+           nb::arg("gelu"))
       .def("set_embed", &NativeModel::set_embed, nb::arg("segs"))
       .def("set_head", &NativeModel::set_head, nb::arg("segs"), nb::arg("final_norm"))
       .def("set_layer", &NativeModel::set_layer, nb::arg("index"), nb::arg("window"),

@@ -203,17 +203,17 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     tick(kOther, t0);
     matmul(l.qkv, x, T, qkv, l.qkv_b);
     tick(kGemm, t0);
-    // q/k norms and RoPE per head; keys and values into the cache at (slot, cache_pos).
-    const float* cos_t = r.cos[size_t(l.rope)];
-    const float* sin_t = r.sin[size_t(l.rope)];
+    // q/k norms and RoPE (of the first rot dims of each head; none in a NoPE layer) per
+    // head; keys and values into the cache at (slot, cache_pos).
+    const int64_t rot = cfg_.rot;
+    const float* cos_t = l.rope >= 0 ? r.cos[size_t(l.rope)] : nullptr;
+    const float* sin_t = l.rope >= 0 ? r.sin[size_t(l.rope)] : nullptr;
     rows([&](int64_t t) {
       float* row = qkv + t * nqkv;
-      const float* cs = cos_t + a.positions[t] * D;
-      const float* sn = sin_t + a.positions[t] * D;
       for (int64_t hh = 0; hh < H + Hkv; ++hh) {
         const float* nw = hh < H ? l.q_norm : l.k_norm;
         if (nw) op.rms_norm(row + hh * D, nw, row + hh * D, D, eps);
-        op.rope(row + hh * D, cs, sn, D);
+        if (cos_t) op.rope(row + hh * D, cos_t + a.positions[t] * rot, sin_t + a.positions[t] * rot, rot);
       }
       for (int64_t g = 0; g < Hkv; ++g) {
         const int64_t at = c.offset(li, plan_.slot(t), g, plan_.cache_pos(t));
@@ -269,7 +269,8 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
         const size_t base = size_t(c.offset(li, slot, g, 0)) * elem;
         const AttnBlock ab{qkv + b.t * nqkv + h0 * D, nqkv, att + b.t * nq + h0 * D, nq, keys,
                            b.rows, hb, static_cast<const char*>(c.k) + base,
-                           static_cast<const char*>(c.v) + base, D, cfg_.attn_scale, c.half};
+                           static_cast<const char*>(c.v) + base, D, cfg_.attn_scale,
+                           cfg_.attn_softcap, c.half};
         op.attend(ab, scratch.data());
       }
     };
@@ -284,6 +285,7 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     tick(kGemm, t0);
     rows([&](int64_t t) {
       if (l.post_attn) op.rms_norm(o + t * hid, l.post_attn, o + t * hid, hid, eps);
+      if (cfg_.residual_scale != 1.0f) op.scale(o + t * hid, hid, cfg_.residual_scale);
       op.add(h + t * hid, o + t * hid, hid);
       op.rms_norm(h + t * hid, l.ffn_norm, x + t * hid, hid, eps);
     });
@@ -296,6 +298,7 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     tick(kGemm, t0);
     rows([&](int64_t t) {
       if (l.post_ffn) op.rms_norm(o + t * hid, l.post_ffn, o + t * hid, hid, eps);
+      if (cfg_.residual_scale != 1.0f) op.scale(o + t * hid, hid, cfg_.residual_scale);
       op.add(h + t * hid, o + t * hid, hid);
     });
     tick(kOther, t0);
@@ -313,12 +316,14 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     // timed as part of the product. Each thread keeps one ArgmaxAcc per row, merged at
     // the end (ArgmaxAcc's choice does not depend on how the columns were split).
     const int64_t V = cfg_.vocab;
-    const float cap = cfg_.softcap;
+    const float cap = cfg_.softcap, div = cfg_.logit_div;
     const int64_t stride = (R + 3) / 4 * 4;  // threads' accumulators a cache line apart
     if (argmax) best_.assign(size_t(parts_ * stride), ArgmaxAcc{});
     const Epilogue epi = [&](unsigned p, int64_t n0, int64_t n1) {
       for (int64_t i = 0; i < R; ++i) {
         float* row = out + i * V;
+        if (div != 1.0f)  // (an IEEE division: the same bits on every path)
+          for (int64_t j = n0; j < n1; ++j) row[j] = row[j] / div;
         if (cap > 0.0f) op.softcap(row + n0, n1 - n0, cap);
         if (argmax) {  // the chunk's argmax only when it may beat the part's so far
           ArgmaxAcc& acc = best_[size_t(p * stride + i)];
@@ -331,7 +336,7 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
         }
       }
     };
-    matmul(head_, fin_.data(), R, out, nullptr, cap > 0.0f || argmax ? &epi : nullptr);
+    matmul(head_, fin_.data(), R, out, nullptr, cap > 0.0f || div != 1.0f || argmax ? &epi : nullptr);
     if (argmax) {
       for (int64_t i = 0; i < R; ++i) {
         ArgmaxAcc acc;

@@ -46,7 +46,7 @@ struct Layer {
   const float *qkv_b = nullptr, *o_b = nullptr, *attn_norm = nullptr, *ffn_norm = nullptr;
   const float *q_norm = nullptr, *k_norm = nullptr, *post_attn = nullptr, *post_ffn = nullptr;
   int32_t window = 0;  // 0: global attention
-  int32_t rope = 0;    // which RoPE table (one per base)
+  int32_t rope = 0;    // which RoPE table (one per distinct RoPE), -1: none (NoPE layer)
   bool ready = false;
 };
 
@@ -96,7 +96,11 @@ enum Counter { kQuant, kGemm, kAttn, kOther, kTotal, kCounters };
 
 struct Config {
   int64_t hidden, inter, vocab, layers, heads, kv_heads, head_dim;
+  int64_t rot;                                  // dims of a head that RoPE rotates (<= head_dim)
   float eps, embed_scale, attn_scale, softcap;  // softcap 0: none
+  float attn_softcap;                           // > 0: soft-capped attention scores (Gemma 2)
+  float residual_scale;                         // each branch's output times this (Granite)
+  float logit_div;                              // logits divided by this (Granite)
   bool gelu;                                    // tanh GELU, else SiLU
 };
 

@@ -15,7 +15,8 @@
 //     y[i] = x[i]*cos[i] - x[i+h]*sin[i], y[i+h] = x[i+h]*cos[i+h] + x[i]*sin[i].
 //   exp: our polynomial (exp_v below), 0 below -86, clamped at 88: the same on every path.
 //   attention of one query row q and one head over its visible keys k_0..k_{n-1}, in
-//     increasing cache position (the order defines j): s_j = dot(q, k_j) * scale;
+//     increasing cache position (the order defines j): s_j = dot(q, k_j) * scale, then
+//     with a soft-cap c > 0 s_j = tanh(s_j / c) * c (tanh as below);
 //     m = max s_j (exact); p_j = exp(s_j - m); l = reduce16 of lanes l = sum of p_j over
 //     j = l mod 16 in increasing j; o[d] = fma chain of p_j * v_j[d] in increasing j;
 //     out[d] = o[d] * (1 / l). Only visible keys enter (a masked key contributes
@@ -58,6 +59,7 @@ struct AttnBlock {
   const void *k, *v;  // position 0 of the kv head's [N, d] cache rows
   int64_t d;
   float scale;
+  float softcap;  // > 0: scores soft-capped, tanh(s / softcap) * softcap (Gemma 2)
   bool half;  // k and v hold IEEE binary16 bits (else float32)
 };
 

@@ -25,7 +25,7 @@ void Plan::build(const BatchArgs& a, const CacheArgs& c, const RopeArgs& r,
   need(a.query_start[0] == 0 && a.query_start[size_t(B)] == T, "query_start must run from 0 to T");
   need(c.max_len < (int64_t(1) << 30) && T < (int64_t(1) << 30), "sizes beyond int32 positions");
   for (int64_t i = 0; i < a.R; ++i) need(a.logits_rows[i] >= 0 && a.logits_rows[i] < T, "logits row out of range");
-  for (int32_t rp : ropes) need(rp >= 0 && size_t(rp) < r.cos.size(), "a layer's RoPE table is missing");
+  for (int32_t rp : ropes) need(rp >= -1 && (rp < 0 || size_t(rp) < r.cos.size()), "a layer's RoPE table is missing");
   seq_.assign(size_t(T), 0);
   local_.assign(size_t(T), 0);
   slot_.assign(size_t(T), 0);

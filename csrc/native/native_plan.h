@@ -37,7 +37,7 @@ struct CacheArgs {
   }
 };
 
-struct RopeArgs {  // one cos and one sin table [rows, head_dim] per RoPE base
+struct RopeArgs {  // one cos and one sin table [rows, rotary dims] per distinct RoPE
   std::vector<const float*> cos, sin;
   int64_t rows = 0;
 };

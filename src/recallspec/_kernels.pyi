@@ -38,8 +38,9 @@ Matrix = list[tuple[QSeg, int]] | Any
 class NativeModel:
     def __init__(
         self, hidden: int, intermediate: int, vocab: int, layers: int, heads: int,
-        kv_heads: int, head_dim: int, eps: float, embed_scale: float, attn_scale: float,
-        softcap: float, gelu: bool,
+        kv_heads: int, head_dim: int, rotary_dim: int, eps: float, embed_scale: float,
+        attn_scale: float, softcap: float, attn_softcap: float, residual_scale: float,
+        logit_divisor: float, gelu: bool,
     ) -> None: ...
     def set_embed(self, segs: Matrix) -> None: ...
     def set_head(self, segs: Matrix, final_norm: Any) -> None: ...

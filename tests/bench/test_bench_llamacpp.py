@@ -74,6 +74,8 @@ def test_server_config_and_command_line() -> None:
     assert flags["-c"] == str(2048 * 4) and flags["-np"] == "4"  # -c is split over slots
     assert argv[-2:] == ["--spec-type", "ngram-mod"]
     assert "--spec-type" not in ServerConfig("m.gguf", 1).argv(Path("s"), 1)
+    assert "--swa-full" not in argv
+    assert ServerConfig("m.gguf", 1, swa_full=True).argv(Path("s"), 1)[-1] == "--swa-full"
 
 
 def test_protocol_against_a_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

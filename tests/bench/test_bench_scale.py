@@ -25,6 +25,7 @@ from recallspec.bench.scale import (
 )
 from recallspec.bench.scale_predict import fitted_model, predict_at_curve
 from recallspec.bench.scale_report import render_scale_markdown
+from recallspec.bench.shapes import SHAPES
 from recallspec.engine import Engine, EngineConfig
 from recallspec.errors import DataError
 from recallspec.runtime.cost_curve import CostCurve
@@ -32,7 +33,8 @@ from recallspec.runtime.cost_curve import CostCurve
 
 def test_matrix_and_config_are_checked() -> None:
     assert parse_entries(None, None) == DEFAULT_MATRIX
-    assert len({s for s, q in DEFAULT_MATRIX if q == "Q4_K_M"}) == 7
+    published = {n for n in SHAPES if not n.startswith("tiny-")}
+    assert {s for s, q in DEFAULT_MATRIX if q == "Q4_K_M"} == published  # every one
     assert parse_entries("smollm2-1.7b,llama-3.1-8b", "Q4_0,Q8_0") == (
         ("smollm2-1.7b", "Q4_0"), ("smollm2-1.7b", "Q8_0"),
         ("llama-3.1-8b", "Q4_0"), ("llama-3.1-8b", "Q8_0"))

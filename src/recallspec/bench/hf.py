@@ -24,9 +24,18 @@ def _require_transformers() -> None:
 
 
 def hf_config_kwargs(c: Any) -> dict[str, Any]:
-    """transformers (5.x) config keyword arguments equivalent to our ``ModelConfig``."""
-    if c.arch not in _HF_TYPES:
-        raise ModelLoadError(f"no transformers equivalent for architecture {c.arch!r}")
+    """transformers (5.x) config keyword arguments equivalent to our ``ModelConfig``;
+    refused for features this mapping does not carry over (RoPE scaling, partial rotary,
+    layers without RoPE, Granite's multipliers, Gemma 2's soft-caps)."""
+    if c.arch not in _HF_TYPES or c.model_type not in (*_HF_TYPES.values(), "mistral",
+                                                        "gemma3"):
+        raise ModelLoadError(f"no transformers equivalent for {c.model_type!r} here")
+    plain = not (c.rope.scaled or (c.rope_local is not None and c.rope_local.scaled)
+                 or c.rotary_dim or c.nope_layers or c.attn_logit_softcap)
+    if not plain:
+        raise ModelLoadError("the hf-* peers rebuild plain-RoPE llama, qwen2, qwen3 and "
+                             "gemma3 models only; this one has RoPE scaling or another "
+                             "feature they do not map")
     eos = list(c.eos_token_ids)
     kw: dict[str, Any] = {
         "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
@@ -37,7 +46,7 @@ def hf_config_kwargs(c: Any) -> dict[str, Any]:
         "bos_token_id": c.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
         "pad_token_id": eos[0] if eos else None,
     }
-    rope = {"rope_type": "default", "rope_theta": c.rope_theta}
+    rope = {"rope_type": "default", "rope_theta": c.rope.theta}
     if c.arch == "gemma3":
         kw.update(
             hidden_activation="gelu_pytorch_tanh",
@@ -50,7 +59,8 @@ def hf_config_kwargs(c: Any) -> dict[str, Any]:
             ],
             rope_parameters={
                 "full_attention": rope,
-                "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta},
+                "sliding_attention": {"rope_type": "default", "rope_theta": (
+                    c.rope_local or c.rope).theta},
             },
         )
     else:

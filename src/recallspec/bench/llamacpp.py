@@ -138,6 +138,10 @@ class ServerConfig:
     spec_type: str | None = None  # one of SPEC_TYPES, else plain decoding
     start_timeout_s: float = 300.0
     request_timeout_s: float = 3600.0  # a turn of our benchmarks takes seconds
+    # --swa-full: a sliding-window model's KV cache at full size, so a prompt that extends
+    # a cached one reuses all of it (else llama-server re-evaluates part of the cached
+    # tail: Gemma 3 re-evaluated 6 tokens for 1 new one on 512 cached).
+    swa_full: bool = False
 
     def __post_init__(self) -> None:
         if self.spec_type is not None and self.spec_type not in SPEC_TYPES:
@@ -157,6 +161,8 @@ class ServerConfig:
                 "-np", str(self.parallel), "--no-webui", "-lv", "4"]
         if self.spec_type is not None:
             argv += ["--spec-type", self.spec_type]
+        if self.swa_full:
+            argv.append("--swa-full")
         return argv
 
 

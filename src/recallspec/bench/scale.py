@@ -45,7 +45,8 @@ from typing import Any
 from recallspec.errors import DataError
 
 SHAPES_Q4KM = ("smollm2-360m", "qwen2.5-1.5b", "smollm2-1.7b", "llama-3.2-1b",
-               "llama-3.2-3b", "qwen3-4b", "llama-3.1-8b")
+               "llama-3.2-3b", "smollm3-3b", "phi-4-mini", "gemma-3-4b", "qwen3-4b",
+               "llama-3.1-8b")
 # Every shape at Q4_K_M (what most downloads are), two of them also at Q4_0 and Q8_0.
 DEFAULT_MATRIX: tuple[tuple[str, str], ...] = (
     *((s, "Q4_K_M") for s in SHAPES_Q4KM),

@@ -105,7 +105,10 @@ def server_cost_curve(srv: lc.LlamaServer, ks: tuple[int, ...], *, cached: int,
 
 
 def _server_curve(gguf: Path, cfg: ScaleConfig, threads: int) -> dict[str, Any]:
-    scfg = lc.ServerConfig(str(gguf), threads, ctx_per_slot=cfg.cached + max(cfg.ks) + 64)
+    # (--swa-full: the curve is k new rows on a cached prefix, which a sliding-window
+    # model's smaller cache would re-evaluate in part.)
+    scfg = lc.ServerConfig(str(gguf), threads, ctx_per_slot=cfg.cached + max(cfg.ks) + 64,
+                           swa_full=True)
     t0 = time.perf_counter()
     with lc.LlamaServer(scfg) as srv:
         out: dict[str, Any] = {"start_s": time.perf_counter() - t0,

@@ -38,6 +38,7 @@ _COMMAND_MODULES = (
     "recallspec.cli.index",
     "recallspec.cli.datastore",
     "recallspec.cli.corpus",
+    "recallspec.cli.conformance",
     "recallspec.demo",
 )
 

@@ -27,44 +27,11 @@ import numpy as np
 import torch
 
 from recallspec.errors import ModelLoadError
-from recallspec.models.config import ARCHITECTURES, unsupported_architecture
+from recallspec.models import gguf_arch
 from recallspec.models.gguf_header import Header, read_header
 from recallspec.models.gguf_tokenizer import tokenizer_arrays, tokenizer_files
 
 GGUF_MAGIC = b"GGUF"
-
-# GGUF arch -> HF model_type.
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
-
-# GGUF metadata key suffix -> HF config key.
-_META_KEYS = {
-    "context_length": "max_position_embeddings",
-    "block_count": "num_hidden_layers",
-    "feed_forward_length": "intermediate_size",
-    "embedding_length": "hidden_size",
-    "attention.head_count": "num_attention_heads",
-    "attention.head_count_kv": "num_key_value_heads",
-    "attention.key_length": "head_dim",
-    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
-    "attention.sliding_window": "sliding_window",
-    "rope.freq_base": "rope_theta",
-    "vocab_size": "vocab_size",
-}
-
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "post_attention_norm": "post_attention_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-}
 
 
 def check_magic(path: Path) -> bool:
@@ -83,89 +50,35 @@ def open_reader(path: Path) -> Any:
         raise ModelLoadError(f"{path}: corrupt or truncated GGUF file ({e})") from None
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
+def hf_config_from_gguf(header: Header, path: Path | None = None) -> dict[str, Any]:
+    """The HF config of a GGUF from its header (``gguf_header.read_header``) and, for
+    RoPE factors stored as tensors, its file (``models/gguf_arch.py``)."""
+    return gguf_arch.hf_config(header, path)
 
 
-def gguf_architecture(reader: Any) -> str:
-    return check_architecture(_field(reader, "general.architecture"))
+def tensor_target(arch: gguf_arch.Arch, name: str, path: Path) -> str | None:
+    """The HF name a GGUF tensor loads as (None: the config read it); a tensor the
+    architecture does not have is refused."""
+    try:
+        return arch.tensor_name(name)
+    except KeyError:
+        raise ModelLoadError(f"{path} ({arch.model_type}): unexpected tensor {name!r}") from None
 
 
-def check_architecture(arch: object) -> str:
-    """A GGUF's ``general.architecture`` value, refused unless we run it."""
-    if not isinstance(arch, str):
-        raise ModelLoadError("GGUF file has no general.architecture")
-    if arch not in _MODEL_TYPES:
-        supported = sorted(set(_MODEL_TYPES) | set(ARCHITECTURES))
-        raise ModelLoadError(
-            f"unsupported model architecture {arch!r} (supported: {', '.join(supported)})"
-        )
-    return arch
+def qk_heads(arch: gguf_arch.Arch, name: str, heads: int, kv_heads: int) -> int:
+    """The heads whose rows llama.cpp permuted in tensor ``name`` (0: not permuted)."""
+    if not arch.permute_qk:
+        return 0
+    if name.endswith(("attn_q.weight", "attn_q.bias")):
+        return heads
+    if name.endswith(("attn_k.weight", "attn_k.bias")):
+        return kv_heads
+    return 0
 
 
-def hf_config_from_gguf(header: Header) -> dict[str, Any]:
-    """The HF config of a GGUF from its header (``gguf_header.read_header``)."""
-    meta = header.metadata
-    arch = check_architecture(meta.get("general.architecture"))
-    cfg: dict[str, Any] = {"model_type": _MODEL_TYPES[arch], "architectures": []}
-    for suffix, key in _META_KEYS.items():
-        v = meta.get(f"{arch}.{suffix}")
-        if v is not None:
-            cfg[key] = v
-    names = {t.name for t in header.tensors}
-    cfg["tie_word_embeddings"] = "output.weight" not in names
-    if "vocab_size" not in cfg:
-        if "tokenizer.ggml.tokens" not in header.array_counts:
-            raise ModelLoadError("GGUF file has neither a vocab_size nor a token list")
-        cfg["vocab_size"] = header.array_counts["tokenizer.ggml.tokens"]
-    if meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
-        raise ModelLoadError("GGUF uses RoPE scaling, which is not supported")
-    for k in ("bos_token_id", "eos_token_id", "padding_token_id"):
-        v = meta.get(f"tokenizer.ggml.{k}")
-        if v is not None:
-            cfg[k.replace("padding", "pad")] = int(v)
-    if arch == "llama":
-        cfg["architectures"] = ["LlamaForCausalLM"]
-    elif arch == "qwen2":
-        cfg["architectures"] = ["Qwen2ForCausalLM"]
-    elif arch == "qwen3":
-        cfg["architectures"] = ["Qwen3ForCausalLM"]
-    elif arch == "gemma3":
-        cfg["architectures"] = ["Gemma3ForCausalLM"]
-        cfg["hidden_activation"] = "gelu_pytorch_tanh"
-        cfg["query_pre_attn_scalar"] = cfg.get("head_dim", 256)
-        cfg["rope_local_base_freq"] = 10000.0
-        cfg["sliding_window_pattern"] = 6
-        n = int(cfg["num_hidden_layers"])
-        cfg["layer_types"] = [
-            "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)
-        ]
-    if arch in ("qwen2", "qwen3"):
-        cfg["attention_bias"] = "blk.0.attn_q.bias" in names
-    return cfg
-
-
-def _hf_name(arch: str, gguf_name: str) -> str | None:
-    base, _, kind = gguf_name.rpartition(".")  # kind: weight | bias
-    if base == "token_embd":
-        return "model.embed_tokens.weight"
-    if base == "output":
-        return f"lm_head.{kind}"
-    if base == "output_norm":
-        return "model.norm.weight"
-    parts = base.split(".")
-    if len(parts) != 3 or parts[0] != "blk":
-        return None
-    _, idx, t = parts
-    if t == "ffn_norm":
-        hf = "pre_feedforward_layernorm" if arch == "gemma3" else "post_attention_layernorm"
-    else:
-        mapped = _LAYER_NAMES.get(t)
-        if mapped is None:
-            return None
-        hf = mapped
-    return f"model.layers.{idx}.{hf}.{kind}"
+def norm_offset(arch: gguf_arch.Arch, name: str) -> float:
+    """What to add to a GGUF tensor to get transformers' value: -1 for Gemma's norms."""
+    return -1.0 if arch.norm_plus_one and name.endswith("norm.weight") else 0.0
 
 
 def _unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -174,11 +87,12 @@ def _unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def dequantized_state_dict(reader: Any, cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+def dequantized_state_dict(reader: Any, cfg: dict[str, Any],
+                           path: Path) -> dict[str, torch.Tensor]:
     """All tensors as float32 torch tensors with HF names and HF conventions."""
     import gguf
 
-    arch = gguf_architecture(reader)
+    arch = gguf_arch.ARCHS[str(reader.fields["general.architecture"].contents())]
     heads = int(cfg["num_attention_heads"])
     kv_heads = int(cfg.get("num_key_value_heads", heads))
     out: dict[str, torch.Tensor] = {}
@@ -192,23 +106,20 @@ def dequantized_state_dict(reader: Any, cfg: dict[str, Any]) -> dict[str, torch.
 
         it = tqdm(tensors, desc="dequantize", unit="tensor", file=sys.stderr)
     for t in it:
-        name = _hf_name(arch, t.name)
+        name = tensor_target(arch, t.name, path)
         if name is None:
-            if t.name.startswith("rope_"):
-                continue  # precomputed rope factors; unsupported scaling was rejected above
-            raise ModelLoadError(f"unexpected tensor {t.name!r} in {arch} GGUF")
+            continue  # RoPE factors: the config holds them
         try:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
         except Exception as e:
             kind = t.tensor_type.name
             raise ModelLoadError(f"cannot dequantize {t.name} ({kind}): {e}") from None
         arr = np.asarray(arr, dtype=np.float32).reshape(tuple(int(d) for d in reversed(t.shape)))
-        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
-            arr = _unpermute_qk(arr, heads)
-        elif arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
-            arr = _unpermute_qk(arr, kv_heads)
-        if arch == "gemma3" and t.name.endswith("norm.weight"):
-            arr = arr - 1.0
+        permute = qk_heads(arch, t.name, heads, kv_heads)
+        if permute:
+            arr = _unpermute_qk(arr, permute)
+        if norm_offset(arch, t.name):
+            arr = arr + norm_offset(arch, t.name)
         out[name] = torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
     return out
 
@@ -226,8 +137,9 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
     if not check_magic(path):
         raise ModelLoadError(f"{path} is not a GGUF file (bad magic)")
     header = read_header(path, arrays=tokenizer_arrays())
-    cfg = hf_config_from_gguf(header)
-    ModelConfig.from_hf_dict(cfg)  # an unsupported model fails before anything is written
+    cfg = hf_config_from_gguf(header, path)
+    # An unsupported model fails before anything is written.
+    ModelConfig.from_hf_dict(cfg, str(path))
     tokenizer_json, tok_cfg = tokenizer_files(path, header)
     (out_dir / "tokenizer.json").write_text(tokenizer_json)
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
@@ -245,9 +157,10 @@ def write_float_weights(path: Path, out: Path) -> None:
     from recallspec.models.config import ModelConfig
     from recallspec.models.loader import internal_weights
 
-    cfg = hf_config_from_gguf(read_header(path))
+    cfg = hf_config_from_gguf(read_header(path), path)
     reader = open_reader(path)
-    weights = internal_weights(ModelConfig.from_hf_dict(cfg), dequantized_state_dict(reader, cfg))
+    weights = internal_weights(ModelConfig.from_hf_dict(cfg, str(path)),
+                               dequantized_state_dict(reader, cfg, path))
     fd, tmp = tempfile.mkstemp(prefix=out.name + ".tmp-", dir=out.parent)
     os.close(fd)
     try:
@@ -258,6 +171,5 @@ def write_float_weights(path: Path, out: Path) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
-__all__ = ["check_architecture", "check_magic", "convert_gguf", "gguf_architecture",
-           "hf_config_from_gguf", "open_reader", "unsupported_architecture",
-           "write_float_weights"]
+__all__ = ["check_magic", "convert_gguf", "hf_config_from_gguf", "norm_offset", "open_reader",
+           "qk_heads", "tensor_target", "write_float_weights"]

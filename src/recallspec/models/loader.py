@@ -36,7 +36,7 @@ from recallspec.params import DEFAULT_KV_DTYPE, KV_DTYPES, WEIGHT_FORMATS, KVDty
 from recallspec.runtime.threads import decode_threads
 
 CACHE_ENV = "RECALLSPEC_CACHE_DIR"
-CACHE_FORMAT = 2  # bump when the converted-directory layout changes
+CACHE_FORMAT = 3  # bump when the converted-directory layout changes (3: RoPE scaling)
 DEFAULT_MODEL = "smollm2-135m"
 ALIASES = ("smollm2-135m", "gemma3-270m")
 _MIB = 1 << 20
@@ -154,16 +154,20 @@ def _model_source(model: str | os.PathLike[str] | None,
     raise ModelLoadError(f"{p} is neither a .gguf file nor a model directory")
 
 
-def _hf_dir_for(model: str | os.PathLike[str] | None) -> Path:
+def model_dir(model: str | os.PathLike[str] | None) -> Path:
+    """The HF-style directory of a model spec (a GGUF's converted one, made if needed)."""
     return _model_source(model)[0]
 
 
-def read_config(directory: Path) -> ModelConfig:
+def read_config(directory: Path, source: Path | None = None) -> ModelConfig:
+    """The config of a model directory (``source``: the file it was converted from, named
+    in errors; else the directory's config.json)."""
+    path = directory / "config.json"
     try:
-        hf = json.loads((directory / "config.json").read_text())
+        hf = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"cannot read {directory / 'config.json'}: {e}") from None
-    return ModelConfig.from_hf_dict(hf)
+        raise ModelLoadError(f"cannot read {path}: {e}") from None
+    return ModelConfig.from_hf_dict(hf, str(source or path))
 
 
 def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -202,15 +206,25 @@ def internal_weights(config: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
     hf = {k.replace("model.language_model.", "model.").replace("language_model.", ""): hf.pop(k)
           for k in list(hf)}
 
+    at = f"{config.source} ({config.model_type}): " if config.source else ""
+
     def take(name: str) -> Any:
         t = hf.pop(name, None)
         if t is None:
-            raise ModelLoadError(f"checkpoint lacks tensor {name!r}")
+            raise ModelLoadError(f"{at}checkpoint lacks tensor {name!r}")
         return t
 
     def norm(name: str) -> torch.Tensor:
         t = take(name).float()
         return t + 1.0 if config.norm_offset_one else t
+
+    def fused(name: str, parts: tuple[str, ...]) -> Any:
+        """A fused matrix as the checkpoint stores it (Phi-3's qkv_proj, gate_up_proj),
+        else its parts, fused."""
+        if name in hf:
+            return take(name)
+        prefix = name.rsplit(".", 2)[0]
+        return _cat([take(f"{prefix}.{p}.weight") for p in parts])
 
     w: dict[str, Any] = {"embed": take("model.embed_tokens.weight")}
     if not config.tie_embeddings:
@@ -221,14 +235,13 @@ def internal_weights(config: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
     for i in range(config.num_layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
         a = p + "self_attn."
-        w[o + "qkv_w"] = _cat([take(a + f"{x}_proj.weight") for x in "qkv"])
+        w[o + "qkv_w"] = fused(a + "qkv_proj.weight", ("q_proj", "k_proj", "v_proj"))
         if f"{a}q_proj.bias" in hf:
             w[o + "qkv_b"] = torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"])
         w[o + "o_w"] = take(a + "o_proj.weight")
         if f"{a}o_proj.bias" in hf:
             w[o + "o_b"] = take(a + "o_proj.bias")
-        w[o + "gate_up_w"] = _cat([take(p + "mlp.gate_proj.weight"),
-                                   take(p + "mlp.up_proj.weight")])
+        w[o + "gate_up_w"] = fused(p + "mlp.gate_up_proj.weight", ("gate_proj", "up_proj"))
         w[o + "down_w"] = take(p + "mlp.down_proj.weight")
         w[o + "attn_norm"] = norm(p + "input_layernorm.weight")
         if config.sandwich_norms:
@@ -240,7 +253,20 @@ def internal_weights(config: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
         if config.qk_norm:
             w[o + "q_norm"] = norm(a + "q_norm.weight")
             w[o + "k_norm"] = norm(a + "k_norm.weight")
+    # Whatever is left is a tensor this model would not compute with: refused, never
+    # dropped (a multimodal checkpoint's other towers excepted: the text model is whole
+    # without them).
+    left = sorted(k for k in hf if not k.startswith(_OTHER_TOWERS))
+    if left:
+        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+        raise ModelLoadError(f"{at}checkpoint holds tensors {config.model_type} does not "
+                             f"use: {', '.join(left[:5])}{more}")
     return w
+
+
+# Tensor name prefixes of a multimodal checkpoint's non-text parts (Gemma 3 4B+).
+_OTHER_TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
+                 "multi_modal_projector.")
 
 
 def _extra_eos(directory: Path) -> list[int]:
@@ -256,7 +282,7 @@ def _extra_eos(directory: Path) -> list[int]:
 
 def load_tokenizer(model: str | os.PathLike[str] | None = None) -> Tokenizer:
     """Tokenizer only; for a cached GGUF this reads the converted tokenizer.json (fast)."""
-    directory = _hf_dir_for(model)
+    directory = model_dir(model)
     return Tokenizer.from_dir(directory, extra_eos_ids=_extra_eos(directory))
 
 
@@ -281,14 +307,14 @@ def load_model(
     if gguf is not None and fmt == "quantized" and not (directory / "config.json").is_file():
         with _repack_threads():
             directory, weights = _first_quantized_load(gguf)
-        config = read_config(directory)
+        config = read_config(directory, gguf)
         if repack_cache:
             from recallspec.models.quantized import QUANTIZED_WEIGHTS, save_in_background
 
             writer = save_in_background(weights, directory / QUANTIZED_WEIGHTS, gguf)
     elif gguf is not None:
         directory = _converted_dir(gguf)
-        config = read_config(directory)
+        config = read_config(directory, gguf)
         weights, writer = _gguf_weights(gguf, directory, config, fmt, repack_cache)
     else:
         config = read_config(directory)
@@ -357,7 +383,8 @@ def _first_quantized_load(gguf: Path) -> tuple[Path, dict[str, Any]]:
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="recallspec-convert") as pool:
         converting = pool.submit(_converted_dir, gguf)
-        config = ModelConfig.from_hf_dict(gguf_loader.hf_config_from_gguf(read_header(gguf)))
+        config = ModelConfig.from_hf_dict(
+            gguf_loader.hf_config_from_gguf(read_header(gguf), gguf), str(gguf))
         weights = internal_weights(config, quantized.quantized_state_dict(gguf, config))
         return converting.result(), weights
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from recallspec.errors import ModelLoadError
+from recallspec.models import gguf_arch
 from recallspec.models.config import ModelConfig
 from recallspec.models.gguf_header import Header, read_header
 from recallspec.runtime import qformats as qf
@@ -57,37 +58,34 @@ def quantized_state_dict(path: Path, config: ModelConfig) -> Weights:
     are read in chunks of rows and repacked as they arrive (``runtime/qrepack.py``)."""
     header = read_header(path)
     with open(path, "rb", buffering=0) as f:
-        return _state_dict(header, config, f.fileno())
+        return _state_dict(header, config, f.fileno(), path)
 
 
-def _state_dict(header: Header, config: ModelConfig, fd: int) -> Weights:
+def _state_dict(header: Header, config: ModelConfig, fd: int, path: Path) -> Weights:
     import gguf
 
-    from recallspec.models.gguf_loader import _hf_name, _unpermute_qk, check_architecture
+    from recallspec.models.gguf_loader import (
+        _unpermute_qk,
+        norm_offset,
+        qk_heads,
+        tensor_target,
+    )
 
-    arch = check_architecture(header.metadata.get("general.architecture"))
+    _, arch = gguf_arch.arch_of(header.metadata, str(path))
     float_types = {GGMLType.F32, GGMLType.F16, GGMLType.BF16}
     out: Weights = {}
     fused = _fused_parts(header)
     arrays: dict[str, qrepack.Packed] = {}  # a fused matrix's, by its first part's name
     for t in header.tensors:
-        name = _hf_name(arch, t.name)
+        name = tensor_target(arch, t.name, path)
         if name is None:
-            if t.name.startswith("rope_"):
-                continue
-            raise ModelLoadError(f"unexpected tensor {t.name!r} in {arch} GGUF")
+            continue  # RoPE factors: the config holds them
         shape, qtype = t.shape, t.ggml_type  # [rows, cols] as numpy sees it
         if not isinstance(qtype, GGMLType):
             raise ModelLoadError(
                 f"{t.name}: block type {type_name(qtype)} is not supported by the quantized "
                 "path; load with dtype='float32'")
-        permute = (
-            config.num_heads if arch == "llama" and t.name.endswith(("attn_q.weight",
-                                                                     "attn_q.bias"))
-            else config.num_kv_heads if arch == "llama" and t.name.endswith(("attn_k.weight",
-                                                                            "attn_k.bias"))
-            else 0
-        )
+        permute = qk_heads(arch, t.name, config.num_heads, config.num_kv_heads)
         rows = shape[0] if len(shape) == 2 else 1
         if len(shape) == 1 or qtype in float_types:
             _, raw = next(_row_chunks(fd, t.offset, rows, t.n_bytes // rows, 0))
@@ -98,8 +96,8 @@ def _state_dict(header: Header, config: ModelConfig, fd: int) -> Weights:
             arr = np.asarray(arr, dtype=np.float32).reshape(shape)
             if permute:
                 arr = _unpermute_qk(arr, permute)
-            if arch == "gemma3" and t.name.endswith("norm.weight"):
-                arr = arr - 1.0
+            if norm_offset(arch, t.name):
+                arr = arr + norm_offset(arch, t.name)
             tensor = torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
             out[name] = (
                 tensor if tensor.ndim == 1

@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cached_property
+from datetime import datetime
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,10 @@ from tokenizers import Tokenizer as _HFTokenizer
 from recallspec.errors import ModelLoadError
 
 # Tokens that end an assistant turn in common chat templates; each counts as an extra
-# end-of-sequence id when the chat template uses it (or, with no template, when present).
-TURN_END_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
+# end-of-sequence id when the chat template uses it (or, with no template, when present):
+# ChatML's (Qwen, SmolLM), Gemma's, Llama 3's (<|eom_id|>: the end of a tool-call turn in
+# its ipython mode, which llama.cpp also stops at) and Phi-3's.
+TURN_END_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>")
 
 
 def _token_text(v: Any) -> str | None:
@@ -140,26 +143,140 @@ class Tokenizer:
         """The chat template compiled once (compiling took ~7 ms, a 135M model's decode
         step, on every chat request). Rendering is stateless, so one compiled template
         serves every request and thread."""
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
-
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template or "")
+        return _template_environment().from_string(self.chat_template or "")
 
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> str:
+        """The conversation rendered as transformers' ``apply_chat_template(...,
+        tokenize=False)`` renders it (``_template_environment``): keys whose value is None
+        dropped from each message, a message's reasoning under ``reasoning_content`` and
+        ``thinking`` whichever name it came under, ``tools`` and ``documents`` None unless
+        given, everything the template sees rebuilt from plain JSON types; ``bos_token`` /
+        ``eos_token`` the tokenizer's ("" where it has none, as llama-server passes them);
+        ``kwargs`` (``tools``, ``enable_thinking``, ``date_string``, ...) as variables,
+        over those."""
         if self.chat_template is None:
             raise ModelLoadError("this model's tokenizer has no chat template")
-        template = self._chat_template
-        return template.render(
-            messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs,
-        )
+        chat = [_with_reasoning_aliases(_plain({k: v for k, v in m.items() if v is not None}))
+                for m in messages]
+        variables: dict[str, Any] = {
+            "bos_token": self.bos_token or "", "eos_token": self.eos_token or "",
+            "tools": None, "documents": None, **_plain(kwargs)}
+        return str(self._chat_template.render(
+            messages=chat, add_generation_prompt=add_generation_prompt, **variables))
+
+
+# ---- the chat template's environment ---------------------------------------------------
+# As transformers 5.x sets it up (``utils/chat_template_utils.py``,
+# ``_cached_compile_jinja_template`` and ``render_jinja_template``), which is what the
+# models' templates are written and tested against (llama-server's --jinja engine gives
+# them the same functions, and besides passes today's date as ``date_string`` and
+# ``datetime`` and ``enable_thinking``: a caller passes those as keyword arguments where
+# it wants them): a sandbox without mutation of the template's data, trim_blocks and
+# lstrip_blocks, {% break %} / {% continue %}, ``raise_exception``, ``strftime_now``, a
+# ``tojson`` that neither escapes HTML nor sorts keys, ``dict`` and a ``namespace`` that
+# refuses underscore names, and the ``{% generation %}`` block (rendered as its body: only
+# transformers' assistant-token masks read it).
+
+# Names a message's reasoning comes under; templates read the first (and gpt-oss's the
+# second), so both are filled from whichever is there.
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` rebuilt from plain JSON types (dicts, lists, tuples, str, int, float,
+    bool, None), anything else as an inert ``"<TypeName>"``: the sandbox then sees no
+    object with methods of its own (transformers' ``_plain_template_data``)."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    return f"<{type(value).__name__}>"
+
+
+def _with_reasoning_aliases(message: dict[str, Any]) -> dict[str, Any]:
+    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None),
+                     None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
+
+
+@cache
+def _template_environment() -> Any:
+    """The Jinja environment every chat template is compiled in (made once)."""
+    import jinja2.ext
+    from jinja2 import nodes
+    from jinja2.exceptions import SecurityError, TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.utils import Namespace
+
+    class GenerationBlock(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}``: its body, as rendered."""
+
+        tags = {"generation"}  # noqa: RUF012 (jinja2 declares it a set)
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return str(caller())
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)
+
+    class TemplateDict:
+        def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+            return dict.fromkeys(*args, **kwargs)
+
+    def check_name(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError("chat templates cannot store underscore-prefixed attributes "
+                                f"on a namespace, but got {name!r}")
+
+    class TemplateNamespace(Namespace):
+        def __init__(*args: Any, **kwargs: Any) -> None:  # Namespace's signature trick
+            self, rest = args[0], args[1:]
+            attrs = dict(*rest, **kwargs)
+            for name in attrs:
+                check_name(name)
+            Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name: str, value: Any) -> None:
+            check_name(name)
+            Namespace.__setitem__(self, name, value)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True,
+        extensions=[GenerationBlock, "jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.globals["dict"] = TemplateDict()
+    env.globals["namespace"] = TemplateNamespace
+    return env

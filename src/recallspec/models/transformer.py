@@ -27,6 +27,7 @@ from torch import nn
 
 from recallspec.errors import ContextLengthError, ModelLoadError
 from recallspec.models.config import ModelConfig
+from recallspec.models.rope import RopeTables
 from recallspec.runtime.attention import build_attention_masks
 from recallspec.runtime.batch import BatchMetadata
 from recallspec.runtime.kv_cache import KVCache
@@ -52,8 +53,12 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE. x: [T, H, D]; cos/sin: [T, 1, D] in x's dtype."""
-    half = x.shape[-1] // 2
+    """Rotate-half RoPE of the first ``cos.shape[-1]`` dims of each head (partial rotary:
+    the rest pass through). x: [T, H, D]; cos/sin: [T, 1, rotary dims] in x's dtype."""
+    rd = cos.shape[-1]
+    if rd < x.shape[-1]:
+        return torch.cat((_rotate(x[..., :rd], cos, sin), x[..., rd:]), dim=-1)
+    half = rd // 2
     x1, x2 = x[..., :half], x[..., half:]
     rot = torch.cat((-x2, x1), dim=-1)
     return x * cos + rot * sin
@@ -174,12 +179,8 @@ class CausalLM(nn.Module):
         )
         self._q_size = c.num_heads * c.head_dim
         self._kv_size = c.num_kv_heads * c.head_dim
-        # RoPE inverse frequencies per base, float32 like HF's default rope.
-        bases = {c.rope_base(i) for i in range(c.num_layers)}
-        exps = torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim
-        self._inv_freq = {b: 1.0 / (b**exps) for b in bases}
-        self._rope_tables: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.rope_bases: tuple[float, ...] = tuple(self._inv_freq)
+        # RoPE cos/sin tables, one per distinct layer RoPE (models/rope.py).
+        self.rope = RopeTables(c, dtype)
         # The native forward, built once over these weights; None: the Python forward.
         if native and dtype != torch.float32:
             raise ModelLoadError("the native forward runs quantized or float32 models")
@@ -213,18 +214,6 @@ class CausalLM(nn.Module):
         return KVCache(num_layers=c.num_layers, num_slots=num_slots, max_len=max_len,
                        num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, dtype=kv)
 
-    def _rope_table(self, base: float, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [N, D] (model dtype) for positions < N >= needed; grown by doubling."""
-        tab = self._rope_tables.get(base)
-        if tab is not None and tab[0].shape[0] >= needed:
-            return tab
-        n = 1 << max(10, (needed - 1).bit_length())
-        freqs = torch.arange(n, dtype=torch.float32)[:, None] * self._inv_freq[base][None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        tab = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
-        self._rope_tables[base] = tab
-        return tab
-
     # ---- forward ---------------------------------------------------------------
     @torch.inference_mode()
     def forward(
@@ -237,7 +226,7 @@ class CausalLM(nn.Module):
         if self.native is None:
             return self.forward_reference(meta, cache, num_layers=num_layers)
         n_layers, max_pos = self._check_batch(meta, cache, num_layers)
-        rope = [self._rope_table(base, max_pos) for base in self.rope_bases]
+        rope = self.rope.for_cache(max_pos, cache.max_len)
         return self.native.forward(meta, cache, n_layers, rope)
 
     def _check_batch(
@@ -272,11 +261,9 @@ class CausalLM(nn.Module):
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
         positions = meta.positions
 
-        # RoPE cos/sin gathered once per distinct base: [T, 1, D].
-        rope: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
-        for base in self._inv_freq:
-            cos_t, sin_t = self._rope_table(base, max_pos)
-            rope[base] = (cos_t[positions][:, None, :], sin_t[positions][:, None, :])
+        # RoPE cos/sin gathered once per distinct layer RoPE: [T, 1, rotary dims].
+        rope = [(cos_t[positions][:, None, :], sin_t[positions][:, None, :])
+                for cos_t, sin_t in self.rope.for_cache(max_pos, cache.max_len)]
         masks = build_attention_masks(meta, c.windows or None)
         # One (slot, kv_len, rows) triple per sequence; python ints, no syncs in the loop.
         seqs = [(meta.cache_slots[b], meta.kv_len(b), meta.rows(b)) for b in range(meta.num_seqs)]
@@ -299,9 +286,11 @@ class CausalLM(nn.Module):
             if layer.q_norm is not None and layer.k_norm is not None:
                 q = _rms_norm(q, layer.q_norm, eps)
                 k = _rms_norm(k, layer.k_norm, eps)
-            cos, sin = rope[c.rope_base(li)]
-            q = _rotate(q, cos, sin)
-            k = _rotate(k, cos, sin)
+            kind = self.rope.kind(li)
+            if kind >= 0:  # (-1: a layer without RoPE)
+                cos, sin = rope[kind]
+                q = _rotate(q, cos, sin)
+                k = _rotate(k, cos, sin)
             cache.write(li, meta.cache_slot_per_row, meta.cache_pos, k, v)
             layer_masks = masks.for_layer(c.window(li))
             if single:
@@ -314,16 +303,22 @@ class CausalLM(nn.Module):
             o = _matmul(attn, layer.o_w, layer.o_b)
             if layer.post_attn_norm is not None:
                 o = _rms_norm(o, layer.post_attn_norm, eps)
+            if c.residual_scale != 1.0:
+                o = o * c.residual_scale
             h = h + o
             x = _rms_norm(h, layer.ffn_norm, eps)
             gate, up = _matmul(x, layer.gate_up_w).chunk(2, dim=-1)
             m = _matmul(self._act(gate) * up, layer.down_w)
             if layer.post_ffn_norm is not None:
                 m = _rms_norm(m, layer.post_ffn_norm, eps)
+            if c.residual_scale != 1.0:
+                m = m * c.residual_scale
             h = h + m
 
         h = _rms_norm(h[meta.logits_indices], self.final_norm, eps)
         logits = _matmul(h, self.lm_head_w).float()
+        if c.logit_divisor != 1.0:
+            logits = logits / c.logit_divisor
         if c.final_logit_softcap is not None:
             cap = c.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap
@@ -339,6 +334,9 @@ class CausalLM(nn.Module):
         v = cache.v[layer, slot, :, :kv_len]
         if k.dtype != q.dtype:  # a 16-bit cache: attend in the model's dtype
             k, v = k.to(q.dtype), v.to(q.dtype)
+        cap = self.config.attn_logit_softcap
+        if cap is not None:  # Gemma 2: soft-capped scores, which SDPA does not compute
+            return self._attend_capped(q, k, v, mask, cap)
         # Note: a hand-written bmm/softmax path for single-token decode was tried and dropped:
         # with real text, peaked softmax rows underflow to denormals and the probs @ V matmul
         # slowed ~50x on this CPU; the SDPA kernel does not suffer from it.
@@ -347,3 +345,18 @@ class CausalLM(nn.Module):
             attn_mask=mask, scale=self.config.attn_scale, enable_gqa=True,
         )  # [1, H, n, D]
         return out[0].transpose(0, 1).reshape(n, -1)
+
+    def _attend_capped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       mask: torch.Tensor | None, cap: float) -> torch.Tensor:
+        """Attention with soft-capped scores, as transformers' Gemma 2 computes it:
+        s = tanh((q k * scale) / cap) * cap, masked, softmax in float32, times v."""
+        n, heads = q.shape[0], q.shape[1]
+        group = heads // k.shape[0]
+        kk = k.repeat_interleave(group, dim=0)  # [H, kv_len, D]
+        vv = v.repeat_interleave(group, dim=0)
+        s = torch.matmul(q.transpose(0, 1), kk.transpose(1, 2)) * self.config.attn_scale
+        s = torch.tanh(s / cap) * cap  # [H, n, kv_len]
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+        return torch.matmul(p, vv).transpose(0, 1).reshape(n, -1)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from recallspec import _kernels
+from recallspec.errors import ModelLoadError
 from recallspec.runtime import isa as _isa
 from recallspec.runtime.batch import BatchMetadata
 from recallspec.runtime.kv_cache import KVCache
@@ -64,11 +65,18 @@ class NativeModel:
         # (C++ rounds eps and the scales to fp32 as the reference does: Gemma's embedding
         # scale is sqrt(hidden) in fp32, eps the fp32 of the config's value.)
         self.num_layers = c.num_layers
+        if c.rotary_dims % 32:
+            raise ModelLoadError(
+                f"the native forward rotates multiples of 32 dims of a head; this model "
+                f"rotates {c.rotary_dims} (load with RECALLSPEC_NATIVE=0 for the Python "
+                "forward)")
         h = _kernels.NativeModel(
             hidden=c.hidden_size, intermediate=c.intermediate_size, vocab=c.vocab_size,
             layers=c.num_layers, heads=c.num_heads, kv_heads=c.num_kv_heads,
-            head_dim=c.head_dim, eps=c.rms_norm_eps, embed_scale=c.embed_scale,
-            attn_scale=c.attn_scale, softcap=c.final_logit_softcap or 0.0,
+            head_dim=c.head_dim, rotary_dim=c.rotary_dims, eps=c.rms_norm_eps,
+            embed_scale=c.embed_scale, attn_scale=c.attn_scale,
+            softcap=c.final_logit_softcap or 0.0, attn_softcap=c.attn_logit_softcap or 0.0,
+            residual_scale=c.residual_scale, logit_divisor=c.logit_divisor,
             gelu=c.activation == "gelu_tanh",
         )
 
@@ -79,11 +87,10 @@ class NativeModel:
 
         h.set_embed(segs(model.embed_w))
         h.set_head(segs(model.lm_head_w), model.final_norm)
-        bases = list(model.rope_bases)
         for i in range(c.num_layers):
             layer = cast("DecoderLayer", model.layers[i])
             h.set_layer(
-                i, c.window(i) or 0, bases.index(c.rope_base(i)),
+                i, c.window(i) or 0, model.rope.kind(i),
                 segs(layer.qkv_w), segs(layer.o_w), segs(layer.gate_up_w), segs(layer.down_w),
                 layer.qkv_b, layer.o_b, layer.attn_norm, layer.ffn_norm,
                 layer.q_norm, layer.k_norm, layer.post_attn_norm, layer.post_ffn_norm,
@@ -97,9 +104,9 @@ class NativeModel:
         """Logits [len(meta.logits_indices), vocab] float32; writes the rows' keys and
         values into ``cache``, and each returned row's argmax into ``meta.argmax`` (for
         greedy verification, which then needs no pass over the vocabulary). ``rope``: the
-        (cos, sin) tables [N, head_dim] of each of the model's ``rope_bases``, N > every
-        position (the model's own tables). ``threads`` defaults to ``kernel_threads()``,
-        ``isa`` to ``runtime.isa.ISA``."""
+        (cos, sin) tables [N, rotary dims] of each of the model's RoPE kinds, N > every
+        position (the model's own: ``model.rope.for_cache``). ``threads`` defaults to
+        ``kernel_threads()``, ``isa`` to ``runtime.isa.ISA``."""
         k, v = cache.k, cache.v
         if k.dtype not in (torch.float32, torch.float16) or v.dtype != k.dtype or not (
                 k.is_contiguous() and v.is_contiguous()):
@@ -122,10 +129,10 @@ class NativeModel:
                     kept.append(m.to(torch.bool).contiguous())
                     addrs.append(kept[-1].data_ptr())
         tables = [(cs.contiguous(), sn.contiguous()) for cs, sn in rope]
-        d = self.config.head_dim
+        d = self.config.rotary_dims
         for cs, sn in tables:
             if cs.dtype != torch.float32 or sn.shape != cs.shape or cs.shape[1] != d:
-                raise ValueError("RoPE tables must be float32 [N, head_dim]")
+                raise ValueError("RoPE tables must be float32 [N, rotary dims]")
         out = torch.empty(r, self.config.vocab_size, dtype=torch.float32)
         self._h.forward(
             ids, pos, par, t, rows, r, meta.query_start, meta.cache_slots,

@@ -1,0 +1,185 @@
+"""The suite's measurements: logits and greedy tokens of our model and of two outside
+truths on the same token sequence, and how far apart they are.
+
+* transformers on the original checkpoint (``hf_logits``, ``hf_greedy``): the model's own
+  maths, against our fp32 path on the GGUF llama.cpp's converter made of it;
+* native llama.cpp on the same quantized file (``llamacpp_logits``: ``llama-logits``,
+  tools/llama_logits.cpp, built by ``make peers``): the same quantized model computed
+  another way, against our quantized path.
+
+Our side runs the sequence as a prefill in chunks through the KV cache (so cached
+positions, RoPE of later chunks and the windows across chunks are all exercised) and
+greedy decoding one token a step, as plain decoding does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from recallspec.conformance.checkpoints import Built, ConformanceSetupError
+from recallspec.conformance.variants import SEQ_LEN
+from recallspec.models import CausalLM, load_model
+from recallspec.runtime.batch import SequenceInput, build_batch
+
+GREEDY_TOKENS = 64
+# Our fp32 path vs transformers, per position: max |ours - ref| <= FP32_REL * max |ref|.
+# Both compute in float32 but sum in other orders (fused vs separate projections, our
+# kernels' 16-lane accumulators vs MKL's blocking, chunked prefill vs one forward), and
+# a GGUF's Llama 3 RoPE comes as divisors of the frequencies (rope_freqs), one ulp from
+# transformers' own formula; these random models amplify such noise (their logits move
+# by 1e-5 relative for a one-ulp frequency change). Measured worst over the variants:
+# 3.4e-6 (2^-18.2; Zen 4, 2026-12-01); 2^-14 leaves 18x, while each fault tried moves a
+# position's logits by 10-100% of its largest (plain RoPE in place of Llama 3's: 1.4x).
+FP32_REL = 2.0**-14
+
+
+@dataclass(frozen=True)
+class QuantBound:
+    top1: float  # the least share of positions whose argmaxes agree
+    mean_kl: float  # the largest mean KL(llama.cpp || ours), nats
+
+
+# Our quantized path vs llama.cpp on the same file. The integer products agree exactly
+# where both quantize activations the same way, but llama.cpp's K-quant products take
+# activations in blocks of 256 (Q8_K) where ours take blocks of 32, and softmax, norms,
+# RoPE (llama.cpp multiplies its angles up from one factor) and sums differ in float
+# order; these random models (logits' std ~5) turn such noise into flipped argmaxes at
+# near-ties. Measured over the 14 variants (Zen 4, 2026-12-01, two builds of them):
+# Q8_0 top-1 >= 0.915, mean KL <= 9.5e-4; Q4_0 >= 0.905, <= 1.0e-3; Q4_K_M >= 0.828,
+# <= 4.6e-3 (docs/conformance/conformance.md). The bounds
+# leave ~0.1 of top-1 and 2.5-3x of KL (llama.cpp's kernels on other instruction sets
+# order their sums otherwise; ours give the same bits on every path). A fault is far
+# outside: plain RoPE in place of Llama 3's gives top-1 0.05 against transformers, and
+# the same file's llama.cpp logits against transformers' fp32 ones (a close but other
+# model: the quantization's own change) give mean KL 0.04-0.3 at Q4 (top-1 0.16-0.49).
+LLAMACPP_BOUNDS: dict[str, QuantBound] = {
+    "Q8_0": QuantBound(top1=0.80, mean_kl=3e-3),
+    "Q4_0": QuantBound(top1=0.80, mean_kl=3e-3),
+    "Q4_K_M": QuantBound(top1=0.70, mean_kl=1.2e-2),
+}
+# The prefill's chunks: the sequence's positions [0, 256), [256, 520), [520, 600).
+CHUNKS = (256, 520)
+
+
+def token_ids(vocab_size: int, n: int = SEQ_LEN, seed: int = 1) -> list[int]:
+    """A seeded random sequence of ids (random text is what a random model is fair on:
+    every token, every position); ids 0-2 (unk / bos / eos) left out."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randint(3, vocab_size, (n,), generator=gen)).tolist()
+
+
+def hf_model(built: Built) -> Any:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        built.hf_dir, dtype=torch.float32, attn_implementation="eager")
+    return model.eval()
+
+
+@torch.inference_mode()
+def hf_logits(model: Any, ids: list[int]) -> torch.Tensor:
+    return model(torch.tensor([ids])).logits[0].float()
+
+
+@torch.inference_mode()
+def hf_greedy(model: Any, prompt: list[int], n: int = GREEDY_TOKENS) -> list[int]:
+    """Greedy tokens through transformers' own KV cache (one forward per token)."""
+    out = model(torch.tensor([prompt]), use_cache=True)
+    past, tokens = out.past_key_values, []
+    for _ in range(n):
+        nxt = int(out.logits[0, -1].argmax())
+        tokens.append(nxt)
+        out = model(torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+    return tokens
+
+
+def load_ours(path: Path, dtype: str) -> CausalLM:
+    model, _ = load_model(path, dtype=dtype, repack_cache=False)
+    return model
+
+
+@torch.inference_mode()
+def ours_logits(model: CausalLM, ids: list[int], context: int) -> torch.Tensor:
+    cache = model.new_cache(1, context)
+    parts, start = [], 0
+    for end in (*[c for c in CHUNKS if c < len(ids)], len(ids)):
+        meta = build_batch([SequenceInput(0, start, ids[start:end])])
+        parts.append(model(meta, cache))
+        start = end
+    return torch.cat(parts)
+
+
+@torch.inference_mode()
+def ours_greedy(model: CausalLM, prompt: list[int], context: int,
+                n: int = GREEDY_TOKENS) -> list[int]:
+    cache = model.new_cache(1, context)
+    logits = model(build_batch([SequenceInput(0, 0, prompt, logits="last")]), cache)
+    tokens: list[int] = []
+    for i in range(n):
+        nxt = int(logits[-1].argmax())
+        tokens.append(nxt)
+        logits = model(build_batch([SequenceInput(0, len(prompt) + i, [nxt])]), cache)
+    return tokens
+
+
+def llamacpp_logits(gguf: Path, ids: list[int], context: int, threads: int = 2) -> torch.Tensor:
+    """Native llama.cpp's logits at every position of ``ids`` (context ``context``, an
+    f32 KV cache as ours)."""
+    from recallspec.bench import llamacpp
+
+    binary = llamacpp.bin_dir() / "llama-logits"
+    if not binary.is_file():
+        raise ConformanceSetupError(f"{binary} is missing (run `make peers`)")
+    with tempfile.TemporaryDirectory(prefix="recallspec-conf-") as d:
+        src, dst = Path(d) / "ids.bin", Path(d) / "logits.bin"
+        np.asarray(ids, dtype=np.int32).tofile(src)
+        r = subprocess.run([str(binary), str(gguf), str(src), str(dst), "--ctx", str(context),
+                            "--threads", str(threads), "--kv", "f32"],
+                           capture_output=True, text=True, errors="replace", check=False)
+        if r.returncode != 0:
+            raise ConformanceSetupError(f"llama-logits {gguf} failed: {r.stderr.strip()[-800:]}")
+        arr = np.fromfile(dst, dtype=np.float32)
+    return torch.from_numpy(arr.reshape(len(ids), -1).copy())
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How far ``ours`` is from a reference over the same positions."""
+
+    positions: int
+    max_rel: float  # max over positions of max|ours - ref| / max|ref|
+    top1: float  # share of positions where the argmaxes agree
+    mean_kl: float  # mean KL(ref || ours) of the softmaxes, nats
+    max_kl: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"positions": self.positions, "max_rel": self.max_rel, "top1": self.top1,
+                "mean_kl": self.mean_kl, "max_kl": self.max_kl}
+
+
+def agreement(ref: torch.Tensor, ours: torch.Tensor) -> Agreement:
+    if ref.shape != ours.shape:
+        raise ValueError(f"logits of shapes {tuple(ref.shape)} and {tuple(ours.shape)}")
+    rel = (ours - ref).abs().amax(-1) / ref.abs().amax(-1)
+    lp, lq = torch.log_softmax(ref.double(), -1), torch.log_softmax(ours.double(), -1)
+    kl = (lp.exp() * (lp - lq)).sum(-1)
+    return Agreement(positions=int(ref.shape[0]), max_rel=float(rel.max()),
+                     top1=float((ref.argmax(-1) == ours.argmax(-1)).double().mean()),
+                     mean_kl=float(kl.mean()), max_kl=float(kl.max()))
+
+
+def near_tie_mismatches(ref: torch.Tensor, ours: torch.Tensor, gap: float) -> list[int]:
+    """Positions whose argmaxes differ although the reference's top two are more than
+    ``gap`` apart (relative to its largest |logit|): a real disagreement, not a tie."""
+    top = ref.topk(2, dim=-1).values
+    rel_gap = (top[:, 0] - top[:, 1]) / ref.abs().amax(-1)
+    bad = (ref.argmax(-1) != ours.argmax(-1)) & (rel_gap > gap)
+    return [int(i) for i in bad.nonzero().flatten()]

@@ -1,0 +1,108 @@
+"""The conformance table: every variant and format, measured against its outside truth,
+written as ``conformance.json`` and ``conformance.md`` (``recallspec conformance``).
+
+Rows per variant: ``F32`` (our fp32 path on the converter's f32 GGUF against
+transformers on the original checkpoint: the largest relative logit difference over the
+600-token sequence and whether 64 greedy tokens are identical) and one per quantized
+format (our quantized path against native llama.cpp on the same file: top-1 agreement
+and mean KL over the 600 positions), each with the bound the tests hold it to.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from recallspec.conformance import checks
+from recallspec.conformance.checkpoints import LLAMA_CPP_COMMIT, QUANTS, build, quantized
+from recallspec.conformance.variants import SEQ_LEN, Variant
+
+
+def measure(variants: Sequence[Variant], quants: Sequence[str] = QUANTS,
+            llamacpp: bool = True) -> list[dict[str, Any]]:
+    """One row per (variant, format); progress on stderr."""
+    rows: list[dict[str, Any]] = []
+    for v in variants:
+        t0 = time.perf_counter()
+        b = build(v)
+        hf = checks.hf_model(b)
+        ids = checks.token_ids(int(hf.config.vocab_size))
+        ref = checks.hf_logits(hf, ids)
+        model = checks.load_ours(b.f32_gguf, "float32")
+        a = checks.agreement(ref, checks.ours_logits(model, ids, v.context))
+        prompt = ids[: SEQ_LEN - checks.GREEDY_TOKENS]
+        same = checks.ours_greedy(model, prompt, v.context) == checks.hf_greedy(hf, prompt)
+        rows.append({"variant": v.name, "follows": v.follows, "model_type": v.model_type,
+                     "format": "F32", "truth": "transformers", **a.to_dict(),
+                     "greedy_identical": same, "passes": a.max_rel <= checks.FP32_REL and same})
+        for q in quants if llamacpp else ():
+            gguf = quantized(b, q)
+            ours = checks.ours_logits(checks.load_ours(gguf, "auto"), ids, v.context)
+            aq = checks.agreement(checks.llamacpp_logits(gguf, ids, v.context), ours)
+            bound = checks.LLAMACPP_BOUNDS[q]
+            rows.append({"variant": v.name, "follows": v.follows, "model_type": v.model_type,
+                         "format": q, "truth": "llama.cpp", **aq.to_dict(),
+                         "passes": aq.top1 >= bound.top1 and aq.mean_kl <= bound.mean_kl})
+        print(f"recallspec conformance: {v.name} measured ({time.perf_counter() - t0:.0f} s)",
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def _machine() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    from recallspec.runtime import isa
+
+    return {"cpu": isa.cpu_identity(), "kernels": isa.describe(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "llama.cpp": LLAMA_CPP_COMMIT}
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    lines = [
+        "# Conformance: the models people run, against an outside truth",
+        "",
+        f"Measured {doc['date']} on {m['kernels']}; transformers "
+        f"{m['transformers']}, torch {m['torch']}, llama.cpp {m['llama.cpp']}. Command: "
+        f"`{doc['command']}`.",
+        "",
+        "Each variant is a tiny random checkpoint with the named published configs' features"
+        " (`src/recallspec/conformance/variants.py`), converted by llama.cpp's own "
+        "`convert_hf_to_gguf.py` and quantized by `llama-quantize`. **F32**: our fp32 path "
+        "on that GGUF against transformers on the original checkpoint, "
+        f"{SEQ_LEN} positions past every original context and window (bound: max relative "
+        f"difference <= {checks.FP32_REL:.1e}) and 64 greedy tokens. **Q8_0 / Q4_0 / "
+        "Q4_K_M**: our quantized path against native llama.cpp on the same file (bounds: "
+        + "; ".join(f"{q} top-1 >= {b.top1}, mean KL <= {b.mean_kl:g}"
+                    for q, b in checks.LLAMACPP_BOUNDS.items())
+        + "). The tests (`tests/conformance/`) hold every row to its bound.",
+        "",
+        "| variant | follows | format | truth | max rel. diff | greedy 64 | top-1 | mean KL "
+        "| within bound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["rows"]:
+        fp32 = r["format"] == "F32"
+        greedy = ("identical" if r["greedy_identical"] else "differ") if fp32 else ""
+        lines.append(
+            f"| {r['variant']} | {r['follows'] if fp32 else ''} | {r['format']} | {r['truth']} "
+            f"| {r['max_rel']:.1e} | {greedy} | {r['top1']:.3f} | {r['mean_kl']:.1e} "
+            f"| {'yes' if r['passes'] else '**no**'} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(rows: list[dict[str, Any]], out: Path, command: str) -> dict[str, Any]:
+    doc = {"date": dt.date.today().isoformat(), "command": command, "machine": _machine(),
+           "rows": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "conformance.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "conformance.md").write_text(render_markdown(doc))
+    return doc
