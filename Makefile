@@ -61,11 +61,11 @@ test: $(VENV)/.installed-dev
 # the distribution test of sampling verification (it checks verify_sampling against
 # whatever logits it is given, so another kernel path tests nothing new; ~50 s a run).
 LOSSLESS_TESTS := tests/e2e/test_lossless_real.py tests/e2e/test_batching_real.py \
-	tests/runtime/test_qlinear.py tests/runtime/test_linear_kernel.py
+	tests/kernels/test_qlinear.py tests/kernels/test_linear_kernel.py
 NOT_AGAIN := -k "not test_sampling_verification_on_real_logits"
 # Where the default path already is AVX2 (no AVX-512) the main run was the portable one.
 test-portable: $(VENV)/.installed-dev
-	@if [ "$$($(PY) -c 'from recallspec.runtime import isa; print(isa.ISA)')" = avx2 ]; then \
+	@if [ "$$($(PY) -c 'from recallspec.kernels import isa; print(isa.ISA)')" = avx2 ]; then \
 		echo "test-portable: the default kernel path here is avx2; make test ran it"; \
 	else RECALLSPEC_KERNELS=avx2 $(VENV)/bin/pytest -q $(NOT_AGAIN) $(LOSSLESS_TESTS); fi
 	RECALLSPEC_TEST_DTYPE=float32 $(VENV)/bin/pytest -q $(NOT_AGAIN) \
@@ -127,7 +127,7 @@ $(PEER_BIN)/peer.json: | $(VENV)/.base $(LLAMA_SRC_STAMP)
 	$(PEER_PATH) ninja -C $(PEER_DIR)/build $(PEER_BINARIES) llama ggml ggml-cpu ggml-base
 	mkdir -p $(PEER_BIN)
 	cp $(addprefix $(PEER_DIR)/build/bin/,$(PEER_BINARIES)) $(PEER_BIN)/
-	$(PEER_PATH) $(PY) scripts/llamacpp_peer_info.py --out $@ --build $(PEER_DIR)/build \
+	$(PEER_PATH) $(PY) tools/llamacpp_peer_info.py --out $@ --build $(PEER_DIR)/build \
 		--llama-cpp-python $(LLAMA_CPP_VERSION) --commit $(LLAMA_CPP_COMMIT) \
 		-- $(PEER_CMAKE_ARGS)
 
@@ -146,8 +146,9 @@ $(VENV)/.peers: $(PEER_BIN)/peer.json $(PEER_BIN)/llama-logits
 peers: $(VENV)/.peers
 
 # llama-cpp-python (the Python binding, its own build of the same llama.cpp), only for
-# scripts/exp_quant_quality.py's perplexity (it needs every position's logits, which the
-# native server does not give). Not a benchmark peer: its methods are llamacpp-py-*.
+# benchmarks/experiments/exp_quant_quality.py's perplexity (it needs every position's
+# logits, which the native server does not give). Not a benchmark peer: its methods are
+# llamacpp-py-*.
 # Not GGML_NATIVE (AMX, above); AVX-512 features only where /proc/cpuinfo lists them.
 cpu_has = $(if $(shell grep -m1 -ow $(1) /proc/cpuinfo 2>/dev/null),ON,OFF)
 PEER_PY_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=$(call cpu_has,avx512f) \
@@ -192,7 +193,7 @@ vllm: $(VLLM_VENV)/.recallspec
 
 # SmolLM2 as a transformers directory holding our fp32 weights (what vLLM serves).
 $(VLLM_MODEL)/config.json: $(VENV)/.installed
-	$(PY) scripts/export_hf_model.py --out $(VLLM_MODEL)
+	$(PY) tools/export_hf_model.py --out $(VLLM_MODEL)
 
 # Real vLLM: greedy outputs with our proposer == without speculation on 18 Spec-Bench
 # prompts, accepted drafts in vLLM's counters; tokens/s of none / recallspec / ngram in
@@ -223,7 +224,7 @@ bench: $(VENV)/.installed-dev $(VENV)/.peers
 	$(VENV)/bin/recallspec bench scale --answers bench_out/spec_bench --out bench_out/scale
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check src tests scripts
+	$(VENV)/bin/ruff check src tests benchmarks tools
 	$(VENV)/bin/mypy
 
 clean:

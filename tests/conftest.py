@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from availability import spec_bench_path
-from real_model_helpers import TEST_DTYPE
+from helpers.availability import spec_bench_path
+from helpers.real_model import TEST_DTYPE
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +61,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_report_header() -> list[str]:
     """The CPU and the kernel path under test (RECALLSPEC_KERNELS forces one)."""
-    from recallspec.runtime import isa
+    from recallspec.kernels import isa
 
     return [f"recallspec: {isa.describe()}"]
 

@@ -1,6 +1,6 @@
 // Python side of the native forward (native_model.h), registered into recallspec._kernels:
 // the weights handed over once (kept alive by references to their Python objects), and
-// the per-call marshalling of runtime/native.py.
+// the per-call marshalling of models/native.py.
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -133,7 +133,7 @@ const T* ptr(uintptr_t a) {
 
 // Small per-sequence arrays come as lists of ints (a few microseconds to convert);
 // per-row arrays and the buffers as addresses of int64 / float32 / bool tensors that
-// runtime/native.py checks (dtype, contiguity, shape) and keeps alive for the call.
+// models/native.py checks (dtype, contiguity, shape) and keeps alive for the call.
 void forward_py(NativeModel& m, uintptr_t ids, uintptr_t positions, uintptr_t parents, int64_t T,
                 uintptr_t logits_rows, int64_t R, std::vector<int64_t> query_start,
                 std::vector<int64_t> slots, std::vector<int64_t> cache_lens,

@@ -23,7 +23,7 @@ using ns_clock = std::chrono::steady_clock;
 // calling thread: each fork-join is a point where a descheduled worker stalls the step on
 // a busy machine, and one costs ~0.15 us on an idle one. From 8 rows the split pays: a
 // k = 16 forward's row-wise steps 0.67-0.70 -> 0.45-0.47 ms on two threads, k = 8 0.36-0.39
-// -> 0.27-0.29 (scripts/exp_verify_profile.py, 200 cached; from 4 rows: within 0.05 ms).
+// -> 0.27-0.29 (benchmarks/experiments/exp_verify_profile.py, 200 cached; from 4 rows: within 0.05 ms).
 constexpr int64_t kParallelRowSteps = 8;
 // Rows from which the activations are quantized once into a shared buffer, split over
 // the threads (below: each thread quantizes all rows into its own, NativeModel::matmul).
@@ -95,7 +95,7 @@ void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out,
   // kParallelRows rows (decode, verification) each thread quantizes all of them into
   // its own buffer when it first needs them: a shared buffer, written by one thread (or
   // by both, half each), must take back cache lines that the other core read in the
-  // previous product. A k = 16 forward (scripts/exp_verify_profile.py, 200 cached) spent
+  // previous product. A k = 16 forward (benchmarks/experiments/exp_verify_profile.py, 200 cached) spent
   // 0.25 ms quantizing on one thread, 0.70 ms with two (0.47 ms split over both), and
   // 0.27 ms with a buffer per thread. Same values either way (the quantizer is row-local).
   const bool own = M < kParallelRows;
@@ -236,7 +236,7 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     // splitting a kv head's query heads over threads makes each thread stream that kv
     // head: then hb is the largest divisor with at least one item per thread, balanced
     // or not (SmolLM2 decode at 1,024 cached, two threads: attention 2.6 -> 1.8 ms,
-    // scripts/exp_verify_profile.py). Nothing of this changes a head's arithmetic.
+    // benchmarks/experiments/exp_verify_profile.py). Nothing of this changes a head's arithmetic.
     const Plan::Kind& kind = plan_.kind(l.window);
     const int64_t nb = int64_t(kind.blocks.size()), np = int64_t(parts_);
     int64_t hb = std::min<int64_t>(group, 4);

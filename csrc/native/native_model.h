@@ -3,7 +3,7 @@
 // the fused QKV product, q/k norms, RoPE, the KV-cache write, attention of every row over
 // its own sequence's keys with the tree / window / padding mask, the output product, the
 // gated MLP, residuals, and the final norm and head for the requested rows only.
-// runtime/native.py builds it from the model's weights (native_bind.cpp) and marshals
+// models/native.py builds it from the model's weights (native_bind.cpp) and marshals
 // each call; native_forward.cpp computes. The Python forward stays the readable
 // reference, which native_forward.cpp follows step by step.
 //

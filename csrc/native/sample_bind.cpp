@@ -1,4 +1,4 @@
-// One sampling distribution as unnormalised weights (spec/sampling.py `Weights`),
+// One sampling distribution as unnormalised weights (decoding/sampling.py `Weights`),
 // registered into recallspec._kernels: a sampled step's softmax, residuals and draw in
 // three calls instead of ~8 torch operations over the vocabulary (which run cold right
 // after a forward has streamed the weights: ~0.4 ms a step on SmolLM2's 49,152 entries).

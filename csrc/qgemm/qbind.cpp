@@ -1,7 +1,7 @@
 // Python bindings of the quantized kernels (registered into recallspec._kernels):
 // argument checks, the activation quantization, the split over threads (the ISA
 // dispatch: qdispatch.cpp). Weight arrays arrive as flat byte views of the tensors that
-// runtime/qlinear.py keeps (layout: qkernels.h).
+// kernels/qlinear.py keeps (layout: qkernels.h).
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -47,7 +47,7 @@ qk::QXBuf prepare(Work& ws, int64_t M, int64_t K, int sb, bool widened) {
 using rs::split;
 
 // out[m * ldo + n_off + n] = sum_k x[m * K + k] w[n, k] for m < M, n < seg.n.
-// x and out are raw addresses (torch data_ptr): the Python wrapper (runtime/qlinear.py)
+// x and out are raw addresses (torch data_ptr): the Python wrapper (kernels/qlinear.py)
 // checks dtype float32, contiguity and shapes; here only the sizes are checked.
 void qgemm(const QSeg& seg, uintptr_t x_addr, int64_t M, uintptr_t out_addr, int64_t ldo,
            int64_t n_off, unsigned threads, int isa) {

@@ -6,7 +6,7 @@
 // has the instructions and the OS granted this process the tile state).
 //
 // Measured on the lent device's Intel Xeon host (Sapphire Rapids, 2 threads, 2026-11-30,
-// scripts/exp_rows_cost.py, the two products alternated, median of 9 paired ratios; docs/
+// benchmarks/experiments/exp_rows_cost.py, the two products alternated, median of 9 paired ratios; docs/
 // BENCHMARKS.md): AMX / VNNI time over 8 layers of the SmolLM2-1.7B shape (Q4_K / Q6_K)
 // 1.00 at 9 rows, 0.84 at 10, 0.82 at 12, 0.84 at 16, 0.92 at 24, 0.95 at 32, 1.17 at 64,
 // 1.08 at 512; Llama-3.1-8B shape 1.07 at 9, 0.89 at 16, 0.97 at 32, 1.32 at 64. Hence

@@ -1,7 +1,7 @@
 // Quantized linear kernels: y[m, n] = sum_k w[n, k] * x[m, k] with w in a block format
 // (GGUF's values, repacked) and x quantized per row to int8 blocks of 32.
 //
-// Weight layout of one segment (written by runtime/qlinear.py): output rows in groups
+// Weight layout of one segment (written by kernels/qlinear.py): output rows in groups
 // of 16 (the last group padded with zero rows), sub-blocks of SB = 32 or 16 along K.
 //   qs    [G][K/SB][SB/4][16][4] bytes (u8 storage): element (row 16g+r, k = b*SB+4c+j)
 //         at qs[g][b][c][r][j], so one 64-byte vector holds 4 consecutive k of each of

@@ -1,9 +1,9 @@
 // GGUF block bytes -> the quantized kernels' packed layout (qkernels.h), in one pass
-// per row: the decode of runtime/qformats.py (GGUF blocks -> canonical u, s, m, z) and
+// per row: the decode of kernels/qformats.py (GGUF blocks -> canonical u, s, m, z) and
 // its pack (canonical -> kernel layout) fused, with no canonical array in between.
-// runtime/qformats.py is the reference: every byte written here equals what
-// qformats.pack(qformats.decode(...)) gives (tests/runtime/test_qrepack.py checks it on
-// every type). The Python side (runtime/qrepack.py) allocates zeroed arrays for a whole
+// kernels/qformats.py is the reference: every byte written here equals what
+// qformats.pack(qformats.decode(...)) gives (tests/kernels/test_qrepack.py checks it on
+// every type). The Python side (kernels/qrepack.py) allocates zeroed arrays for a whole
 // segment and calls this once per chunk of rows; padding rows are never written, so
 // they stay zero as pack's padding does.
 //

@@ -1,5 +1,5 @@
 // One quantized weight segment as the Python side hands it to C++ (recallspec._kernels.QSeg):
-// the kernel view qk::QW of the tensors that runtime/qlinear.py keeps, validated once,
+// the kernel view qk::QW of the tensors that kernels/qlinear.py keeps, validated once,
 // with the ndarray handles holding references so the memory stays alive (and no product
 // converts a weight array per call: a torch tensor's DLPack conversion costs ~3 us). Shared by the
 // per-product bindings (qbind.cpp) and the native forward (native_forward.cpp), which

@@ -12,14 +12,14 @@ __version__ = "0.1.0"
 __all__ = ["Engine", "EngineConfig", "GenerationResult", "SamplingParams"]
 
 if TYPE_CHECKING:
+    from recallspec.decoding.sampling import SamplingParams
     from recallspec.engine import Engine, EngineConfig, GenerationResult
-    from recallspec.spec.sampling import SamplingParams
 
 _LAZY = {
     "Engine": "recallspec.engine",
     "EngineConfig": "recallspec.engine",
     "GenerationResult": "recallspec.engine",
-    "SamplingParams": "recallspec.spec.sampling",
+    "SamplingParams": "recallspec.decoding.sampling",
 }
 
 

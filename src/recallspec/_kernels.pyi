@@ -1,5 +1,5 @@
 # Batch-invariant small-M dense and quantized kernels (csrc/dense/kernels.cpp, csrc/qgemm/).
-# isa: 0 scalar, 1 avx2, 2 avx512, 3 avx512 + VNNI (see recallspec.runtime.isa).
+# isa: 0 scalar, 1 avx2, 2 avx512, 3 avx512 + VNNI (see recallspec.kernels.isa).
 from typing import Any
 
 def has_avx512() -> bool: ...
@@ -31,7 +31,7 @@ def qrepack(
     zero: Any, bits: int, threads: int = 1,
 ) -> None: ...
 
-# The native forward of a quantized CausalLM (csrc/native/; runtime/native.py).
+# The native forward of a quantized CausalLM (csrc/native/; models/native.py).
 # A matrix is a list of (segment, first row) pairs or a dense float32 [n, k] tensor.
 Matrix = list[tuple[QSeg, int]] | Any
 

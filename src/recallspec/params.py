@@ -2,18 +2,20 @@
 and default, defined once.
 
 Free of imports (like ``policy.py``), so that the commands offer these as choices and
-state the defaults in their help without loading torch or numpy. ``EngineConfig``
-validates them, once; the layers below receive the validated values (the loader resolves
-the format names to torch dtypes).
+state the defaults in their help without loading torch or numpy. A value is checked by
+one function, ``one_of``, where it enters: ``EngineConfig`` for an engine, ``load_model``
+for a direct caller (the loader resolves the format names to torch dtypes).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
 
 # "auto": a GGUF's own quantized blocks (float matrices quantized to Q8_0), float32 for an
 # HF directory; "quantized" the same for either; "float32" the dequantized reference
 # (token-identical to transformers' fp32); "bfloat16" dense bf16 weights.
+_T = TypeVar("_T")
+
 WeightFormat = Literal["auto", "quantized", "float32", "bfloat16"]
 WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("auto", "quantized", "float32", "bfloat16")
 DEFAULT_WEIGHT_FORMAT: WeightFormat = "auto"
@@ -25,29 +27,39 @@ KVDtype = Literal["auto", "float32", "float16"]
 KV_DTYPES: tuple[KVDtype, ...] = ("auto", "float32", "float16")
 DEFAULT_KV_DTYPE: KVDtype = "auto"
 
+
+def one_of(name: str, value: object, allowed: tuple[_T, ...]) -> _T:
+    """``value`` if it is one of ``allowed``, else the one ``ValueError`` every layer that
+    takes such a parameter raises (the engine's config, ``load_model``)."""
+    for a in allowed:
+        if value == a:
+            return a
+    raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+
 # Draft-tree nodes verified per sequence and step, at most: the one default of every
 # layer that takes a ``max_draft_nodes`` (the engine's config and command line, the
 # transformers integration, the benchmarks and their replay). Cost-aware sizing drafts
 # fewer where rows do not pay; workloads that re-send long texts gain from more (32).
 MAX_DRAFT_NODES = 16
 
-# A request's draft sizing policy (``spec/draft_sizing.py``). "adaptive": each step
-# chooses the draft's size, zero included, by its expected tokens per second; "fixed":
-# the drafter's proposal is verified as proposed (cut to the room). Adaptive is the
-# default of every drafter named without one (``drafters/spec.py``,
-# ``engine/drafter_pool.py``): a fixed size can make decoding clearly slower than plain
-# decoding (``sam`` with a corpus index on instruction prompts: 0.55x AR fixed, 0.93x
-# adaptive), while cost-aware sizing stops drafting where drafts do not pay. Defined
-# here, free of numpy, so that parsing a drafter spec needs no array library.
+# A request's draft sizing policy (``cost/sizing.py``). "adaptive": each step chooses the
+# draft's size, zero included, by its expected tokens per second; "fixed": the drafter's
+# proposal is verified as proposed (cut to the room). Adaptive is the default of every
+# drafter named without one (``drafters/spec.py``, ``engine/drafter_pool.py``): a fixed
+# size can make decoding clearly slower than plain decoding (``sam`` with a corpus index
+# on instruction prompts, where adaptive sizing stays near plain decoding), while
+# cost-aware sizing stops drafting where drafts do not pay. Defined here, free of numpy,
+# so that parsing a drafter spec needs no array library.
 Sizing = Literal["adaptive", "fixed"]
 SIZINGS: tuple[Sizing, ...] = ("adaptive", "fixed")
 DEFAULT_SIZING: Sizing = "adaptive"
 
 # EMS-SD's batch layouts are no parameter: the engine always decodes unpadded (ragged
 # rows, each KV slot advancing by its own accepted count: EMS-SD's own layout, "ems").
-# The paper's padded baselines are a benchmark ablation (``bench/padded_layouts.py``, run
-# by ``scripts/exp_batch.py``). Their words are named here only so that one given where a
-# sizing is expected is refused with that explanation (``sizing_refusal``).
+# The paper's padded baselines are a benchmark ablation
+# (``bench/suite/padded_layouts.py``, run by ``benchmarks/experiments/exp_batch.py``).
+# Their words are named here only so that one given where a sizing is expected is refused
+# with that explanation (``sizing_refusal``).
 BATCH_LAYOUT_WORDS = ("ems", "vanilla", "unpad-kv", "unpad-input")
 
 
@@ -59,7 +71,8 @@ def sizing_refusal(word: str, what: str = "sizing") -> str:
         msg += (f". {word!r} is a batch layout, not a sizing: the engine always decodes "
                 "unpadded (EMS-SD; its fixed-size drafts are 'fixed'), and EMS-SD's padded "
                 "layouts (vanilla, unpad-kv, unpad-input) are a benchmark ablation, in "
-                "recallspec.bench.padded_layouts (run by scripts/exp_batch.py)")
+                "recallspec.bench.suite.padded_layouts (run by "
+                "benchmarks/experiments/exp_batch.py)")
     return msg
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from import_helpers import loaded_after
+from helpers.imports import loaded_after
 
 CLI = [sys.executable, "-m", "recallspec.cli"]
 
@@ -77,7 +77,7 @@ def test_serve_refuses_a_batch_layout_mode() -> None:
     """`serve --mode` takes a sizing; a batch layout is refused before the model loads,
     naming where EMS-SD's padded layouts live (a benchmark ablation)."""
     one_error_line(run_cli("serve", "--mode", "vanilla", "--port", "0"), "'vanilla'",
-                   "recallspec.bench.padded_layouts")
+                   "recallspec.bench.suite.padded_layouts")
 
 
 def test_prompt_longer_than_context() -> None:

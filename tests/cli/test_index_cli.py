@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from availability import data_dir_or_unavailable, unavailable
+from helpers.availability import data_dir_or_unavailable, unavailable
 
 from recallspec.cli import main
 from recallspec.data.corpus_files import iter_corpus, iter_documents

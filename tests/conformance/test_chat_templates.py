@@ -25,8 +25,8 @@ from functools import cache
 from typing import Any
 
 import pytest
-from availability import native_peer_or_unavailable, unavailable
-from conformance_helpers import built
+from helpers.availability import native_peer_or_unavailable, unavailable
+from helpers.conformance import built
 
 from recallspec.conformance.tokenizers import FAMILIES, Family, family
 from recallspec.conformance.variants import VARIANTS, Variant
@@ -220,7 +220,7 @@ def test_llama_server_renders_and_tokenizes_alike(case: Case) -> None:
     gets the same here. Conversations the template refuses under transformers are left
     out (llama-server folds a system turn into the first user turn for a template
     without one)."""
-    from recallspec.bench.llamacpp import LlamaServer, ServerConfig
+    from recallspec.bench.common.llamacpp import LlamaServer, ServerConfig
 
     native_peer_or_unavailable()
     now = datetime.now()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conformance_helpers import built
+from helpers.conformance import built
 
 
 @pytest.mark.parametrize("name", ["phi4-mini", "gemma2-2b", "smollm3-3b", "llama3.2-tied"])

@@ -1,4 +1,4 @@
-"""Nothing in a GGUF is skipped silently (models/gguf_arch.py).
+"""Nothing in a GGUF is skipped silently (models/gguf/arch.py).
 
 * Every tensor kind a variant's file holds is needed: a copy of the file without that
   kind either fails to load (a ``ModelLoadError`` naming it) or computes logits that fail
@@ -20,7 +20,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conformance_helpers import built, reference, rewrite_gguf
+from helpers.conformance import built, reference, rewrite_gguf
 
 from recallspec.conformance import checks
 from recallspec.conformance.checks import FP32_REL
@@ -62,9 +62,9 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_every_kind_of_every_variant_is_listed() -> None:
     """KINDS covers every tensor kind any variant's file holds (the test below then
     drops each)."""
-    from conformance_helpers import NAMES
+    from helpers.conformance import NAMES
 
-    from recallspec.models.gguf_header import read_header
+    from recallspec.models.gguf.header import read_header
 
     kinds = {_kind(t.name) for n in NAMES for t in read_header(built(n).f32_gguf).tensors}
     assert kinds <= set(KINDS) | {"ffn_up.weight"}, sorted(kinds - set(KINDS))

@@ -9,8 +9,8 @@ factors on both). Bounds: ``checks.LLAMACPP_BOUNDS`` (why: there)."""
 from __future__ import annotations
 
 import pytest
-from availability import native_peer_or_unavailable
-from conformance_helpers import NAMES, built, reference
+from helpers.availability import native_peer_or_unavailable
+from helpers.conformance import NAMES, built, reference
 
 from recallspec.conformance import checks
 from recallspec.conformance.checkpoints import QUANTS, quantized

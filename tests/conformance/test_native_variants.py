@@ -4,7 +4,7 @@ fused Phi-3 matrices):
 
 * the dense oracle: float32 weights through the native code against the Python reference
   forward (which test_transformers_parity.py holds against transformers), bound
-  ``REL_DENSE`` as for the real models (tests/runtime/test_native_forward.py);
+  ``REL_DENSE`` as for the real models (tests/models/test_native_forward.py);
 * batch invariance on the quantized path (the f32 GGUF's matrices quantized to Q8_0 at
   load): one or two threads and every kernel path this CPU has give the same bits, and a
   row's logits are the same alone as in a ragged batch beside other sequences' rows.
@@ -21,8 +21,8 @@ from functools import cache
 
 import pytest
 import torch
-from conformance_helpers import NAMES, built, reference
-from native_forward_helpers import (
+from helpers.conformance import NAMES, built, reference
+from helpers.native_forward import (
     REL_DENSE,
     TREE,
     _forward_with,
@@ -34,8 +34,8 @@ from native_forward_helpers import (
 from recallspec.conformance import checks
 from recallspec.conformance.checks import FP32_REL
 from recallspec.models import CausalLM, load_model
+from recallspec.models.native import NativeModel
 from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.runtime.native import NativeModel
 
 
 @cache

@@ -11,7 +11,7 @@ checkpoint it came from in one forward. The same from the checkpoint directory i
 from __future__ import annotations
 
 import pytest
-from conformance_helpers import NAMES, built, reference
+from helpers.conformance import NAMES, built, reference
 
 from recallspec.conformance import checks
 from recallspec.conformance.checks import FP32_REL

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_helpers import make_engine
+from helpers.engine import make_engine
 
 from recallspec.data.corpus_files import iter_documents
 from recallspec.data.selfgen import SelfGenConfig, generate_corpus, iter_prompts, read_done

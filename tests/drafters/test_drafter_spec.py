@@ -11,11 +11,11 @@ import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer
 
+from recallspec.cost.curve import CostCurve
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.drafters.spec import DrafterSpec
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import DataError, UnknownNameError
-from recallspec.runtime.cost_curve import CostCurve
-from recallspec.spec.sampling import SamplingParams
 
 
 def test_a_spec_is_parsed_once_into_a_typed_object() -> None:

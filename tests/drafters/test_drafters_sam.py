@@ -10,11 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from engine_helpers import FP, PROMPTS, bigram_table, make_fingerprinted_engine
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
-from stats_helpers import chi2_pvalue
+from helpers.engine import FP, PROMPTS, bigram_table, make_fingerprinted_engine
+from helpers.stats import chi2_pvalue
 
-from recallspec.bench.padded_layouts import padded_layout
+from recallspec.bench.suite.padded_layouts import padded_layout
+from recallspec.cost.sizing import N_STATES
+from recallspec.decoding.sampling import SamplingParams
+from recallspec.decoding.tree import DraftTree
 from recallspec.drafters import create_drafter
 from recallspec.drafters.draft_model import DraftModelDrafter, SamDraftModelDrafter
 from recallspec.drafters.recycling import RecyclingDrafter
@@ -31,9 +34,6 @@ from recallspec.drafters.sam import (
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import IndexFileError
 from recallspec.recall.automata import StaticIndex
-from recallspec.spec.draft_sizing import N_STATES
-from recallspec.spec.sampling import SamplingParams
-from recallspec.spec.tree import DraftTree
 
 
 def noisy_draft_model() -> BigramModel:
@@ -264,7 +264,7 @@ def test_sampling_distribution_sam_and_recycling(name: str, opts: dict[str, Any]
     """Temperature 1: three generated tokens follow the exact bigram chain distribution
     with automaton chains and recycling trees, fixed-size and cost-aware (a flat cost
     curve, so the adaptive mode really drafts)."""
-    from recallspec.runtime.cost_curve import CostCurve
+    from recallspec.cost.curve import CostCurve
 
     table, prompt, keys, probs, _ = sampling_chain_case()
     eng = Engine(BigramModel(table), ByteTokenizer(), EngineConfig(max_draft_nodes=16))

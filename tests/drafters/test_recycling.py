@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
-from stats_helpers import chi2_pvalue
+from helpers.stats import chi2_pvalue
 
+from recallspec.decoding.sampling import SamplingParams
+from recallspec.decoding.tree import DraftTree
 from recallspec.drafters import create_drafter
 from recallspec.drafters.recycling import (
     TEMPLATES,
@@ -22,8 +24,6 @@ from recallspec.drafters.recycling import (
     path_value,
 )
 from recallspec.engine import Engine, EngineConfig, GenerationResult
-from recallspec.spec.sampling import SamplingParams
-from recallspec.spec.tree import DraftTree
 
 
 def _paths(tpl: TreeTemplate) -> list[tuple[int, ...]]:

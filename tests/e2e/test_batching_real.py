@@ -1,6 +1,6 @@
 """Batched speculative decoding (EMS-SD) on the real model: every batch layout (the
 engine's unpadded one and EMS-SD's padded baselines, a benchmark ablation installed from
-``bench/padded_layouts.py``), every batch size and both drafter families commit exactly
+``bench/suite/padded_layouts.py``), every batch size and both drafter families commit exactly
 single-sequence AR's tokens, with sequences of different prompt lengths joining and
 leaving the batch mid-run."""
 
@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from recallspec.bench.padded_layouts import LAYOUTS, padded_layout
+from recallspec.bench.suite.padded_layouts import LAYOUTS, padded_layout
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import ResourceError
 from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.spec.sampling import SamplingParams
 
 # Different budgets make sequences leave at different steps (and waiting ones join).
 BUDGETS = (16, 6, 12, 3, 10, 8, 16, 6, 12)

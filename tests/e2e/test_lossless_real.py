@@ -6,13 +6,12 @@ import collections
 from typing import Any
 
 import torch
-from real_model_helpers import TEST_DTYPE
-from stats_helpers import chi2_pvalue
+from helpers.real_model import TEST_DTYPE
+from helpers.stats import chi2_pvalue, first_two_tokens
 
+from recallspec.decoding.sampling import SamplingParams, probabilities
 from recallspec.engine import GenerationResult
 from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.spec.sampling import SamplingParams, probabilities
-from recallspec.spec.verify import verify_sampling
 
 NEW_TOKENS = 24
 # Prompts of the drafters' Spec-Bench check: all 20 on the default (quantized) weights; on
@@ -97,18 +96,12 @@ def test_sampling_verification_on_real_logits(engine: Any) -> None:
                                                       parents=[-1, 0, 0, 1])]), cache)
     finally:
         cache.release(slot)
-    from recallspec.spec.tree import DraftTree
+    from recallspec.decoding.tree import DraftTree
 
     tree = DraftTree.from_lists([a, b, c], [-1, -1, 0])
     params = SamplingParams(temperature=1.0, top_k=6)
     gen = torch.Generator().manual_seed(0)
     n = 20000
-    first: collections.Counter[int] = collections.Counter()
-    after_a: collections.Counter[int] = collections.Counter()
-    for _ in range(n):
-        v = verify_sampling(tree, logits, params, gen)
-        first[v.tokens[0]] += 1
-        if v.tokens[0] == a:
-            after_a[v.tokens[1]] += 1
+    first, after_a = first_two_tokens(tree, logits, params, gen, n)
     assert chi2_pvalue(first, probabilities(logits[0], params), n) > 1e-3
     assert chi2_pvalue(after_a, probabilities(logits[1], params), sum(after_a.values())) > 1e-3

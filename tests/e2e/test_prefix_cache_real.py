@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.spec.sampling import SamplingParams
 
 NEW = 24  # tokens per answer: enough for answers to differ wherever the KV differs
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import torch
 
+from recallspec.decoding.penalties import Penalties
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.engine import GenerationResult
 from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.spec.penalties import Penalties
-from recallspec.spec.sampling import SamplingParams
 
 NEW_TOKENS = 20
 DRAFTERS = ("pld", "llma", "sam")

@@ -6,13 +6,13 @@ import time
 
 import pytest
 import torch
-from engine_helpers import PROMPTS, chain_engine, make_engine
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
-from stats_helpers import chi2_pvalue
+from helpers.engine import PROMPTS, chain_engine, make_engine
+from helpers.stats import chi2_pvalue
 
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import ContextLengthError, DataError, UnknownNameError
-from recallspec.spec.sampling import SamplingParams
 
 
 @pytest.mark.parametrize("drafter", ["pld", "llma"])
@@ -132,7 +132,7 @@ def test_arrivals_hold_requests_back() -> None:
 
 
 def test_adaptive_mode_follows_the_cost_curve() -> None:
-    from recallspec.runtime.cost_curve import CostCurve
+    from recallspec.cost.curve import CostCurve
 
     eng = make_engine(max_batch_size=3)
     ps = [list(p) for p in PROMPTS[:3]]
@@ -163,7 +163,7 @@ def test_adaptive_mode_sizes_costly_drafts_before_proposing() -> None:
     """A draft model costs a forward per draft position, spent even on tokens the
     verification then drops; where drafting does not pay, the adaptive mode asks the
     draft model for nothing except occasional probes."""
-    from recallspec.runtime.cost_curve import CostCurve
+    from recallspec.cost.curve import CostCurve
 
     eng = make_engine(max_batch_size=3)
     ps = [list(p) for p in PROMPTS[:3]]

@@ -13,13 +13,13 @@ import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer, successor_model
 
-from recallspec.bench.padded_layouts import padded_layout
+from recallspec.bench.suite.padded_layouts import padded_layout
+from recallspec.cost.curve import CostCurve
+from recallspec.decoding.sampling import SamplingParams
+from recallspec.decoding.tree import DraftTree
 from recallspec.drafters import Drafter, create_drafter
 from recallspec.engine import Engine, EngineConfig, GenerationResult, RequestOutput
 from recallspec.errors import ContextLengthError, DataError, UnknownNameError
-from recallspec.runtime.cost_curve import CostCurve
-from recallspec.spec.sampling import SamplingParams
-from recallspec.spec.tree import DraftTree
 
 PROMPTS = [b"abcabcabcab", b"hello hello hello", b"xyz", b"the cat sat on the mat; the cat"]
 
@@ -75,7 +75,7 @@ def test_top_level_imports() -> None:
 def test_mixed_drafters_in_one_step_match_offline(layout: str) -> None:
     """Four requests with four drafters (fixed, adaptive, a costly draft model sized
     before proposing) decode in the same steps, unpadded (the engine's EMS-SD) and in
-    EMS-SD's padded baseline (a benchmark ablation, ``bench/padded_layouts.py``); each
+    EMS-SD's padded baseline (a benchmark ablation, ``bench/suite/padded_layouts.py``); each
     equals plain AR, and the deltas add up to the offline result."""
     eng = make_engine(max_batch_size=4)
     eng.use_cost_curve(CostCurve((1, 512), (1.0, 1.2), 0.0))  # drafting pays

@@ -11,13 +11,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from engine_helpers import PROMPTS, chain_engine, make_engine
 from helpers import BigramModel, ByteTokenizer
-from stats_helpers import chi2_pvalue
+from helpers.engine import PROMPTS, chain_engine, make_engine
+from helpers.stats import chi2_pvalue
 
+from recallspec.decoding.penalties import Penalties
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.engine import Engine, EngineConfig, GenerationResult
-from recallspec.spec.penalties import Penalties
-from recallspec.spec.sampling import SamplingParams
 
 DRAFTERS = ["pld", "llma", "recycling"]
 PENALTIES = [

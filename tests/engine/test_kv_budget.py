@@ -5,9 +5,9 @@ answers are those of an engine without a budget."""
 from __future__ import annotations
 
 import pytest
-from engine_helpers import PROMPTS, make_engine
+from helpers.engine import PROMPTS, make_engine
 
-from recallspec.spec.sampling import SamplingParams
+from recallspec.decoding.sampling import SamplingParams
 
 # Rows a request may write here: prompt (<= 31) + 20 new + a draft of 8 and its root.
 CFG = {"max_batch_size": 4, "max_len": 64, "max_draft_nodes": 8}

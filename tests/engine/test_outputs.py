@@ -10,13 +10,13 @@ import random
 from typing import Any
 
 import pytest
-from availability import requires
+from helpers.availability import requires
 
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.drafters import create_drafter
 from recallspec.engine.outputs import DETOK_WINDOW, extend_text
 from recallspec.engine.request import Request
 from recallspec.models import load_tokenizer
-from recallspec.spec.sampling import SamplingParams
 
 TEXT = (
     "Grüße aus Köln! Ça va très bien — 東京の天気は晴れです。 Emoji: 🐍🚀👩‍💻 and "

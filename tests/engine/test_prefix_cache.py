@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_helpers import make_engine
+from helpers.engine import make_engine
 
+from recallspec.decoding.sampling import SamplingParams
+from recallspec.decoding.tree import DraftTree
 from recallspec.drafters import Drafter
 from recallspec.engine.prefix_cache import PrefixCache, common_prefix
-from recallspec.spec.sampling import SamplingParams
-from recallspec.spec.tree import DraftTree
 
 
 class Failing(Drafter):

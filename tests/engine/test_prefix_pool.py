@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from engine_helpers import make_engine
+from helpers.engine import make_engine
 
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.engine.prefix_pool import (
     DEFAULT_POOL_BYTES,
     DEFAULT_POOL_TOKENS,
     PrefixPool,
     default_pool_tokens,
 )
-from recallspec.spec.sampling import SamplingParams
 
 
 def _rows(n: int, fill: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,17 +19,17 @@ from typing import Any
 
 import pytest
 import torch
-from availability import IN_CI
+from helpers.availability import IN_CI
 
 transformers = pytest.importorskip("transformers")
 
 from helpers import needs_model  # noqa: E402
-from stats_helpers import chi2_pvalue  # noqa: E402
+from helpers.stats import chi2_pvalue  # noqa: E402
 
 import recallspec.integrations.hf as rs_hf  # noqa: E402
+from recallspec.decoding.sampling import SamplingParams, probabilities  # noqa: E402
+from recallspec.decoding.tree import DraftTree  # noqa: E402
 from recallspec.drafters import Drafter, create_drafter  # noqa: E402
-from recallspec.spec.sampling import SamplingParams, probabilities  # noqa: E402
-from recallspec.spec.tree import DraftTree  # noqa: E402
 
 DRAFTERS = ("pld", "sam", "sam+recycling")
 # New tokens per real prompt: each drafter's drafts are accepted and rejected several
@@ -42,7 +42,7 @@ REAL_NEW_TOKENS = 32
 def one_torch_thread() -> Any:
     """transformers models on one torch thread: with the OpenMP team on a shared 2-core
     machine, idle workers spin between the many tiny decode ops and a SmolLM2 step
-    takes ~10x longer (``runtime/threads.py`` measured the same for our engine)."""
+    takes ~10x longer (``kernels/threads.py`` measured the same for our engine)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -93,7 +93,7 @@ def plain(model: Any, ids: torch.Tensor, mask: torch.Tensor, **kw: Any) -> Any:
 # -- SmolLM2 with our weights ------------------------------------------------------
 @pytest.fixture(scope="module")
 def smol() -> tuple[Any, Any]:
-    from recallspec.bench.hf import hf_model_from_model
+    from recallspec.bench.common.hf import hf_model_from_model
     from recallspec.models import load_model
 
     model, tok = load_model(None, dtype=torch.float32)

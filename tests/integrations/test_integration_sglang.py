@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from availability import unavailable
+from helpers.availability import unavailable
 
 from recallspec.cli import main
 from recallspec.errors import DataError

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from availability import unavailable
+from helpers.availability import unavailable
 
 from recallspec.drafters.sam import SamDrafter, SamOptions
 from recallspec.integrations.vllm import SuffixProposer
@@ -270,7 +270,7 @@ def test_adapter_with_real_vllm_classes() -> None:
 def run_vllm(method: str, prompts: int, tokens: int, k: int) -> dict[str, Any]:
     OUT.mkdir(parents=True, exist_ok=True)
     out = OUT / f"{method}.json"
-    cmd = [sys.executable, str(ROOT / "scripts" / "vllm_run.py"), "--model", str(MODEL_DIR),
+    cmd = [sys.executable, str(ROOT / "tools" / "vllm_run.py"), "--model", str(MODEL_DIR),
            "--method", method, "--prompts", str(prompts), "--max-new-tokens", str(tokens),
            "--k", str(k), "--out", str(out)]
     if MAX_NUM_SEQS:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from availability import requires, unavailable
+from helpers.availability import requires, unavailable
 
 from recallspec.errors import ModelLoadError
 from recallspec.models import CausalLM, Tokenizer, load_model, load_tokenizer, resolve_model

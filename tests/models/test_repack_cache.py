@@ -14,10 +14,11 @@ import torch
 from recallspec.cli import build_parser
 from recallspec.engine import EngineConfig
 from recallspec.errors import ModelLoadError
-from recallspec.models import load_model, loader, quantized, resolve_model
-from recallspec.runtime import qformats as qf
+from recallspec.kernels import qformats as qf
+from recallspec.kernels.qlinear import QuantizedWeight, Segment, default_bits
+from recallspec.models import load_model, loader, resolve_model
+from recallspec.models.gguf import quantized
 from recallspec.runtime.batch import SequenceInput, build_batch
-from recallspec.runtime.qlinear import QuantizedWeight, Segment, default_bits
 
 
 @pytest.fixture
@@ -208,8 +209,8 @@ def test_first_load_tokenizer_error_loses_nothing(isolated_cache: Path, tmp_path
     cache holds nothing of the file (no directory, no repack cache, no temporary)."""
     import gguf
 
-    from recallspec.bench.shapes import SHAPES
-    from recallspec.bench.shapes_gguf import tokenizer_fields, write_shape_gguf
+    from recallspec.bench.common.shapes import SHAPES
+    from recallspec.bench.common.shapes_gguf import tokenizer_fields, write_shape_gguf
 
     shape = SHAPES["tiny-llama"]
     source = tmp_path / "tokenizer.gguf"

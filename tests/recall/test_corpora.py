@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 from helpers import BigramModel, ByteTokenizer
-from real_model_helpers import TEST_DTYPE
+from helpers.real_model import TEST_DTYPE
 
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.drafters.sam import CORPUS, SamDrafter
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import DataError, IndexFileError
 from recallspec.recall.automata import StaticIndex
 from recallspec.recall.live_corpora import CorpusInfo, is_within
-from recallspec.spec.sampling import SamplingParams
 
 NEW_TOKENS = 32
 SUBMIT_BOUND_S = 0.05  # adding a corpus returns at once: the work is in the background

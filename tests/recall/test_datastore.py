@@ -14,26 +14,26 @@ from typing import Any
 
 import numpy as np
 import pytest
-from datastore_helpers import DOCS, build, paths
-from engine_helpers import FP, PROMPTS, make_fingerprinted_engine
 from helpers import needs_model
+from helpers.datastore import DOCS, build, paths
+from helpers.engine import FP, PROMPTS, make_fingerprinted_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recallspec.cli import main as cli_main
+from recallspec.decoding.sampling import SamplingParams
+from recallspec.decoding.tree import DraftTree
 from recallspec.drafters import create_drafter
 from recallspec.engine import GenerationResult
 from recallspec.errors import IndexFileError
 from recallspec.recall.datastore.codec import CODECS, TreeCodec
 from recallspec.recall.datastore.crest import CrestConfig, build_crest, measure_codecs, top_ngrams
 from recallspec.recall.datastore.errors import DatastoreFormatError
+from recallspec.recall.datastore.open import open_tree_store
 from recallspec.recall.datastore.rest import RestDatastore, RetrievalConfig, build_rest
-from recallspec.recall.datastore.store import open_tree_store
 from recallspec.recall.datastore.store_sqlite import SqliteTreeStore
 from recallspec.recall.datastore.suffix_array import match_range, suffix_array
 from recallspec.recall.datastore.trie import top_k_trie
-from recallspec.spec.sampling import SamplingParams
-from recallspec.spec.tree import DraftTree
 
 
 # -- suffix array and trie ------------------------------------------------------

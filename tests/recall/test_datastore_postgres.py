@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from datastore_helpers import DOCS, build, paths
-from engine_helpers import FP, PROMPTS, make_fingerprinted_engine
-from pg_server import postgres_dsn, unavailable
+from helpers.datastore import DOCS, build, paths
+from helpers.engine import FP, PROMPTS, make_fingerprinted_engine
+from helpers.pg_server import postgres_dsn, unavailable
 
 from recallspec.cli import main as cli_main
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.engine import GenerationResult
 from recallspec.recall.datastore.crest import CrestConfig, build_crest, compute_rows, top_ngrams
 from recallspec.recall.datastore.errors import (
@@ -22,9 +23,8 @@ from recallspec.recall.datastore.errors import (
     DatastoreUnreachableError,
     DatastoreWriteError,
 )
-from recallspec.recall.datastore.store import open_tree_store
+from recallspec.recall.datastore.open import open_tree_store
 from recallspec.recall.datastore.store_postgres import PostgresTreeStore, connect, write_postgres
-from recallspec.spec.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ from typing import Any
 
 from helpers import needs_model
 
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.engine import GenerationResult
 from recallspec.recall.datastore.crest import CrestConfig, build_crest
 from recallspec.recall.datastore.rest import build_rest
-from recallspec.spec.sampling import SamplingParams
 
 NEW_TOKENS = 24
 

@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 from helpers import BigramModel, ByteTokenizer, sample_chain_counts, sampling_chain_case
-from real_model_helpers import TEST_DTYPE
-from stats_helpers import chi2_pvalue
+from helpers.real_model import TEST_DTYPE
+from helpers.stats import chi2_pvalue
 
-from recallspec.drafters.base import create_drafter
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.drafters.portfolio import PortfolioDrafter
+from recallspec.drafters.registry import create_drafter
 from recallspec.drafters.sam import MEMORY, N_BUCKETS, SOURCES, SamDrafter
 from recallspec.engine import Engine, EngineConfig, GenerationResult
 from recallspec.errors import IndexFileError
@@ -23,7 +24,6 @@ from recallspec.recall.memory.response_memory import ResponseMemory
 from recallspec.recall.memory.snapshot import load_snapshot
 from recallspec.recall.request_cursors import WARM_TOKENS, RecallCursors
 from recallspec.recall.view import RecallSource
-from recallspec.spec.sampling import SamplingParams
 
 NEW_TOKENS = 32
 Real = tuple[Any, list[list[int]], list[GenerationResult]]

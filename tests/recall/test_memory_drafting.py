@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers import BigramModel, ByteTokenizer
 
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.drafters.sam import (
     CORPUS,
     DYNAMIC,
@@ -29,7 +30,6 @@ from recallspec.engine import Engine, EngineConfig
 from recallspec.recall.memory.response_memory import ResponseMemory
 from recallspec.recall.request_cursors import RecallCursors
 from recallspec.recall.view import RecallSource, RecallView, ScratchDir, flatten
-from recallspec.spec.sampling import SamplingParams
 
 VOCAB = 100
 # The request's text ends with [9, 10, 11]: its own earlier occurrence is [10, 11]

@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from sam_bruteforce import (
+from helpers.sam_bruteforce import (
     corpus_str,
     count_occurrences,
     dynamic_chain,
@@ -23,6 +21,8 @@ from sam_bruteforce import (
     static_chain,
     to_str,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from recallspec.recall.automata import DynamicAutomaton, MatchCursor, StaticIndex
 

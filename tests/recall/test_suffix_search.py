@@ -12,9 +12,9 @@ import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from recallspec.decoding.tree import DraftTree
 from recallspec.recall.datastore.rest import RestDatastore, RetrievalConfig, build_rest
 from recallspec.recall.datastore.trie import top_k_trie
-from recallspec.spec.tree import DraftTree
 
 
 def numpy_top_k_trie(conts: npt.NDArray[np.int64], max_nodes: int) -> DraftTree:

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from availability import IN_CI
-from server_helpers import MODEL, Answer, Server, ext, start_server, stream_chat, total
+from helpers.availability import IN_CI
+from helpers.server import MODEL, Answer, Server, ext, start_server, stream_chat, total
 
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.engine.prefix_pool import DEFAULT_POOL_TOKENS
-from recallspec.spec.sampling import SamplingParams
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

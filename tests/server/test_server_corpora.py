@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
-from availability import IN_CI
-from server_helpers import MODEL, Server, ext, start_server, total
+from helpers.availability import IN_CI
+from helpers.server import MODEL, Server, ext, start_server, total
 
-from recallspec.spec.sampling import SamplingParams
+from recallspec.decoding.sampling import SamplingParams
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

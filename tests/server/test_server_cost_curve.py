@@ -1,7 +1,7 @@
 """`recallspec serve` with no cost curve cached (a fresh cache directory): it answers
 /health and requests at once while the curve is measured in the background, the
 answers token-identical to plain decoding's, and the curve measured and cached within
-the server's idle time (runtime/curve_job.py, engine/cost_source.py)."""
+the server's idle time (cost/job.py, cost/source.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import MODEL, Server, ext, start_server
+from helpers.server import MODEL, Server, ext, start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers.server import MODEL, Server, ext, start_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_helpers import MODEL, Server, ext, start_server
 
-from recallspec.spec.sampling import SamplingParams
+from recallspec.decoding.sampling import SamplingParams
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from server_helpers import Server, start_server, stream_chat, total
+from helpers.server import Server, start_server, stream_chat, total
 
-from recallspec.spec.sampling import SamplingParams
+from recallspec.decoding.sampling import SamplingParams
 
 POOL, BUDGET, TOKENS = 600, 3000, 24
 

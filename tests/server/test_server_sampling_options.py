@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import MODEL, Server, ext, start_server, total
+from helpers.server import MODEL, Server, ext, start_server, total
 
-from recallspec.spec.sampling import SamplingParams
+from recallspec.decoding.sampling import SamplingParams
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

@@ -10,15 +10,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from recallspec.cost.sizing import AcceptanceStats, _row_rates, choose_draft_sizes, running_min
+from recallspec.decoding.tree import DraftTree, limit_depth
 from recallspec.drafters.sam import _BUCKET_EDGES, length_bucket
 from recallspec.recall.automata._arrays import as_tokens
-from recallspec.spec.draft_sizing import (
-    AcceptanceStats,
-    _row_rates,
-    choose_draft_sizes,
-    running_min,
-)
-from recallspec.spec.tree import DraftTree, limit_depth
 from recallspec.step.pricing import best_rate as _best_rate
 from recallspec.step.pricing import price as _price
 

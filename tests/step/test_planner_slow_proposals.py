@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from recallspec.cost.curve import CostCurve
+from recallspec.decoding.tree import DraftTree
 from recallspec.drafters import Drafter
 from recallspec.params import Sizing
-from recallspec.runtime.cost_curve import CostCurve
-from recallspec.spec.tree import DraftTree
 from recallspec.step.planner import PROBE_EVERY, DraftPlanner
 from recallspec.step.sequence import DraftState
 

@@ -16,14 +16,13 @@ from recallspec.params import MAX_DRAFT_NODES
 
 # The --kv-dtype, --no-repack-cache and --max-draft-nodes help the commands that load a
 # model share.
-KV_HELP = ("KV cache: auto = float32 (measured: no gain at Spec-Bench lengths); float16 "
-           "halves its memory and the bytes a decode row's attention reads (plain decoding "
-           "1.1-1.4x faster at 1,000 cached tokens, 1.3-1.7x at 2,000 on a Zen 4); "
-           "verification and prefill rows widen it once per tile, so their attention costs "
-           "about float32's (on 2 threads; ~1.1x on one). Its outputs differ from "
-           "float32's; each is lossless on its own.")
+KV_HELP = ("KV cache: auto = float32 (a 16-bit cache did not pay at Spec-Bench "
+           "lengths); float16 halves its memory and the bytes a decode row's attention "
+           "reads (plain decoding gains more the more tokens are cached); verification "
+           "and prefill rows widen it once per tile, so their attention costs about "
+           "float32's. Its outputs differ from float32's; each is lossless on its own.")
 REPACK_CACHE_HELP = ("do not save a GGUF's repacked quantized weights in the cache at its "
-                     "first load (a file ~1.1x the GGUF's size for Q4_K_M, written in the "
+                     "first load (a file somewhat larger than the GGUF, written in the "
                      "background and read by later loads): repack in memory at every start "
                      "instead")
 MAX_DRAFT_NODES_HELP = (f"draft-tree nodes verified per request and step, at most (default "
@@ -39,7 +38,7 @@ _COMMAND_MODULES = (
     "recallspec.cli.datastore",
     "recallspec.cli.corpus",
     "recallspec.cli.conformance",
-    "recallspec.demo",
+    "recallspec.cli.demo",
 )
 
 

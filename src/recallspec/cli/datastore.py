@@ -166,7 +166,8 @@ def _build_crest(
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from recallspec.recall.datastore.store import DEFAULT_TABLE, is_dsn, open_tree_store
+    from recallspec.recall.datastore.open import open_tree_store
+    from recallspec.recall.datastore.store import DEFAULT_TABLE, is_dsn
 
     loc = args.location
     t0 = time.perf_counter()

@@ -51,11 +51,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from recallspec.decoding.sampling import SamplingParams
     from recallspec.drafters import available_drafters
     from recallspec.drafters.spec import DrafterSpec
     from recallspec.engine import Engine, GenerationResult
     from recallspec.errors import UnknownNameError
-    from recallspec.spec.sampling import SamplingParams
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="mode of requests that state none: adaptive or fixed (draft sizing). "
                    "Default: each request's drafter sized as its spec says, else cost-aware. "
                    "(Batches are always unpadded, EMS-SD; its padded layouts are a benchmark "
-                   "ablation: scripts/exp_batch.py)")
+                   "ablation: benchmarks/experiments/exp_batch.py)")
     p.add_argument("--index", default=None,
                    help="corpus index file for the default drafter (sam, sam+recycling, ...)")
     p.add_argument("--memory-tokens", type=int, default=0, metavar="N",
@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help=REPACK_CACHE_HELP)
     p.add_argument("--cost-curve", default="background", choices=["background", "start"],
                    help="when a model's verification cost curve is first measured (once per "
-                        "model and machine, then cached; ~20 s at 8B): 'background' serves at "
+                        "model and machine, then cached): 'background' serves at "
                         "once, drafts priced conservatively until the curve is measured in "
                         "idle time (/health says cost_curve: measuring); 'start' measures it "
                         "before serving (benchmarks)")

@@ -110,7 +110,7 @@ def build(variant: Variant, root: Path | None = None) -> Built:
 
 def quantized(built: Built, quant: str) -> Path:
     """The variant's GGUF in ``quant`` (llama-quantize of the f32 one), made once."""
-    from recallspec.bench.shapes import find_quantize, quantize_gguf
+    from recallspec.bench.common.shapes_gguf import find_quantize, quantize_gguf
 
     out = built.gguf(quant)
     if out.is_file():

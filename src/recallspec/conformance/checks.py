@@ -33,10 +33,11 @@ GREEDY_TOKENS = 64
 # Both compute in float32 but sum in other orders (fused vs separate projections, our
 # kernels' 16-lane accumulators vs MKL's blocking, chunked prefill vs one forward), and
 # a GGUF's Llama 3 RoPE comes as divisors of the frequencies (rope_freqs), one ulp from
-# transformers' own formula; these random models amplify such noise (their logits move
-# by 1e-5 relative for a one-ulp frequency change). Measured worst over the variants:
-# 3.4e-6 (2^-18.2; Zen 4, 2026-12-01); 2^-14 leaves 18x, while each fault tried moves a
-# position's logits by 10-100% of its largest (plain RoPE in place of Llama 3's: 1.4x).
+# transformers' own formula; these random models amplify such noise (a one-ulp change
+# of a frequency moves their logits visibly). The worst over the variants (the "max rel.
+# diff" column of docs/conformance/conformance.md) stays well inside 2^-14, while each
+# fault tried (plain RoPE in place of Llama 3's among them) moves a position's logits by
+# a large share of its largest.
 FP32_REL = 2.0**-14
 
 
@@ -50,15 +51,13 @@ class QuantBound:
 # where both quantize activations the same way, but llama.cpp's K-quant products take
 # activations in blocks of 256 (Q8_K) where ours take blocks of 32, and softmax, norms,
 # RoPE (llama.cpp multiplies its angles up from one factor) and sums differ in float
-# order; these random models (logits' std ~5) turn such noise into flipped argmaxes at
-# near-ties. Measured over the 14 variants (Zen 4, 2026-12-01, two builds of them):
-# Q8_0 top-1 >= 0.915, mean KL <= 9.5e-4; Q4_0 >= 0.905, <= 1.0e-3; Q4_K_M >= 0.828,
-# <= 4.6e-3 (docs/conformance/conformance.md). The bounds
-# leave ~0.1 of top-1 and 2.5-3x of KL (llama.cpp's kernels on other instruction sets
-# order their sums otherwise; ours give the same bits on every path). A fault is far
-# outside: plain RoPE in place of Llama 3's gives top-1 0.05 against transformers, and
-# the same file's llama.cpp logits against transformers' fp32 ones (a close but other
-# model: the quantization's own change) give mean KL 0.04-0.3 at Q4 (top-1 0.16-0.49).
+# order; these random models (wide logits) turn such noise into flipped argmaxes at
+# near-ties. What the variants give is in docs/conformance/conformance.md; the bounds
+# leave a margin below its top-1 and above its KL (llama.cpp's kernels on other
+# instruction sets order their sums otherwise; ours give the same bits on every path).
+# A fault is far outside: plain RoPE in place of Llama 3's flips most argmaxes against
+# transformers, and the same file's llama.cpp logits against transformers' fp32 ones (a
+# close but other model: the quantization's own change) fall outside both bounds at Q4.
 LLAMACPP_BOUNDS: dict[str, QuantBound] = {
     "Q8_0": QuantBound(top1=0.80, mean_kl=3e-3),
     "Q4_0": QuantBound(top1=0.80, mean_kl=3e-3),
@@ -133,7 +132,7 @@ def ours_greedy(model: CausalLM, prompt: list[int], context: int,
 def llamacpp_logits(gguf: Path, ids: list[int], context: int, threads: int = 2) -> torch.Tensor:
     """Native llama.cpp's logits at every position of ``ids`` (context ``context``, an
     f32 KV cache as ours)."""
-    from recallspec.bench import llamacpp
+    from recallspec.bench.common import llamacpp
 
     binary = llamacpp.bin_dir() / "llama-logits"
     if not binary.is_file():

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import platform
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from recallspec.bench.common.machine import machine_info
 from recallspec.conformance import checks
 from recallspec.conformance.checkpoints import LLAMA_CPP_COMMIT, QUANTS, build, quantized
 from recallspec.conformance.variants import SEQ_LEN, Variant
+from recallspec.markdown import table_lines
 
 
 def measure(variants: Sequence[Variant], quants: Sequence[str] = QUANTS,
@@ -55,13 +56,10 @@ def measure(variants: Sequence[Variant], quants: Sequence[str] = QUANTS,
 
 
 def _machine() -> dict[str, Any]:
-    import torch
-    import transformers
+    """The benchmarks' machine record, plus the two outside truths' versions."""
+    import transformers  # (heavy: imported when a report is written, not by the CLI)
 
-    from recallspec.runtime import isa
-
-    return {"cpu": isa.cpu_identity(), "kernels": isa.describe(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(),
+    return {**machine_info(), "transformers": transformers.__version__,
             "llama.cpp": LLAMA_CPP_COMMIT}
 
 
@@ -85,17 +83,16 @@ def render_markdown(doc: dict[str, Any]) -> str:
                     for q, b in checks.LLAMACPP_BOUNDS.items())
         + "). The tests (`tests/conformance/`) hold every row to its bound.",
         "",
-        "| variant | follows | format | truth | max rel. diff | greedy 64 | top-1 | mean KL "
-        "| within bound |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+    body = []
     for r in doc["rows"]:
         fp32 = r["format"] == "F32"
         greedy = ("identical" if r["greedy_identical"] else "differ") if fp32 else ""
-        lines.append(
-            f"| {r['variant']} | {r['follows'] if fp32 else ''} | {r['format']} | {r['truth']} "
-            f"| {r['max_rel']:.1e} | {greedy} | {r['top1']:.3f} | {r['mean_kl']:.1e} "
-            f"| {'yes' if r['passes'] else '**no**'} |")
+        body.append((r["variant"], r["follows"] if fp32 else "", r["format"], r["truth"],
+                     f"{r['max_rel']:.1e}", greedy, f"{r['top1']:.3f}", f"{r['mean_kl']:.1e}",
+                     "yes" if r["passes"] else "**no**"))
+    lines += table_lines(("variant", "follows", "format", "truth", "max rel. diff",
+                          "greedy 64", "top-1", "mean KL", "within bound"), body)
     return "\n".join(lines) + "\n"
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from recallspec.data.corpus_files import iter_records, record_messages
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.errors import DataError
-from recallspec.spec.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

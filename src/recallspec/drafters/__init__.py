@@ -1,10 +1,6 @@
-"""Drafters: where draft tokens come from."""
+"""Drafters: where draft tokens come from (``base``: the interface; ``registry``: names)."""
 
-from recallspec.drafters.base import (
-    Drafter,
-    available_drafters,
-    create_drafter,
-    register_drafter,
-)
+from recallspec.drafters.base import Drafter
+from recallspec.drafters.registry import available_drafters, create_drafter
 
-__all__ = ["Drafter", "available_drafters", "create_drafter", "register_drafter"]
+__all__ = ["Drafter", "available_drafters", "create_drafter"]

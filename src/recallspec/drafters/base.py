@@ -1,4 +1,4 @@
-"""The drafter base class and its registry.
+"""The drafter interface: the base class every drafter subclasses (names: ``registry``).
 
 A drafter proposes a draft tree for each active request every step. Lifecycle of a
 request, all calls keyed by a request id the engine chooses:
@@ -44,10 +44,10 @@ from typing import Any
 
 import torch
 
-from recallspec.errors import DataError, UnknownNameError
+from recallspec.decoding.tree import DraftTree
+from recallspec.errors import DataError
 from recallspec.recall.view import RecallView
 from recallspec.runtime.kv_cache import KVPrefix
-from recallspec.spec.tree import DraftTree
 
 
 def no_recall(rid: int) -> RecallView:
@@ -60,8 +60,8 @@ class DrafterContext:
     """What a drafter may know of the engine that runs it (``bind``)."""
 
     target: Any  # the target model (a self-draft runs its first layers; dtype, depth)
-    # The engine tokenizer's fingerprint, computed on first use (hashing Gemma's 262k-id
-    # vocabulary takes ~0.6 s of a start, and plain decoding never needs it).
+    # The engine tokenizer's fingerprint, computed on first use (hashing a large
+    # vocabulary is a visible share of a start, and plain decoding never needs it).
     fingerprint: Callable[[], str | None]
     vocab_size: int  # ... and so must its vocabulary size
     max_batch_size: int  # concurrent requests: a draft model's slot count
@@ -138,49 +138,3 @@ def checked_instance(d: object) -> Drafter:
         raise DataError(f"a drafter instance must subclass recallspec.drafters.Drafter; "
                         f"got {type(d).__name__}")
     return d
-
-
-DrafterFactory = Callable[..., Drafter]
-_REGISTRY: dict[str, DrafterFactory] = {}
-
-
-def register_drafter(name: str) -> Callable[[DrafterFactory], DrafterFactory]:
-    """Class decorator: make a drafter constructible by name (``create_drafter``)."""
-
-    def deco(factory: DrafterFactory) -> DrafterFactory:
-        if name in _REGISTRY:
-            raise ValueError(f"drafter {name!r} registered twice")
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
-def available_drafters() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def create_drafter(name: str, **options: Any) -> Drafter:
-    """Instantiate a registered drafter. Options are the drafter's constructor arguments."""
-    _load_builtin()
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise UnknownNameError(
-            f"unknown drafter {name!r}; available: {', '.join(sorted(_REGISTRY))}"
-        ) from None
-    try:
-        return factory(**options)
-    except TypeError as e:
-        raise UnknownNameError(f"bad options for drafter {name!r}: {e}") from None
-
-
-def _load_builtin() -> None:
-    # Importing the modules runs their @register_drafter decorators.
-    import recallspec.drafters.draft_model
-    import recallspec.drafters.lookup
-    import recallspec.drafters.portfolio
-    import recallspec.drafters.recycling
-    import recallspec.drafters.retrieval
-    import recallspec.drafters.sam  # noqa: F401

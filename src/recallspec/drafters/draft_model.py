@@ -48,14 +48,14 @@ from typing import Any
 
 import torch
 
-from recallspec.drafters.base import Drafter, DrafterContext, register_drafter
-from recallspec.drafters.sam import MODEL, SamDrafter, SamOptions, _options
+from recallspec.decoding.tree import DraftTree
+from recallspec.drafters.base import Drafter, DrafterContext
+from recallspec.drafters.sam import MODEL, SamDrafter, SamOptions, sam_options
 from recallspec.errors import DataError
+from recallspec.kernels.linear import forward_threads
 from recallspec.recall.automata import StaticIndex
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.kv_cache import KVCache, KVCacheFullError, KVPrefix
-from recallspec.runtime.linear import forward_threads
-from recallspec.spec.tree import DraftTree
 
 
 @dataclass(frozen=True)
@@ -352,7 +352,6 @@ class SamDraftModelDrafter(SamDrafter):
         self.draft.stop(rid)
 
 
-@register_drafter("draft-model")
 def make_draft_model(
     *, model: Any = None, layers: int | None = None, path: str | os.PathLike[str] | None = None,
     gamma: int = 4, slots: int = 8, max_len: int = 4096,
@@ -365,7 +364,6 @@ def make_draft_model(
     return DraftModelDrafter(opts, model)
 
 
-@register_drafter("sam+draft-model")
 def make_sam_draft_model(
     *, model: Any = None, layers: int | None = None, path: str | os.PathLike[str] | None = None,
     gamma: int = 4, slots: int = 8, max_len: int = 4096,
@@ -375,7 +373,7 @@ def make_sam_draft_model(
 ) -> SamDraftModelDrafter:
     if model is None and path is None and layers is None:
         layers = 8
-    sam_opts, static = _options(index, max_tokens=max_tokens, delta=delta, tree=tree,
+    sam_opts, static = sam_options(index, max_tokens=max_tokens, delta=delta, tree=tree,
                                 dynamic=dynamic, tokenizer_fingerprint=tokenizer_fingerprint)
     draft = DraftModelOptions(gamma=gamma, layers=layers,
                               path=None if path is None else os.fspath(path),

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from recallspec.drafters.base import Drafter, register_drafter
-from recallspec.spec.tree import DraftTree
+from recallspec.decoding.tree import DraftTree
+from recallspec.drafters.base import Drafter
 
 
-@register_drafter("none")
 class NoDrafter(Drafter):
     """Plain autoregressive decoding: never drafts."""
 
@@ -102,14 +101,12 @@ class LookupDrafter(Drafter):
         self._states.pop(rid, None)
 
 
-@register_drafter("pld")
 def make_pld(*, max_ngram: int = 3, min_ngram: int = 1, max_tokens: int = 10) -> LookupDrafter:
     return LookupDrafter(
         max_ngram=max_ngram, min_ngram=min_ngram, max_tokens=max_tokens, name="pld"
     )
 
 
-@register_drafter("llma")
 def make_llma(*, match_length: int = 2, copy_length: int = 7) -> LookupDrafter:
     return LookupDrafter(
         max_ngram=match_length, min_ngram=match_length, max_tokens=copy_length, name="llma"

@@ -12,8 +12,7 @@ kind's acceptance separately and drafts the one promising the most tokens per se
   last ``min(l_d, ngram)`` tokens (prompt lookup's rule): text that repeats tends to
   repeat its latest form (a list being continued, a loop in generated text). The two
   chains are right on different steps: on Spec-Bench (SmolLM2) an oracle drafting the
-  right one of them reaches 1.74x over AR against 1.67-1.68x for either alone
-  (``docs/policy_analysis.md``);
+  right one of them beats either alone (``docs/policy_analysis.md``);
 * ``recycling`` (with ``recycling=true``) - the Token Recycling tree, which learns from
   every verification's logits (a top-k over the vocabulary per verified row: on a small
   model on a CPU that costs about what its drafts save).
@@ -30,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from recallspec.drafters.base import register_drafter
+from recallspec.decoding.tree import DraftTree
 from recallspec.drafters.lookup import LookupDrafter
 from recallspec.drafters.recycling import TOPK, RecyclingDrafter
 from recallspec.drafters.sam import (
@@ -38,11 +37,10 @@ from recallspec.drafters.sam import (
     SOURCES,
     SamDrafter,
     SamOptions,
-    _options,
     length_bucket,
+    sam_options,
 )
 from recallspec.recall.automata import StaticIndex
-from recallspec.spec.tree import DraftTree
 
 # Candidate kinds beyond SAM's sources; their contexts follow SAM's.
 LATEST, RECYCLED = "latest", "recycled"
@@ -96,7 +94,7 @@ class PortfolioDrafter(SamDrafter):
         where they agree: each kind's statistics then cover all its steps, and the
         planner drafts the agreed tokens as far as the more confident kind supports
         (dropping the duplicate, or giving agreement a context of its own, replayed
-        0.9-1.0% slower on Spec-Bench: ``docs/policy_analysis.md``)."""
+        slower on Spec-Bench: ``docs/policy_analysis.md``)."""
         st = self._states[rid]
         out: list[tuple[int, DraftTree]] = []
         n = min(max_nodes, self.options.max_tokens)
@@ -124,14 +122,13 @@ class PortfolioDrafter(SamDrafter):
         return got[0][0] if got else super().context(rid)
 
 
-@register_drafter("portfolio")
 def make_portfolio(
     *, index: str | os.PathLike[str] | StaticIndex | None = None, max_tokens: int = 40,
     delta: int = 5, memory_delta: int = 0, tree: bool = False, ngram: int = 4,
     recycling: bool = False, template: str = "sam60", k: int = TOPK, dynamic: bool = True,
     tokenizer_fingerprint: str | None = None,
 ) -> PortfolioDrafter:
-    opts, static = _options(index, max_tokens=max_tokens, delta=delta,
+    opts, static = sam_options(index, max_tokens=max_tokens, delta=delta,
                             memory_delta=memory_delta, tree=tree, dynamic=dynamic,
                             tokenizer_fingerprint=tokenizer_fingerprint)
     return PortfolioDrafter(opts, ngram=ngram, recycling=recycling, template=template, k=k,

@@ -34,8 +34,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from recallspec.drafters.base import Drafter, register_drafter
-from recallspec.spec.tree import DraftTree
+from recallspec.decoding.tree import DraftTree
+from recallspec.drafters.base import Drafter
 
 TOPK = 8  # successors kept per token; ranks in templates are < TOPK
 # Assumed probability that the rank-r successor is the model's next token.
@@ -201,6 +201,5 @@ class RecyclingDrafter(Drafter):
         self._last.pop(rid, None)
 
 
-@register_drafter("recycling")
 def make_recycling(*, template: str = "sam60", k: int = TOPK) -> RecyclingDrafter:
     return RecyclingDrafter(template=template, k=k)

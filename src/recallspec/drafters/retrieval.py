@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import torch
 
-from recallspec.drafters.base import Drafter, DrafterContext, register_drafter
+from recallspec.decoding.tree import DraftTree
+from recallspec.drafters.base import Drafter, DrafterContext
+from recallspec.recall.datastore.open import open_tree_store
 from recallspec.recall.datastore.rest import RestDatastore, RetrievalConfig
-from recallspec.recall.datastore.store import DEFAULT_TABLE, TreeStore, open_tree_store
-from recallspec.spec.tree import DraftTree
+from recallspec.recall.datastore.store import DEFAULT_TABLE, TreeStore
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,6 @@ class CrestDrafter(_RetrievalBase):
         return self.store.longest(tuple(context), max_nodes)
 
 
-@register_drafter("rest")
 def make_rest(
     *, datastore: str | os.PathLike[str] | RestDatastore, max_query: int = 16,
     min_query: int = 2, max_matches: int = 5000, depth: int = 10, tree_nodes: int = 64,
@@ -170,7 +170,6 @@ def make_rest(
     return RestDrafter(os.fspath(datastore), cfg, tokenizer_fingerprint)
 
 
-@register_drafter("crest")
 def make_crest(
     *, datastore: str | os.PathLike[str], table: str = DEFAULT_TABLE, max_n: int | None = None,
     tokenizer_fingerprint: str | None = None,

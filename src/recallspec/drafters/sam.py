@@ -22,12 +22,12 @@ from the dynamic one; a draft is a chain of up to ``max_tokens`` tokens (or, wit
 corpus) must be clearly longer to beat the request's own text, ``delta``; a memory
 match need only be longer, ``memory_delta`` (default 0): the memory holds the tenant's
 own earlier answers, which a request continues as readily as its own text. (Replaying
-recorded answers with converged cost-aware sizing: on 8 GSM8K questions x 8 samples at
-T = 0.7, delta 5 let memory draft on 113 steps, delta 0 on 1,308 (a quarter of all):
-+2% tokens/s over no memory against +9%; on 12 unrelated Spec-Bench prompts sharing one
-memory it changes nothing; on prompts asked again, greedy, +18% over delta 5.) Of
-several external sources, the one whose match exceeds its delta most wins (the static
-index on ties, then the newest memory segment).
+recorded answers with converged cost-aware sizing: on repeated sampling of GSM8K
+questions delta 0 let memory draft on many more steps than delta 5 and gained more over
+no memory; on unrelated Spec-Bench prompts sharing one memory it changes nothing; on
+prompts asked again, greedy, it beats delta 5.) Of several external sources, the one
+whose match exceeds its delta most wins (the static index on ties, then the newest memory
+segment).
 
 ``sam+recycling`` (Algorithm 2 of SAM-Decoding): when ``max(l_d, l_x - delta_x) >=
 tau`` the automaton's draft as above, else the Token Recycling tree. The recycling
@@ -52,13 +52,13 @@ from typing import Any
 
 import torch
 
-from recallspec.drafters.base import Drafter, DrafterContext, no_recall, register_drafter
+from recallspec.decoding.tree import DraftTree
+from recallspec.drafters.base import Drafter, DrafterContext, no_recall
 from recallspec.drafters.recycling import TOPK, RecyclingDrafter
 from recallspec.recall.automata import DynamicAutomaton, MatchCursor, StaticIndex
 from recallspec.recall.automata._arrays import as_tokens
 from recallspec.recall.request_cursors import RecallCursors
 from recallspec.recall.view import CORPUS, MEMORY, RecallView
-from recallspec.spec.tree import DraftTree
 
 # Where a proposal came from.
 NONE, DYNAMIC, STATIC, RECYCLING, MODEL = "none", "dynamic", "static", "recycling", "model"
@@ -101,7 +101,8 @@ class SamStep:
     dynamic_length: int  # l_d
     static_length: int  # l_s (0 without an index)
     draft_nodes: int
-    memory_length: int = 0  # l_m: the best response-memory or live-corpus match (recall.py)
+    # l_m: the best response-memory or live-corpus match (``recall/request_cursors.py``)
+    memory_length: int = 0
 
 
 @dataclass
@@ -353,7 +354,7 @@ class SamRecyclingDrafter(SamDrafter):
         self.recycling.stop(rid)
 
 
-def _options(index: str | os.PathLike[str] | StaticIndex | None, **kw: Any) -> tuple[
+def sam_options(index: str | os.PathLike[str] | StaticIndex | None, **kw: Any) -> tuple[
     SamOptions, StaticIndex | None
 ]:
     if isinstance(index, StaticIndex):
@@ -361,26 +362,24 @@ def _options(index: str | os.PathLike[str] | StaticIndex | None, **kw: Any) -> t
     return SamOptions(index=None if index is None else os.fspath(index), **kw), None
 
 
-@register_drafter("sam")
 def make_sam(
     *, index: str | os.PathLike[str] | StaticIndex | None = None, max_tokens: int = 40,
     delta: int = 5, memory_delta: int = 0, tree: bool = False, dynamic: bool = True,
     tokenizer_fingerprint: str | None = None,
 ) -> SamDrafter:
-    opts, static = _options(index, max_tokens=max_tokens, delta=delta,
+    opts, static = sam_options(index, max_tokens=max_tokens, delta=delta,
                             memory_delta=memory_delta, tree=tree, dynamic=dynamic,
                             tokenizer_fingerprint=tokenizer_fingerprint)
     return SamDrafter(opts, static)
 
 
-@register_drafter("sam+recycling")
 def make_sam_recycling(
     *, index: str | os.PathLike[str] | StaticIndex | None = None, max_tokens: int = 40,
     delta: int = 5, memory_delta: int = 0, tau: int = 5, tree: bool = False,
     template: str = "sam60", k: int = TOPK, dynamic: bool = True,
     tokenizer_fingerprint: str | None = None,
 ) -> SamRecyclingDrafter:
-    opts, static = _options(index, max_tokens=max_tokens, delta=delta,
+    opts, static = sam_options(index, max_tokens=max_tokens, delta=delta,
                             memory_delta=memory_delta, tree=tree, dynamic=dynamic,
                             tokenizer_fingerprint=tokenizer_fingerprint)
     return SamRecyclingDrafter(opts, tau=tau, template=template, k=k, static=static)

@@ -3,7 +3,7 @@
 The command line (``--drafter``, ``--methods``), ``EngineConfig.drafter``, the demo and
 the benchmarks name a drafter with its options this way, e.g.
 ``sam:index=alpaca.rsidx:delta=3``; values become ints, floats, true/false/none or
-strings. One key is not a drafter option but the draft *sizing* (``spec/draft_sizing.py``):
+strings. One key is not a drafter option but the draft *sizing* (``cost/sizing.py``):
 ``mode=adaptive`` or ``mode=fixed`` (the key older specs and benchmark answer files use;
 ``sizing=`` means the same, and ``mode=ems``, once the fixed-size batch mode, reads as
 fixed; EMS-SD's padded layouts are a benchmark ablation, never a spec's sizing). A spec

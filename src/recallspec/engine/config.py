@@ -9,7 +9,7 @@ loader resolves the format names to torch dtypes).
 Mode words (``parse_sizing``; requests, the server and ``--mode`` take the same): a draft
 sizing, ``adaptive`` or ``fixed``. The engine has one batch layout, EMS-SD's unpadded
 one; a layout word (ems, vanilla, unpad-kv, unpad-input) is refused with a message that
-names where EMS-SD's padded layouts live (``bench/padded_layouts.py``, a benchmark
+names where EMS-SD's padded layouts live (``bench/suite/padded_layouts.py``, a benchmark
 ablation).
 """
 
@@ -29,6 +29,7 @@ from recallspec.params import (
     KVDtype,
     Sizing,
     WeightFormat,
+    one_of,
     sizing_refusal,
 )
 from recallspec.recall.service import RecallConfig
@@ -51,7 +52,8 @@ class EngineConfig:
     dtype: WeightFormat = DEFAULT_WEIGHT_FORMAT  # one of WEIGHT_FORMATS
     kv_dtype: KVDtype = DEFAULT_KV_DTYPE  # one of KV_DTYPES
     # Save a GGUF's repacked quantized weights in the cache at its first load (a file
-    # ~1.4x the GGUF, read by later loads); False: repack in memory at each load.
+    # somewhat larger than the GGUF, read by later loads); False: repack in memory at
+    # each load.
     repack_cache: bool = True
     max_batch_size: int = 1  # sequences decoded together (KV-cache slots)
     max_len: int | None = None  # KV positions per sequence; default min(context, 4096)
@@ -106,12 +108,8 @@ class EngineConfig:
     recall: RecallConfig = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.dtype not in WEIGHT_FORMATS:
-            raise ValueError(f"dtype must be one of {', '.join(WEIGHT_FORMATS)}, "
-                             f"got {self.dtype!r}")
-        if self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
-                             f"got {self.kv_dtype!r}")
+        one_of("dtype", self.dtype, WEIGHT_FORMATS)
+        one_of("kv_dtype", self.kv_dtype, KV_DTYPES)
         if not isinstance(self.repack_cache, bool):
             raise ValueError(f"repack_cache must be True or False, got {self.repack_cache!r}")
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:

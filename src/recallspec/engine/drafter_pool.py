@@ -27,11 +27,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from recallspec.drafters.base import Drafter, DrafterContext, checked_instance, create_drafter
+from recallspec.cost.sizing import DEFAULT_SIZING, SIZINGS, Sizing
+from recallspec.drafters.base import Drafter, DrafterContext, checked_instance
+from recallspec.drafters.registry import create_drafter
 from recallspec.drafters.spec import DrafterSpec, Options, effective_sizing
 from recallspec.engine.config import EngineConfig, parse_sizing
 from recallspec.errors import UnknownNameError
-from recallspec.spec.draft_sizing import DEFAULT_SIZING, SIZINGS, Sizing
 
 MAX_IDLE_DRAFTERS = 16
 
@@ -45,7 +46,7 @@ class Drafting:
     """What one request drafts with, resolved and validated (see the module docstring)."""
 
     drafter: Drafter
-    sizing: Sizing  # how its drafts are sized (``spec/draft_sizing.py``)
+    sizing: Sizing  # how its drafts are sized (``cost/sizing.py``)
 
 
 class DrafterPool:

@@ -31,11 +31,17 @@ from typing import Any, overload
 import numpy as np
 import torch
 
+from recallspec.cost.curve import CostCurve
+from recallspec.cost.sizing import Sizing, draft_room
+from recallspec.cost.source import CostCurveSource
+from recallspec.decoding.penalties import Penalties
+from recallspec.decoding.sampling import SamplingParams
+from recallspec.decoding.tree import DraftTree
+from recallspec.decoding.verify import sample
 from recallspec.drafters.base import Drafter, DrafterContext
 from recallspec.drafters.spec import DrafterSpec
 from recallspec.engine import offline, prompts
 from recallspec.engine.config import EngineConfig
-from recallspec.engine.cost_source import CostCurveSource
 from recallspec.engine.drafter_pool import DrafterArg, DrafterPool
 from recallspec.engine.outputs import (
     GenerationResult,
@@ -51,16 +57,10 @@ from recallspec.engine.request import Request, RequestStatus
 from recallspec.engine.runner import NativeVerifier, Runner
 from recallspec.engine.scheduler import Scheduler, StepPlan
 from recallspec.errors import DataError, ResourceError
+from recallspec.kernels.threads import decode_threads
 from recallspec.recall.service import RecallSources
 from recallspec.recall.view import RecallView
-from recallspec.runtime.cost_curve import CostCurve
 from recallspec.runtime.kv_cache import KVCache, KVPrefix
-from recallspec.runtime.threads import decode_threads
-from recallspec.spec.draft_sizing import Sizing, draft_room
-from recallspec.spec.penalties import Penalties
-from recallspec.spec.sampling import SamplingParams
-from recallspec.spec.tree import DraftTree
-from recallspec.spec.verify import sample
 from recallspec.step.core import speculative_step, tell_drafter
 from recallspec.step.planner import DraftPlanner
 
@@ -116,7 +116,7 @@ class Engine:
     def use_runner(self, runner: Runner | None) -> None:
         """Verify every step through ``runner``, a ``Runner`` subclass over this engine's
         model and KV cache (``engine/runner.py``: e.g. EMS-SD's padded layouts,
-        ``bench/padded_layouts.py``); None: the engine's own. Only between runs (the engine
+        ``bench/suite/padded_layouts.py``); None: the engine's own. Only between runs (the engine
         idle), so that one runner serves every request of a run."""
         if self.has_unfinished():
             raise RuntimeError("use_runner() needs an idle engine: requests are in flight")
@@ -139,7 +139,7 @@ class Engine:
 
     def start_cost_curve(self) -> bool:
         """Read the cached cost curve, or measure it in the background while serving,
-        drafts priced by a conservative prior meanwhile (``engine/cost_source.py``; the
+        drafts priced by a conservative prior meanwhile (``cost/source.py``; the
         caller's loop grants it turns: ``curves.advance``). Returns whether a
         measurement is under way."""
         return self.curves.start_background()

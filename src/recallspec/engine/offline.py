@@ -12,23 +12,45 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from recallspec.engine.outputs import GenerationResult, StepStats
-from recallspec.engine.prompts import is_single
+from recallspec.cost.curve import CostCurve
+from recallspec.cost.sizing import Sizing
+from recallspec.decoding.sampling import SamplingParams
+from recallspec.engine.drafter_pool import DrafterArg, DrafterPool
+from recallspec.engine.outputs import GenerationResult, RequestOutput, StepStats
+from recallspec.engine.prompts import Prompt, is_single
+from recallspec.engine.scheduler import Scheduler
 from recallspec.errors import RecallspecError
-from recallspec.spec.draft_sizing import Sizing
-from recallspec.spec.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from recallspec.engine.drafter_pool import DrafterArg
-    from recallspec.engine.engine import Engine
 
 Progress = Callable[[int], None]  # called with the number of newly committed tokens
 
 
+class OnlineEngine(Protocol):
+    """The online API ``generate`` drives (``engine.Engine`` has it)."""
+
+    stats: StepStats
+
+    @property
+    def drafters(self) -> DrafterPool: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def num_running(self) -> int: ...
+    def has_unfinished(self) -> bool: ...
+    def cost_curve(self) -> CostCurve: ...
+    def add_request(
+        self, prompt: Prompt, params: SamplingParams | None = None, *,
+        drafter: DrafterArg = None, sizing: Sizing | None = None, chat: bool = False,
+        arrival: float | None = None, tenant: str | None = None, memory: bool = True,
+        prefix_cache: bool = True,
+    ) -> int: ...
+    def step(self) -> list[RequestOutput]: ...
+    def abort(self, rid: int) -> RequestOutput | None: ...
+
+
 def generate(
-    engine: Engine,
+    engine: OnlineEngine,
     prompts: Any,
     params: SamplingParams | Sequence[SamplingParams] | None = None,
     *,

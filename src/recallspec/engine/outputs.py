@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from recallspec.decoding.logprobs import TokenLogprob, token_logprob
 from recallspec.engine.request import Request
-from recallspec.spec.logprobs import TokenLogprob, token_logprob
 
 Decode = Callable[[Sequence[int]], str]
 

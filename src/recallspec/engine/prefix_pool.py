@@ -4,8 +4,9 @@ The slots themselves are the first level of the prefix cache (``prefix_cache.py`
 free slot keeps its last request's rows). With more conversations than slots, a slot is
 soon given to another request and its rows would be lost; instead its rows are copied
 here first (``put``), and a later request whose prompt starts with them has them copied
-back into its slot (``best``, then ``KVCache.load``): a memory copy of ~46 KB a token
-(SmolLM2-135M, fp32) against a prefill of ~1 ms a token.
+back into its slot (``best``, then ``KVCache.load``): a memory copy of a token's keys and
+values (46 KB at SmolLM2-135M in fp32) in place of that token's share of a prefill, far
+dearer.
 
 Entries hold at most ``budget_tokens`` tokens in all; the least recently used go first.
 A copy that would take more than half the memory available now is not made (the pool

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from recallspec.cost.sizing import Sizing
+from recallspec.decoding.logprobs import TokenLogprob
+from recallspec.decoding.sampling import SamplingParams
 from recallspec.drafters.base import Drafter
 from recallspec.errors import RecallspecError
-from recallspec.spec.draft_sizing import Sizing
-from recallspec.spec.logprobs import TokenLogprob
-from recallspec.spec.sampling import SamplingParams
 from recallspec.step.sequence import DraftState
 
 # Why a request ended. The server maps them to OpenAI's: eos/stop -> "stop",
@@ -68,7 +68,7 @@ class Request:
     prompt: list[int]
     params: SamplingParams
     drafter: Drafter
-    generator: np.random.Generator | None  # sampling only (spec.sampling.Rng)
+    generator: np.random.Generator | None  # sampling only (decoding.sampling.Rng)
     request_id: str | None = None  # the caller's id
     arrival: float = 0.0  # perf_counter time it may be admitted (offline arrivals)
     status: RequestStatus = RequestStatus.WAITING
@@ -86,7 +86,7 @@ class Request:
     prefill_time: float = 0.0  # admission to the first token
     draft: DraftState = field(default_factory=DraftState)
     spec: SpecCounts = field(default_factory=SpecCounts)
-    # Output bookkeeping (``outputs.OutputState``): text and tokens handed out so far.
+    # Output bookkeeping (``outputs.take_output``): text and tokens handed out so far.
     num_reported: int = 0  # output_ids already in an output
     num_committed_out: int = 0  # generated (EOS included) already counted in an output
     text: str = ""  # incremental text of ``generated`` (complete characters only)
@@ -102,7 +102,7 @@ class Request:
     # an empty slot, leaves nothing retained and lends its rows to nobody (a cold
     # prefill, as a benchmark that times one method against another needs).
     use_prefix: bool = True
-    # How its drafts are sized (``spec/draft_sizing.py``). The engine always states it
+    # How its drafts are sized (``cost/sizing.py``). The engine always states it
     # (``DrafterPool.drafting``); "fixed" for requests built by hand (tests, replay).
     sizing: Sizing = "fixed"
 

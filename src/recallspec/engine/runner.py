@@ -8,7 +8,7 @@ the plan's prompt chunks follow; all in ONE ragged forward with no padding of in
 KV cache (EMS-SD). Each request then keeps its own accepted path: the KV cache compacts
 it and the slot advances by its own count. Greedy requests verify by each row's argmax
 as the native forward returns it (``BatchMetadata.argmax``), reading no logits, unless a
-penalty changes their argmax (``spec/penalties.py``); the logits rows are sliced only for
+penalty changes their argmax (``decoding/penalties.py``); the logits rows are sliced only for
 sampling, penalties, logprobs, drafters that read them, and forwards without argmax.
 
 A ``Runner`` subclass may change the cost of a step, never its tokens, through two
@@ -16,7 +16,7 @@ hooks: ``decoding_inputs`` may append rows after a request's root and tree (rows
 no verified row sees), and ``after_step`` may grow slots by masked KV entries
 (``KVCache.pad``, which every reader of the cache honours: ``SequenceInput.cache_valid``).
 The engine installs one with ``Engine.use_runner``; EMS-SD's padded baselines, a
-benchmark ablation, are such a subclass (``bench/padded_layouts.py``).
+benchmark ablation, are such a subclass (``bench/suite/padded_layouts.py``).
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ from typing import Any
 
 import torch
 
+from recallspec.decoding.penalties import Penalties
+from recallspec.decoding.tree import DraftTree
+from recallspec.decoding.verify import verify_greedy, verify_greedy_argmax, verify_sampling
 from recallspec.engine.outputs import StepStats
 from recallspec.engine.request import Request
 from recallspec.engine.scheduler import PrefillChunk
+from recallspec.kernels.linear import forward_threads
 from recallspec.runtime.batch import SequenceInput, build_batch
 from recallspec.runtime.kv_cache import KVCache
-from recallspec.runtime.linear import forward_threads
-from recallspec.spec.penalties import Penalties
-from recallspec.spec.tree import DraftTree
-from recallspec.spec.verify import verify_greedy, verify_greedy_argmax, verify_sampling
 from recallspec.step.core import Verified
 
 Failure = tuple[Request, Exception]

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from recallspec.decoding.tree import DraftTree
 from recallspec.integrations import _hf_tree as ht
-from recallspec.spec.tree import DraftTree
 
 if TYPE_CHECKING:
     from transformers import LogitsProcessorList, StoppingCriteriaList

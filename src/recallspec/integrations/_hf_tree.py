@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from recallspec.spec.tree import DraftTree
+from recallspec.decoding.tree import DraftTree
 
 
 def ancestors(tree: DraftTree) -> npt.NDArray[np.bool_]:

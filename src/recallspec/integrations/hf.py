@@ -18,7 +18,7 @@ Each step is one forward of the whole batch: row b feeds its last committed toke
 root) and its drafter's tree, under a 4D additive mask (a node sees the row's cached
 text, the root and its own ancestors) with position ids = root position + depth. The
 target's logits for every node then decide the accepted path exactly as plain decoding
-would (``recallspec.spec.verify``): greedy output equals ``generate``'s, and sampled
+would (``recallspec.decoding.verify``): greedy output equals ``generate``'s, and sampled
 tokens follow the model's distribution after ``logits_processor`` (temperature, top-k,
 top-p and any other processor, applied to each node with the node's own context).
 The cache keeps the root's and the accepted nodes' entries (``_hf_tree``); rows
@@ -51,15 +51,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from recallspec.decoding.sampling import SamplingParams
+from recallspec.decoding.tree import DraftTree
+from recallspec.decoding.verify import Verdict, verify_greedy, verify_sampling
 from recallspec.drafters import create_drafter
 from recallspec.drafters.base import Drafter, checked_instance
 from recallspec.integrations import _hf_logits as hl
 from recallspec.integrations import _hf_tree as ht
 from recallspec.integrations._fingerprint import tokenizer_fingerprint
 from recallspec.params import MAX_DRAFT_NODES, Sizing
-from recallspec.spec.sampling import SamplingParams
-from recallspec.spec.tree import DraftTree
-from recallspec.spec.verify import Verdict, verify_greedy, verify_sampling
 from recallspec.step.core import Verified, speculative_step
 from recallspec.step.planner import DraftPlanner
 from recallspec.step.sequence import DraftState

@@ -57,10 +57,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from recallspec.decoding.tree import DraftTree
 from recallspec.drafters.sam import SamDrafter, SamOptions
 from recallspec.integrations._fingerprint import fingerprint_of_dir
 from recallspec.recall.automata import StaticIndex
-from recallspec.spec.tree import DraftTree
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -6,7 +6,7 @@ layers without RoPE), so one ``CausalLM`` implementation serves all of them.
 ``from_hf_dict`` reads a Hugging Face ``config.json`` (both the transformers 4.x keys and
 the 5.x ``rope_parameters`` / ``layer_types`` form, with each architecture's defaults
 where a key is absent, as its transformers configuration class sets them); GGUF metadata
-is first converted to that form by the GGUF loader (``models/gguf_loader.py``).
+is first converted to that form by the GGUF loader (``models/gguf/convert.py``).
 
 A feature this does not compute (a RoPE scaling type, a layer type, an MLP bias, ...) is
 a ``ModelLoadError`` naming it, never ignored.

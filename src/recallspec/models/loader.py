@@ -29,11 +29,15 @@ from typing import Any
 import torch
 
 from recallspec.errors import ModelLoadError
+from recallspec.kernels.threads import decode_threads
 from recallspec.models.config import ModelConfig
+from recallspec.models.gguf import convert as gguf_convert
+from recallspec.models.gguf import quantized as gguf_quantized
+from recallspec.models.gguf.header import read_header
 from recallspec.models.tokenizer import Tokenizer
 from recallspec.models.transformer import CausalLM
-from recallspec.params import DEFAULT_KV_DTYPE, KV_DTYPES, WEIGHT_FORMATS, KVDtype
-from recallspec.runtime.threads import decode_threads
+from recallspec.models.weights import internal_weights
+from recallspec.params import DEFAULT_KV_DTYPE, KV_DTYPES, WEIGHT_FORMATS, KVDtype, one_of
 
 CACHE_ENV = "RECALLSPEC_CACHE_DIR"
 CACHE_FORMAT = 3  # bump when the converted-directory layout changes (3: RoPE scaling)
@@ -110,9 +114,7 @@ def file_key(path: Path) -> str:
 
 def _target_dir(gguf: Path) -> Path:
     """Where the converted directory of a GGUF is (or will be) cached."""
-    from recallspec.models import gguf_loader
-
-    if not gguf_loader.check_magic(gguf):
+    if not gguf_convert.check_magic(gguf):
         raise ModelLoadError(f"{gguf} is not a GGUF file (bad magic)")
     return cache_dir() / "models" / f"{gguf.stem}-{file_key(gguf)}"
 
@@ -120,8 +122,6 @@ def _target_dir(gguf: Path) -> Path:
 def _converted_dir(gguf: Path) -> Path:
     """The cached directory of a GGUF: config.json and tokenizer files (weights files are
     added by ``_gguf_weights`` for the formats asked for)."""
-    from recallspec.models import gguf_loader
-
     target = _target_dir(gguf)
     if (target / "config.json").is_file():
         return target
@@ -129,7 +129,7 @@ def _converted_dir(gguf: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary user dir
     try:
-        gguf_loader.convert_gguf(gguf, tmp)
+        gguf_convert.convert_gguf(gguf, tmp)
         try:
             os.rename(tmp, target)
         except OSError:
@@ -185,90 +185,6 @@ def _read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def _cat(parts: list[Any]) -> Any:
-    """Stack matrices along their output rows: tensors or quantized weights."""
-    if all(isinstance(p, torch.Tensor) for p in parts):
-        return torch.cat(parts)
-    from recallspec.runtime.qlinear import QuantizedWeight
-
-    return QuantizedWeight.concat(parts)
-
-
-def internal_weights(config: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
-    """HF-named tensors -> our internal names, fusing QKV and gate/up; consumes ``hf``.
-
-    Matrices may be tensors or ``QuantizedWeight``s (fused alike); norm weights become
-    effective scales (Gemma: ``1 + w``).
-    """
-    # Multimodal Gemma 3 checkpoints nest the text model under "language_model". Moved
-    # out of the caller's dict, so that fused parts are freed as they are fused (the
-    # caller still holds that dict during the call).
-    hf = {k.replace("model.language_model.", "model.").replace("language_model.", ""): hf.pop(k)
-          for k in list(hf)}
-
-    at = f"{config.source} ({config.model_type}): " if config.source else ""
-
-    def take(name: str) -> Any:
-        t = hf.pop(name, None)
-        if t is None:
-            raise ModelLoadError(f"{at}checkpoint lacks tensor {name!r}")
-        return t
-
-    def norm(name: str) -> torch.Tensor:
-        t = take(name).float()
-        return t + 1.0 if config.norm_offset_one else t
-
-    def fused(name: str, parts: tuple[str, ...]) -> Any:
-        """A fused matrix as the checkpoint stores it (Phi-3's qkv_proj, gate_up_proj),
-        else its parts, fused."""
-        if name in hf:
-            return take(name)
-        prefix = name.rsplit(".", 2)[0]
-        return _cat([take(f"{prefix}.{p}.weight") for p in parts])
-
-    w: dict[str, Any] = {"embed": take("model.embed_tokens.weight")}
-    if not config.tie_embeddings:
-        w["lm_head"] = take("lm_head.weight")
-    else:
-        hf.pop("lm_head.weight", None)
-    w["final_norm"] = norm("model.norm.weight")
-    for i in range(config.num_layers):
-        p, o = f"model.layers.{i}.", f"layers.{i}."
-        a = p + "self_attn."
-        w[o + "qkv_w"] = fused(a + "qkv_proj.weight", ("q_proj", "k_proj", "v_proj"))
-        if f"{a}q_proj.bias" in hf:
-            w[o + "qkv_b"] = torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"])
-        w[o + "o_w"] = take(a + "o_proj.weight")
-        if f"{a}o_proj.bias" in hf:
-            w[o + "o_b"] = take(a + "o_proj.bias")
-        w[o + "gate_up_w"] = fused(p + "mlp.gate_up_proj.weight", ("gate_proj", "up_proj"))
-        w[o + "down_w"] = take(p + "mlp.down_proj.weight")
-        w[o + "attn_norm"] = norm(p + "input_layernorm.weight")
-        if config.sandwich_norms:
-            w[o + "post_attn_norm"] = norm(p + "post_attention_layernorm.weight")
-            w[o + "ffn_norm"] = norm(p + "pre_feedforward_layernorm.weight")
-            w[o + "post_ffn_norm"] = norm(p + "post_feedforward_layernorm.weight")
-        else:
-            w[o + "ffn_norm"] = norm(p + "post_attention_layernorm.weight")
-        if config.qk_norm:
-            w[o + "q_norm"] = norm(a + "q_norm.weight")
-            w[o + "k_norm"] = norm(a + "k_norm.weight")
-    # Whatever is left is a tensor this model would not compute with: refused, never
-    # dropped (a multimodal checkpoint's other towers excepted: the text model is whole
-    # without them).
-    left = sorted(k for k in hf if not k.startswith(_OTHER_TOWERS))
-    if left:
-        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
-        raise ModelLoadError(f"{at}checkpoint holds tensors {config.model_type} does not "
-                             f"use: {', '.join(left[:5])}{more}")
-    return w
-
-
-# Tensor name prefixes of a multimodal checkpoint's non-text parts (Gemma 3 4B+).
-_OTHER_TOWERS = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
-                 "multi_modal_projector.")
-
-
 def _extra_eos(directory: Path) -> list[int]:
     """eos ids listed in config.json / generation_config.json (HF dirs list several)."""
     ids: list[int] = []
@@ -293,14 +209,13 @@ def load_model(
     """Load a model and its tokenizer; ``dtype`` is a weight format (``WEIGHT_FORMATS``)
     or a torch dtype (float32, bfloat16); ``kv_dtype`` the KV cache's, one of
     ``params.KV_DTYPES`` (``ValueError`` otherwise, before anything loads).
-    ``repack_cache``: a GGUF's quantized weights, repacked at its first load, are saved
-    in the cache for later loads (a file ~1.1x the GGUF's size, reported on stderr when
-    written), in the background: ``model.repack_cache_writer`` is that thread (None when
-    nothing is written; the engine joins it before timing its cost curve); False repacks
-    in memory at every load and writes nothing (a cache file already there is still
+    ``repack_cache``: a GGUF's quantized weights, repacked at its first load, are saved in
+    the cache for later loads (a file somewhat larger than the GGUF, its size reported on
+    stderr when written), in the background: ``model.repack_cache_writer`` is that thread
+    (None when nothing is written; the engine joins it before timing its cost curve); False
+    repacks in memory at every load and writes nothing (a cache file already there is still
     read)."""
-    if kv_dtype not in KV_DTYPES:  # (EngineConfig checked the engine's; callers may not)
-        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    kv_torch = _KV_TORCH[one_of("kv_dtype", kv_dtype, KV_DTYPES)]
     directory, gguf = _model_source(path, convert=False)
     fmt = weight_format(dtype, gguf)
     writer = None
@@ -309,9 +224,8 @@ def load_model(
             directory, weights = _first_quantized_load(gguf)
         config = read_config(directory, gguf)
         if repack_cache:
-            from recallspec.models.quantized import QUANTIZED_WEIGHTS, save_in_background
-
-            writer = save_in_background(weights, directory / QUANTIZED_WEIGHTS, gguf)
+            writer = gguf_quantized.save_in_background(
+                weights, directory / gguf_quantized.QUANTIZED_WEIGHTS, gguf)
     elif gguf is not None:
         directory = _converted_dir(gguf)
         config = read_config(directory, gguf)
@@ -320,14 +234,12 @@ def load_model(
         config = read_config(directory)
         weights = internal_weights(config, _read_safetensors(directory))
         if fmt == "quantized":
-            from recallspec.models.quantized import quantize_floats
-
-            weights = quantize_floats(weights)
+            weights = gguf_quantized.quantize_floats(weights)
     tokenizer = Tokenizer.from_dir(directory, extra_eos_ids=_extra_eos(directory))
     quantized = fmt == "quantized"
     model = CausalLM(
         config, weights, dtype=_TORCH_DTYPES.get(fmt, torch.float32), quantized=quantized,
-        kv_dtype=_KV_TORCH[kv_dtype],  # "auto": None, the weights' compute dtype
+        kv_dtype=kv_torch,  # "auto": None, the weights' compute dtype
     )
     model.eval()
     model.repack_cache_writer = writer
@@ -361,31 +273,27 @@ def weight_format(dtype: str | torch.dtype, gguf: Path | None) -> str:
 def _repack_threads() -> AbstractContextManager[None]:
     """A GGUF's repack runs on its own C++ threads (torch's count), torch itself on one
     meanwhile: its OpenMP workers, woken by any small torch op of the load, would
-    otherwise spin between ops on the cores the repack needs (on 2 vCPUs ~15% of a first
-    load's CPU time: a 1.7B first load 3.5-4.6 s -> 2.9-3.1 s, OMP_WAIT_POLICY=PASSIVE
-    against the default in alternation)."""
+    otherwise spin between ops on the cores the repack needs (on a small machine a
+    visible share of a first load, OMP_WAIT_POLICY=PASSIVE against the default in
+    alternation)."""
     return decode_threads(torch.get_num_threads())
 
 
 def _first_quantized_load(gguf: Path) -> tuple[Path, dict[str, Any]]:
     """A GGUF's first quantized load: (its converted directory, its weights in our layout).
-    The conversion (config and tokenizer files: ~0.3 s for a byte-level vocabulary of
-    49k ids, ~3.5 s for Gemma's 262k, Python holding the GIL; more where transformers'
-    converter is needed, ``gguf_tokenizer.py``) runs on a second thread while this one
-    maps and repacks the weights (the C++ repack releases the GIL: ~1.3 s at the 1.7B
-    shape on a Zen 3 VM), so the first token comes after about the longer of the two, not
-    their sum.
+    The conversion (config and tokenizer files, Python holding the GIL; longer for a large
+    vocabulary such as Gemma's, and more where transformers' converter is needed,
+    ``models/gguf/tokenizer.py``) runs on a second thread while this one maps and repacks
+    the weights (the C++ repack releases the GIL), so the first token comes after about
+    the longer of the two, not their sum.
     The weights read the header's own config (``hf_config_from_gguf``, which the
     conversion writes), so neither waits for the other; an error in either is raised here
     once both have stopped (the directory, if made, is whole: renamed into place)."""
-    from recallspec.models import gguf_loader, quantized
-    from recallspec.models.gguf_header import read_header
-
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="recallspec-convert") as pool:
         converting = pool.submit(_converted_dir, gguf)
         config = ModelConfig.from_hf_dict(
-            gguf_loader.hf_config_from_gguf(read_header(gguf), gguf), str(gguf))
-        weights = internal_weights(config, quantized.quantized_state_dict(gguf, config))
+            gguf_convert.hf_config_from_gguf(read_header(gguf), gguf), str(gguf))
+        weights = internal_weights(config, gguf_quantized.quantized_state_dict(gguf, config))
         return converting.result(), weights
 
 
@@ -393,20 +301,18 @@ def _gguf_weights(gguf: Path, directory: Path, config: ModelConfig, fmt: str,
                   repack_cache: bool = True) -> tuple[dict[str, Any], threading.Thread | None]:
     """A converted GGUF's weights in our internal layout, from the cache or built once
     (the quantized ones saved only with ``repack_cache``, by the returned thread)."""
-    from recallspec.models import gguf_loader, quantized
-
     if fmt == "quantized":
-        path = directory / quantized.QUANTIZED_WEIGHTS
-        cached = quantized.load_quantized(path)
+        path = directory / gguf_quantized.QUANTIZED_WEIGHTS
+        cached = gguf_quantized.load_quantized(path)
         if cached is not None:
             return cached, None
         with _repack_threads():
-            weights = internal_weights(config, quantized.quantized_state_dict(gguf, config))
-        writer = quantized.save_in_background(weights, path, gguf) if repack_cache else None
+            weights = internal_weights(config, gguf_quantized.quantized_state_dict(gguf, config))
+        writer = gguf_quantized.save_in_background(weights, path, gguf) if repack_cache else None
         return weights, writer
-    internal = directory / gguf_loader.INTERNAL_WEIGHTS
+    internal = directory / gguf_convert.INTERNAL_WEIGHTS
     if not internal.is_file():
-        gguf_loader.write_float_weights(gguf, internal)
+        gguf_convert.write_float_weights(gguf, internal)
     from safetensors.torch import load_file
 
     try:

@@ -39,9 +39,8 @@ def vocab_fingerprint(backend: _HFTokenizer) -> str:
     """Hex sha256 of a ``tokenizers.Tokenizer``'s vocabulary in id order, added tokens
     included: ``f"{id}\\0{token}\\0"`` per id, ``""`` for an id without a token. Index
     files record it; the integrations take it of host libraries' tokenizers, so an index
-    opened there accepts exactly the vocabularies it does here. (~0.5 s at Gemma's 262k
-    ids, most of it the per-id calls; ``get_vocab``, one call, takes longer: it builds a
-    dict of them.)"""
+    opened there accepts exactly the vocabularies it does here. (Most of its time is the
+    per-id calls; ``get_vocab``, one call, takes longer: it builds a dict of them.)"""
     h = hashlib.sha256()
     for i in range(int(backend.get_vocab_size(with_added_tokens=True))):
         tok = backend.id_to_token(i)
@@ -140,8 +139,8 @@ class Tokenizer:
 
     @cached_property
     def _chat_template(self) -> Any:
-        """The chat template compiled once (compiling took ~7 ms, a 135M model's decode
-        step, on every chat request). Rendering is stateless, so one compiled template
+        """The chat template compiled once (compiling cost about a small model's decode
+        step on every chat request). Rendering is stateless, so one compiled template
         serves every request and thread."""
         return _template_environment().from_string(self.chat_template or "")
 

@@ -4,8 +4,8 @@ One forward processes the T new tokens of B sequences (``BatchMetadata``): all d
 (norms, projections, MLP) runs once over the T flat rows; only attention is per sequence,
 reading its keys/values as a view of its KV-cache slot. Weights are stored as ``[out, in]``
 with Q/K/V and gate/up fused at load time so each layer does 4 matmuls. They are either
-dense tensors for ``runtime.linear.linear`` (the fp32 reference: a batch-invariant C++
-kernel for few rows, torch otherwise) or ``QuantizedWeight``s for ``runtime.qlinear``
+dense tensors for ``kernels.linear.linear`` (the fp32 reference: a batch-invariant C++
+kernel for few rows, torch otherwise) or ``QuantizedWeight``s for ``kernels.qlinear``
 (the GGUF's own blocks; batch-invariant integer kernel at every row count, activations
 quantized per row to 8-bit blocks); activations, norms and the KV cache stay float32.
 
@@ -26,17 +26,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from recallspec.errors import ContextLengthError, ModelLoadError
+from recallspec.kernels.linear import linear
+from recallspec.kernels.qlinear import QuantizedWeight, qlinear
 from recallspec.models.config import ModelConfig
+from recallspec.models.layer import DecoderLayer, Weight
+from recallspec.models.native import NativeModel
+from recallspec.models.native import enabled_by_default as native_enabled_by_default
 from recallspec.models.rope import RopeTables
 from recallspec.runtime.attention import build_attention_masks
 from recallspec.runtime.batch import BatchMetadata
 from recallspec.runtime.kv_cache import KVCache
-from recallspec.runtime.linear import linear
-from recallspec.runtime.native import NativeModel
-from recallspec.runtime.native import enabled_by_default as native_enabled_by_default
-from recallspec.runtime.qlinear import QuantizedWeight, qlinear
-
-Weight = torch.Tensor | QuantizedWeight
 
 
 def _matmul(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -64,36 +63,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rot * sin
 
 
-class DecoderLayer(nn.Module):
-    """Weights of one layer (buffers, not parameters: inference only; quantized matrices
-    are plain attributes)."""
-
-    qkv_w: Weight
-    qkv_b: torch.Tensor | None
-    o_w: Weight
-    o_b: torch.Tensor | None
-    gate_up_w: Weight
-    down_w: Weight
-    attn_norm: torch.Tensor
-    ffn_norm: torch.Tensor
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-    post_attn_norm: torch.Tensor | None
-    post_ffn_norm: torch.Tensor | None
-
-    def __init__(self, tensors: Mapping[str, Weight | None]) -> None:
-        super().__init__()
-        for name in (
-            "qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w", "attn_norm", "ffn_norm",
-            "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm",
-        ):
-            t = tensors.get(name)
-            if isinstance(t, QuantizedWeight):
-                setattr(self, name, t)
-            else:
-                self.register_buffer(name, t, persistent=True)
-
-
 class CausalLM(nn.Module):
     """Decoder-only LM. ``forward(meta, cache)`` -> float32 logits for ``meta.logits_indices``."""
 
@@ -106,9 +75,9 @@ class CausalLM(nn.Module):
         dtype: torch.dtype = torch.float32, *, quantized: bool = False,
         native: bool | None = None, kv_dtype: torch.dtype | None = None,
     ) -> None:
-        """``weights`` use our internal names (see ``loader.internal_weights``); with
+        """``weights`` use our internal names (see ``weights.internal_weights``); with
         ``quantized`` the matrices are ``QuantizedWeight``s and ``dtype`` is float32.
-        ``native``: run ``forward`` in the native C++ forward (``runtime.native``); None =
+        ``native``: run ``forward`` in the native C++ forward (``models.native``); None =
         yes for quantized models unless ``RECALLSPEC_NATIVE=0``, no for dense ones (True
         on a float32 model: the dense native path, a test oracle, slow). ``kv_dtype``: what
         ``new_cache`` stores keys and values in (None: ``dtype``), float32 or float16 as
@@ -127,7 +96,7 @@ class CausalLM(nn.Module):
         # "quantized" | "float32" | "bfloat16": the arithmetic, for cache keys and reports.
         self.weight_format = "quantized" if quantized else str(dtype).removeprefix("torch.")
         # The thread writing this model's repack cache after its first load (the loader
-        # sets it; ``models/quantized.py``); join it before timing anything.
+        # sets it; ``models/gguf/quantized.py``); join it before timing anything.
         self.repack_cache_writer: threading.Thread | None = None
         c = config
 
@@ -339,7 +308,7 @@ class CausalLM(nn.Module):
             return self._attend_capped(q, k, v, mask, cap)
         # Note: a hand-written bmm/softmax path for single-token decode was tried and dropped:
         # with real text, peaked softmax rows underflow to denormals and the probs @ V matmul
-        # slowed ~50x on this CPU; the SDPA kernel does not suffer from it.
+        # slowed by an order of magnitude and more; the SDPA kernel does not suffer from it.
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
             attn_mask=mask, scale=self.config.attn_scale, enable_gqa=True,

@@ -17,6 +17,6 @@ Layout (each module's docstring states its contract):
 * ``datastore/`` - REST (suffix array file) and CREST (n-gram -> tree stores).
 * ``fileio.py`` - atomic file writes, shared by the snapshot and the datastores.
 
-Layering: this package imports ``_core``, ``errors``, ``spec.tree`` and
+Layering: this package imports ``_core``, ``errors``, ``decoding.tree`` and
 ``data.corpus_files``; never ``drafters``, ``engine``, ``server`` or ``bench``.
 """

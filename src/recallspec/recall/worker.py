@@ -53,8 +53,8 @@ def _lower_priority() -> None:
     """Run the calling thread at idle priority where the OS allows (Linux: per thread).
 
     Building an automaton competes with decoding for the cores; on a 2-core machine a
-    normal-priority build stretched single forwards ~10x (the kernel pool's fork-joins
-    wait for a core). Idle priority lets the build use only what decoding leaves."""
+    normal-priority build stretched single forwards many times over (the kernel pool's
+    fork-joins wait for a core). Idle priority lets the build use only what decoding leaves."""
     if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
         # Not permitted here: stay at normal priority.
         with contextlib.suppress(OSError):

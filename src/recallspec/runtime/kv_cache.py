@@ -16,7 +16,7 @@ is garbage that later writes overwrite.
 
 Masked entries: ``pad`` appends entries to a slot that count towards its length but
 are never attended to (nothing in the engine writes them; EMS-SD's padded-KV baselines,
-a benchmark ablation in ``bench/padded_layouts.py``, do). ``valid_prefix`` gives the mask
+a benchmark ablation in ``bench/suite/padded_layouts.py``, do). ``valid_prefix`` gives the mask
 of real entries, ``logical_length`` counts them, and every reader of a slot honours
 them (``SequenceInput.cache_valid``). The capability stays here, generic, because the
 native forward implements the mask in C++ (``csrc/native/native_plan.cpp``): moving it
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from recallspec.errors import ResourceError
 from recallspec.runtime.kv_memory import LazyTensor, available_memory
 
 
@@ -247,8 +248,6 @@ class KVCache:
         instead of letting the machine fail later. The wording names no setting: the
         engine's, a draft model's and a calibration's caches are all checked here; the
         engine adds its settings."""
-        from recallspec.errors import ResourceError
-
         need = KVCache.bytes_needed(num_layers=num_layers, num_slots=num_slots,
                                     max_len=max_len, num_kv_heads=num_kv_heads,
                                     head_dim=head_dim, dtype=dtype)

@@ -22,6 +22,8 @@ import sys
 
 import torch
 
+from recallspec.errors import ResourceError
+
 PAGE = mmap.PAGESIZE
 # MAP_NORESERVE: the address space is not charged against the overcommit heuristic up
 # front (a reservation larger than the machine's memory would otherwise be refused);
@@ -34,8 +36,8 @@ def available_memory() -> int | None:
     """Bytes the system can give a new allocation now: Linux's MemAvailable (free memory
     plus the page cache and other memory it can reclaim). Free pages alone
     (``SC_AVPHYS_PAGES``) are the fallback elsewhere: after reading or writing large files
-    they are a small fraction of what is available (a cache of 1.4 GiB was refused with
-    20 GiB available and 0.3 GiB free). None where neither can be read."""
+    they are a small fraction of what is available (a small cache was once refused with
+    plenty available but little free). None where neither can be read."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -65,8 +67,6 @@ class LazyTensor:
         try:
             self._map = mmap.mmap(-1, max(self.nbytes, 1), flags=flags)
         except (OSError, OverflowError) as e:  # beyond the address space (or its limit)
-            from recallspec.errors import ResourceError
-
             raise ResourceError(f"cannot reserve {self.nbytes / 2**30:.0f} GiB of address "
                                 f"space for the KV cache ({e})") from None
         flat = (torch.frombuffer(self._map, dtype=dtype, count=count) if count

@@ -27,13 +27,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from recallspec.decoding.logprobs import TokenLogprob
 from recallspec.engine import RequestOutput
 from recallspec.server import protocol as P
 from recallspec.server import responses as R
 from recallspec.server.corpora import add_corpus_routes
 from recallspec.server.engine_loop import Accepted, EngineLoop, Rejected, RequestStream, merged
 from recallspec.server.errors import ApiError, parse
-from recallspec.spec.logprobs import TokenLogprob
 
 
 def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,

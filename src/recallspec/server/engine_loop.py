@@ -170,7 +170,7 @@ class EngineLoop:
         if eng.has_unfinished():
             for out in eng.step():
                 self._deliver(out)
-        if measuring:  # one forward of it, if due (``engine/cost_source.py``)
+        if measuring:  # one forward of it, if due (``cost/source.py``)
             eng.curves.advance(busy=eng.has_unfinished())
         self._publish()
 

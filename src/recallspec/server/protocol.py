@@ -6,10 +6,10 @@ unknown fields, values out of range and parameters we do not implement (``logit_
 never a guess. Implemented beyond the basics: ``n`` (1..16 choices, each one engine
 request; with a ``seed``, choice i samples with seed + i, as vLLM), ``logprobs``
 (chat: ``logprobs`` + ``top_logprobs`` 0..20; completions: ``logprobs`` 0..5; the model's
-raw log-probabilities, ``spec/logprobs.py``), ``presence_penalty`` and
+raw log-probabilities, ``decoding/logprobs.py``), ``presence_penalty`` and
 ``frequency_penalty`` (OpenAI's, -2..2). Extensions: ``top_k`` and ``ignore_eos`` (as
 vLLM), ``repeat_penalty`` and ``repeat_last_n`` (as llama.cpp's server; the penalties'
-semantics: ``spec/penalties.py``), and a ``recallspec`` object
+semantics: ``decoding/penalties.py``), and a ``recallspec`` object
 choosing the drafter, its options and the mode (the draft sizing, adaptive or fixed) per
 request (drafter "none" turns speculation off), the response-memory tenant and whether
 the request uses the memory, and asking for the generated token ids. The tenant is
@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from recallspec.spec.sampling import MAX_LOGPROBS, SamplingParams
+from recallspec.decoding.sampling import MAX_LOGPROBS, SamplingParams
 
 Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Scalar = StrictStr | StrictInt | StrictFloat | StrictBool

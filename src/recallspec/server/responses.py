@@ -7,7 +7,7 @@ counts the prompt once and the completion tokens of every choice. Responses carr
 speculation figures as ``metrics.speculative_decoding`` (vLLM's shape), of every choice
 together in a body and per choice in a stream's last chunk of that choice.
 
-Logprobs (``spec/logprobs.py``: the model's raw log-probabilities) in OpenAI's two
+Logprobs (``decoding/logprobs.py``: the model's raw log-probabilities) in OpenAI's two
 shapes: chat's ``{"content": [{"token", "logprob", "bytes", "top_logprobs"}]}`` and the
 legacy completions' ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``. A
 token's text is the decoding of that token alone (a piece of a multi-byte character
@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from recallspec.decoding.logprobs import TokenLogprob
 from recallspec.engine import RequestOutput, SpecStats
-from recallspec.spec.logprobs import TokenLogprob
 
 Decode = Callable[[Sequence[int]], str]
 

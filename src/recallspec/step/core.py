@@ -6,7 +6,7 @@ with its own ``Verifier``:
 * the engine's native forward (``engine/runner.py: NativeVerifier``: one ragged forward
   of every request's root and tree, plus the step's prompt chunks),
 * a transformers forward (``integrations/hf.py``: a 4D tree mask over a ``DynamicCache``),
-* a teacher-forced replay of recorded greedy answers (``bench/replay.py``: the accepted
+* a teacher-forced replay of recorded greedy answers (``bench/replay/exact.py``: the accepted
   path is the longest tree path the recorded text continues).
 
 Order inside a step, the same for all three: the planner drafts every sequence (a
@@ -26,8 +26,8 @@ from typing import Generic, Protocol, TypeVar
 
 import torch
 
-from recallspec.spec.tree import DraftTree
-from recallspec.spec.verify import Verdict
+from recallspec.decoding.tree import DraftTree
+from recallspec.decoding.verify import Verdict
 from recallspec.step.planner import DraftPlanner
 from recallspec.step.sequence import StepSequence
 

@@ -7,7 +7,7 @@ step may mix drafters; requests sharing a drafter propose together
 ``max_draft_nodes``) and to no more depth than the tokens still wanted
 (``StepSequence.depth_limit``). With adaptive sizing (``StepSequence.sizing``) each
 request's draft size, zero included, maximises the batch's expected tokens per second
-from the cost curve and online acceptance statistics (``spec/draft_sizing.py``): cheap
+from the cost curve and online acceptance statistics (``cost/sizing.py``): cheap
 drafters are sized after proposing (the actual tree); drafters whose proposals cost a
 model forward per draft position (``costly_proposals``) before it (a prospective
 chain), so they are asked for nothing where drafting does not pay; so are drafters
@@ -34,11 +34,11 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from recallspec.cost.curve import CostCurve
+from recallspec.cost.sizing import AcceptanceStats, choose_draft_sizes, running_min
+from recallspec.decoding.tree import DraftTree, limit_depth
 from recallspec.drafters.base import Drafter
 from recallspec.errors import DataError
-from recallspec.runtime.cost_curve import CostCurve
-from recallspec.spec.draft_sizing import AcceptanceStats, choose_draft_sizes, running_min
-from recallspec.spec.tree import DraftTree, limit_depth
 from recallspec.step.pricing import best_rate, price
 from recallspec.step.sequence import StepSequence
 
@@ -49,11 +49,11 @@ OVERHEAD_WINDOW = 31  # decode steps the step overhead is the median of
 # A drafter whose proposals take more than this fraction of a 1-row forward is sized
 # before it proposes, on a prospective chain that pays for the proposal too (as drafters
 # running a model per position are), so a request whose drafts do not pay is not asked to
-# propose (probes aside). Measured: `rest` over a 1,000-document Alpaca store, when its
-# lookup was numpy (1.4-1.9 ms a step against a 3.8 ms forward), ran at 0.78-0.91x plain
-# decoding proposing every step for a 14% accept rate; SAM proposals take ~1% of a forward.
-# With lookups in the C core, `crest` (SQLite) took 4.5% of a 3.5 ms step and `rest` 4.2%:
-# under a 5% bar they proposed every step for ~10% accepted drafts (0.945x / 0.97x).
+# propose (probes aside). Why this low: `rest` over an Alpaca store, when its lookup was
+# numpy (a large share of a forward), ran slower than plain decoding proposing every step
+# for few accepted drafts; with lookups in the C core, `crest` (SQLite) and `rest` still
+# took a few percent of a step, and under a 5% bar they proposed every step for few
+# accepted drafts, again slower than plain decoding. SAM proposals cost well below it.
 SLOW_PROPOSAL_FRACTION = 0.02
 RESIZE_IDLE_EVERY = 4  # idle steps between re-sizings of a slow proposer's request
 
@@ -75,7 +75,7 @@ class DraftPlanner:
         # A decode step's time outside its forward (drafting, verification, bookkeeping)
         # in the curve's seconds (``note_step``): the median of the last OVERHEAD_WINDOW
         # steps' (a mean let one stalled step - a page fault, another process - swing it
-        # from 0.1 to 3 ms, and a large overhead makes rows look cheap: the planner then
+        # by an order of magnitude, and a large overhead makes rows look cheap: the planner then
         # over-drafted). It dilutes the cost of rows.
         self.step_overhead = 0.0
         self._extras: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
@@ -216,7 +216,7 @@ class DraftPlanner:
         step's sizing, drafting nothing again (counted as idle): re-sized every
         RESIZE_IDLE_EVERY idle steps and when a probe is due. Its statistics change only
         when it drafts, so its size would stay 0 but for the slow drift of the cost and
-        overhead; sizing it took 0.1 ms a step (2% of a 135M model's step)."""
+        overhead; sizing it costs a visible share of a small model's step."""
         ds = req.draft
         wait = self.probe_wait.get(req.drafter.name, PROBE_EVERY)
         if not ds.idle_steps or ds.idle_steps % RESIZE_IDLE_EVERY == 0 or (
@@ -329,7 +329,7 @@ class DraftPlanner:
     ) -> list[float]:
         """Seconds of a forward of base_rows + [0, extra_rows] rows of ``seqs`` sequences
         at ``context`` cached tokens, kept per context rounded to CONTEXT_STEP tokens (a
-        step's cost changes by ~1% over that many; numpy on small arrays is not free).
+        step's cost changes little over that many; numpy on small arrays is not free).
         A list (read one by one: numpy scalars cost more); callers must not change it."""
         ctx = context // CONTEXT_STEP * CONTEXT_STEP
         key = (base_rows, extra_rows, seqs, ctx)  # (of ``_priced_by``: ``_curve`` clears them)
@@ -366,7 +366,7 @@ class DraftPlanner:
 
         The overhead is the time outside the forward, in the curve's seconds (times
         curve / t_forward, within [0.5, 2]): the forward's own time follows the
-        machine's speed (a shared VM drifts 10-20% within minutes), which scales every
+        machine's speed (a shared VM drifts within minutes), which scales every
         price alike and so leaves the best draft size unchanged, while counting it as
         overhead made rows look cheap whenever the machine ran slower than when it was
         calibrated."""

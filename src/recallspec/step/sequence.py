@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from recallspec.cost.sizing import AcceptanceStats
 from recallspec.drafters.base import Drafter
 from recallspec.params import Sizing
-from recallspec.spec.draft_sizing import AcceptanceStats
 
 
 @dataclass

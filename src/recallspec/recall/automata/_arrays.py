@@ -24,7 +24,7 @@ def as_tokens(tokens: Any, vocab_size: int | None = None, name: str = "tokens") 
     """Return ``tokens`` as a 1-D C-contiguous uint32 array, checking every id is valid."""
     if type(tokens) is list and len(tokens) <= _SHORT_LIST:
         # What the engine commits each step: a few Python ints. Checked here in Python
-        # (numpy's asarray + min + max cost ~10x more on so few); anything else, or an
+        # (numpy's asarray + min + max cost far more on so few); anything else, or an
         # id out of range, takes the general path below and its errors.
         limit = MAX_TOKEN_ID + 1 if vocab_size is None else vocab_size
         if all(type(t) is int and 0 <= t < limit for t in tokens):

@@ -16,18 +16,22 @@ For a request matching *its own* text use ``DynamicAutomaton.match_length`` /
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from recallspec import _core
+from recallspec.decoding.tree import DraftTree
 from recallspec.recall.automata._arrays import as_tokens, check_out
-from recallspec.spec.tree import DraftTree
 
-if TYPE_CHECKING:
-    from recallspec.recall.automata.dynamic import DynamicAutomaton
-    from recallspec.recall.automata.static import StaticIndex
+
+class Automaton(Protocol):
+    """What a ``MatchCursor`` walks (``StaticIndex``, ``DynamicAutomaton``)."""
+
+    def core_cursor(self) -> tuple[Any, int | None]:
+        """A new C++ cursor over this automaton, and the vocabulary bound of its ids
+        (None: unbounded)."""
+        ...
 
 
 class DraftSource:
@@ -68,22 +72,15 @@ class DraftSource:
 class MatchCursor(DraftSource):
     """Longest-suffix match of a token stream against an automaton."""
 
-    def __init__(self, automaton: StaticIndex | DynamicAutomaton) -> None:
-        from recallspec.recall.automata.dynamic import DynamicAutomaton
-        from recallspec.recall.automata.static import StaticIndex
-
+    def __init__(self, automaton: Automaton) -> None:
         self._vocab: int | None
-        if isinstance(automaton, StaticIndex):
-            self._c: Any = _core.StaticCursor(automaton._sam)
-            self._vocab = automaton.vocab_size
-        elif isinstance(automaton, DynamicAutomaton):
-            self._c = _core.DynamicCursor(automaton._sam)
-            self._vocab = None
-        else:
+        core_cursor = getattr(automaton, "core_cursor", None)
+        if core_cursor is None:
             raise TypeError(
                 "MatchCursor needs a StaticIndex or DynamicAutomaton, "
                 f"got {type(automaton).__name__}"
             )
+        self._c, self._vocab = core_cursor()
         self.automaton = automaton
 
     def advance(self, tokens: Any) -> int:

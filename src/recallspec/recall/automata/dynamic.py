@@ -27,6 +27,11 @@ class DynamicAutomaton(DraftSource):
         if tokens is not None:
             self.extend(tokens)
 
+    def core_cursor(self) -> tuple[Any, int | None]:
+        """A C++ cursor over this automaton; it takes any id (one outside the
+        vocabulary matches nothing)."""
+        return _core.DynamicCursor(self._sam), None
+
     def extend(self, tokens: Any) -> int:
         """Append tokens (one int or a 1-D array); return the new self-match length."""
         if isinstance(tokens, int | np.integer):

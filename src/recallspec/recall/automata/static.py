@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,27 +22,9 @@ from recallspec import _core
 from recallspec.errors import DataError, IndexFileError
 from recallspec.recall.automata._arrays import as_tokens
 from recallspec.recall.automata.cursor import MatchCursor
+from recallspec.recall.index_info import IndexInfo
 
 PathLike = str | os.PathLike[str]
-
-
-@dataclass(frozen=True)
-class IndexInfo:
-    path: str
-    format_version: int
-    vocab_size: int
-    tokenizer_fingerprint: str
-    n_tokens: int
-    n_docs: int
-    n_states: int
-    n_edges: int
-    file_bytes: int
-    payload_hash: str
-    verified: bool
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class IndexBuilder:
@@ -126,6 +107,10 @@ class StaticIndex:
         self._sam = sam
         self.path = path
         self._verified = verified
+
+    def core_cursor(self) -> tuple[Any, int | None]:
+        """A C++ cursor over the index; ids are bounded by its vocabulary."""
+        return _core.StaticCursor(self._sam), self.vocab_size
 
     @classmethod
     def build(
@@ -248,6 +233,7 @@ class StaticIndex:
 
     def info(self) -> IndexInfo:
         return IndexInfo(
+            kind="sam",
             path=self.path,
             format_version=int(self._sam.version),
             vocab_size=self.vocab_size,

@@ -12,8 +12,9 @@ from recallspec.recall.datastore.errors import (
     DatastoreUnreachableError,
     DatastoreWriteError,
 )
+from recallspec.recall.datastore.open import open_tree_store
 from recallspec.recall.datastore.rest import RestDatastore, RetrievalConfig, build_rest
-from recallspec.recall.datastore.store import TreeStore, open_tree_store
+from recallspec.recall.datastore.store import TreeStore
 
 __all__ = [
     "DatastoreFormatError",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from recallspec.spec.tree import DraftTree
+from recallspec.decoding.tree import DraftTree
 
 CODECS = ("raw", "zlib", "lzma")
 MAX_TREE_NODES = 255

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from recallspec.decoding.tree import DraftTree
 from recallspec.recall.datastore.codec import CODECS, MAX_TREE_NODES, TreeCodec
 from recallspec.recall.datastore.rest import RestDatastore, RetrievalConfig
 from recallspec.recall.datastore.store import (
@@ -31,11 +32,12 @@ from recallspec.recall.datastore.store import (
     pack_key,
     rows_hash,
 )
+from recallspec.recall.datastore.store_postgres import write_postgres
+from recallspec.recall.datastore.store_sqlite import write_sqlite
 from recallspec.recall.datastore.suffix_array import SEPARATOR
 from recallspec.recall.datastore.trie import top_k_trie
-from recallspec.spec.tree import DraftTree
 
-DEFAULT_CODEC = "raw"  # measured in docs/DATASTORE.md: fastest decode at ~equal size
+DEFAULT_CODEC = "raw"  # docs/DATASTORE.md: the fastest decode at about equal size
 
 
 @dataclass(frozen=True)
@@ -166,14 +168,7 @@ def build_crest(
     t0 = time.perf_counter()
     rows, per_n, mean_nodes = compute_rows(ds, cfg, progress)
     meta = crest_metadata(ds, cfg, rows, per_n, extra_metadata)
-    if is_dsn(out):
-        from recallspec.recall.datastore.store_postgres import write_postgres
-
-        size = write_postgres(out, rows, meta, table)
-    else:
-        from recallspec.recall.datastore.store_sqlite import write_sqlite
-
-        size = write_sqlite(out, rows, meta)
+    size = write_postgres(out, rows, meta, table) if is_dsn(out) else write_sqlite(out, rows, meta)
     return CrestBuild(out, size, len(rows), per_n, mean_nodes, time.perf_counter() - t0)
 
 

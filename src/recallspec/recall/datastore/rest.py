@@ -29,7 +29,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from recallspec import _core
+from recallspec.decoding.tree import DraftTree
 from recallspec.errors import DataError
 from recallspec.recall.datastore.errors import DatastoreFormatError
 from recallspec.recall.datastore.suffix_array import (
@@ -47,7 +48,7 @@ from recallspec.recall.datastore.suffix_array import (
 )
 from recallspec.recall.datastore.trie import top_k_trie
 from recallspec.recall.fileio import atomic_path
-from recallspec.spec.tree import DraftTree
+from recallspec.recall.index_info import IndexInfo
 
 PathLike = str | os.PathLike[str]
 
@@ -72,23 +73,6 @@ class RetrievalConfig:
             raise ValueError("need 1 <= min_query <= max_query")
         if self.max_matches < 1 or self.depth < 1 or self.tree_nodes < 1:
             raise ValueError("max_matches, depth and tree_nodes must be >= 1")
-
-
-@dataclass(frozen=True)
-class RestInfo:
-    path: str
-    format_version: int
-    vocab_size: int
-    tokenizer_fingerprint: str
-    n_tokens: int
-    n_docs: int
-    file_bytes: int
-    payload_hash: str
-    verified: bool
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "rest", **asdict(self)}
 
 
 def _hash(*chunks: bytes | memoryview) -> int:
@@ -234,10 +218,10 @@ class RestDatastore:
             )
         return ds
 
-    def info(self) -> RestInfo:
-        return RestInfo(self.path, self.version, self.vocab_size, self.fingerprint,
-                        self.n_tokens, self.n_docs, self.file_bytes, f"{self.payload_hash:016x}",
-                        self.verified, self.metadata)
+    def info(self) -> IndexInfo:
+        return IndexInfo("rest", self.path, self.version, self.vocab_size, self.fingerprint,
+                         self.n_tokens, self.n_docs, self.file_bytes,
+                         f"{self.payload_hash:016x}", self.verified, self.metadata)
 
     # -- retrieval ---------------------------------------------------------------
     def count(self, query: Sequence[int]) -> int:

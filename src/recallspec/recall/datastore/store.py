@@ -5,8 +5,8 @@ draft tree (see :mod:`recallspec.recall.datastore.codec`), plus store-wide metad
 version, tokenizer fingerprint, vocabulary size, codec, the stored n values, ...).
 
 Backends: SQLite (one file; :mod:`.store_sqlite`) and PostgreSQL (one table pair;
-:mod:`.store_postgres`). Both implement ``TreeStore``; ``open_tree_store`` picks the
-backend from the location (a PostgreSQL DSN or a file path).
+:mod:`.store_postgres`). Both implement ``TreeStore``; ``open.open_tree_store`` picks
+the backend from the location (a PostgreSQL DSN or a file path).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import struct
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from recallspec.decoding.tree import DraftTree
 from recallspec.recall.datastore.codec import TreeCodec
 from recallspec.recall.datastore.errors import DatastoreFormatError
-from recallspec.spec.tree import DraftTree
 
 FORMAT = "recallspec-crest"
 FORMAT_VERSION = 1
@@ -131,23 +131,6 @@ class StoreBase:
         if hit is None:
             return 0, None
         return len(hit[0]) // 4, self._decode(hit[1], max_nodes)
-
-
-def open_tree_store(
-    location: str, *, table: str = DEFAULT_TABLE, expected_fingerprint: str | None = None,
-    expected_vocab_size: int | None = None, verify: bool = False,
-) -> TreeStore:
-    """Open a CREST store: a PostgreSQL DSN (with ``table``) or an SQLite file path."""
-    if is_dsn(location):
-        from recallspec.recall.datastore.store_postgres import PostgresTreeStore
-
-        return PostgresTreeStore.open(location, table=table,
-                                      expected_fingerprint=expected_fingerprint,
-                                      expected_vocab_size=expected_vocab_size, verify=verify)
-    from recallspec.recall.datastore.store_sqlite import SqliteTreeStore
-
-    return SqliteTreeStore.open(location, expected_fingerprint=expected_fingerprint,
-                                expected_vocab_size=expected_vocab_size, verify=verify)
 
 
 def rows_hash(rows: Sequence[tuple[bytes, bytes]]) -> str:

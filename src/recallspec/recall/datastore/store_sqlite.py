@@ -134,7 +134,7 @@ class SqliteTreeStore(StoreBase):
 
     def _fetch_first(self, keys: list[bytes]) -> tuple[bytes, bytes] | None:
         # One primary-key probe per key on a reused cursor (the statement is prepared
-        # once and cached): ~2 µs per probe, cheaper than one IN (...) query.
+        # once and cached): cheaper than one IN (...) query.
         cur = self._cur
         try:
             for k in keys:

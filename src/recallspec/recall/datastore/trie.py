@@ -18,14 +18,14 @@ import numpy as np
 import numpy.typing as npt
 
 from recallspec import _core
-from recallspec.spec.tree import DraftTree
+from recallspec.decoding.tree import DraftTree
 
 
 def top_k_trie(conts: npt.NDArray[np.int64], max_nodes: int) -> DraftTree:
     """The ``max_nodes`` most frequent trie nodes of the continuations ``conts`` (ties
     broken by depth, then token, then the order of the nodes' prefixes), built in the C
-    core (``csrc/datastore/suffix_search.cpp``: a numpy version took ~1 ms for 5,000
-    rows, a quarter of a 135M model's decode step)."""
+    core (``csrc/datastore/suffix_search.cpp``: a numpy version took a sizeable share of
+    a small model's decode step)."""
     if conts.ndim != 2:
         raise ValueError("continuations must be a 2-D [matches, depth] array")
     n = max(min(max_nodes, conts.shape[0] * conts.shape[1]), 0)

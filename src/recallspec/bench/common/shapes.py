@@ -1,0 +1,368 @@
+"""The shapes of the models people run (1-8B, from each one's config.json) and the
+tensors llama.cpp builds for each: what ``recallspec bench scale`` measures at.
+
+A ``Shape`` is what llama.cpp and our loader need to build a decoder-only model;
+``tensor_plan`` lists its GGUF tensors in file order, as llama.cpp's
+``convert_hf_to_gguf.py`` writes these architectures: first the RoPE tensors its
+``generate_extra_tensors`` computes from the config (``rope_freqs.weight`` of Llama 3's
+scaling; ``rope_factors_long/short.weight`` of Phi-3's LongRoPE), then
+``token_embd.weight``; per block ``attn_norm``, ``attn_q/k/v`` (+ ``.bias`` for qwen2; one
+``attn_qkv`` for phi3), ``attn_output``, ``attn_q_norm``/``attn_k_norm`` (qwen3, gemma3),
+``post_attention_norm`` (gemma3), ``ffn_norm``, ``ffn_gate`` (not phi3's), ``ffn_up``
+(phi3's: gate and up rows), ``ffn_down``, ``post_ffw_norm`` (gemma3);
+``output_norm.weight``; ``output.weight`` when untied. Matrices are F16 (``llama-quantize``'s
+usual input), 1-D tensors F32.
+
+Their random-weight GGUF files (written, quantized, cached): ``bench/common/shapes_gguf.py``.
+Light on purpose (numpy, no torch at import): the CLI validates ``bench scale``'s
+settings against ``SHAPES`` and ``QUANTS``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from recallspec.errors import UnknownNameError
+
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3")
+# RoPE scalings a shape may state, as llama.cpp's converter writes them: "linear" as
+# rope.scaling.type/factor, "llama3" as the rope_freqs tensor (no type key), "longrope" as
+# rope_factors_long/short and rope.scaling.original_context_length/attn_factor.
+ROPE_SCALINGS = ("none", "linear", "llama3", "longrope")
+# The scalings each architecture's file may hold (the converter's and llama.cpp's: Llama
+# 3's rope_freqs only in llama files, LongRoPE only in Phi-3's).
+_ARCH_SCALINGS = {"llama": ("none", "linear", "llama3"), "phi3": ("none", "longrope")}
+_SLIDING_ARCHS = ("gemma3", "phi3")  # attention.sliding_window is theirs (gguf_arch's keys)
+QUANTS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")  # llama-quantize's type names
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+MATRIX, BIAS, NORM, FACTORS = "matrix", "bias", "norm", "factors"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder-only model's shape: what llama.cpp and our loader need to build it.
+
+    Per architecture (llama.cpp builds each with exactly these tensors): qwen2 has q/k/v
+    biases, qwen3 and gemma3 q/k norms, gemma3 post-attention and post-FFN norms too (all
+    its norms stored as 1 + w, as its converter writes them), phi3 one fused ``attn_qkv``
+    and an ``ffn_up`` of 2 * ffn rows (gate, then up) with no ``ffn_gate``; smollm3 is
+    llama's layout (llama.cpp leaves RoPE out of every 4th layer, which no key states)."""
+
+    name: str  # registry key and file-name stem, e.g. "llama-3.1-8b"
+    arch: str  # GGUF architecture: one of ARCHS
+    hidden: int  # embedding_length
+    layers: int  # block_count
+    heads: int  # attention.head_count
+    kv_heads: int  # attention.head_count_kv
+    head_dim: int  # attention.key_length (Qwen3-4B: 128, not hidden / heads = 80)
+    ffn: int  # feed_forward_length
+    vocab: int  # token ids (embedding and head rows); >= the tokenizer's 49152
+    tied: bool  # the head reuses token_embd (no output.weight)
+    rope_theta: float
+    context: int  # context_length (the published max_position_embeddings)
+    qkv_bias: bool = False  # qwen2: biases on q, k and v (llama.cpp requires them)
+    qk_norm: bool = False  # qwen3, gemma3: RMSNorm over head_dim on q and k
+    rms_eps: float = 1e-5
+    rope_dim: int = 0  # rope.dimension_count: rotated dims of a head (0: head_dim; phi3's
+    #                    partial rotary: Phi-4-mini's 0.75 of 128 = 96)
+    rope_scaling: str = "none"  # one of ROPE_SCALINGS
+    rope_factor: float = 1.0  # linear, llama3: the factor; longrope: context / original
+    rope_original_context: int = 0  # llama3, longrope: original_max_position_embeddings
+    rope_low_freq_factor: float = 1.0  # llama3 (the converter's defaults: 1 and 4)
+    rope_high_freq_factor: float = 4.0
+    rope_theta_swa: float = 0.0  # gemma3: rope.freq_base_swa, the sliding layers' base
+    sliding_window: int = 0  # gemma3, phi3: attention.sliding_window (0: none)
+
+    def __post_init__(self) -> None:
+        n = self.name
+        if not _NAME.match(n):
+            raise ValueError(f"shape name {n!r}: lower-case letters, digits, '.-_'")
+        if self.arch not in ARCHS:
+            raise ValueError(f"{n}: arch must be one of {', '.join(ARCHS)}")
+        sizes = ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "context")
+        if any(getattr(self, f) < 1 for f in sizes) or self.rope_theta <= 0 or self.rms_eps <= 0:
+            raise ValueError(f"{n}: sizes, rope_theta and rms_eps must be positive")
+        if self.heads % self.kv_heads or self.head_dim % 2:
+            raise ValueError(f"{n}: heads must be a multiple of kv_heads and "
+                             "head_dim even (RoPE rotates pairs)")
+        # llama.cpp builds each architecture with exactly these tensors.
+        if self.qkv_bias != (self.arch == "qwen2"):
+            raise ValueError(f"{n}: qkv_bias must be set exactly for qwen2 (llama.cpp's "
+                             "qwen2 requires the biases, the others have none)")
+        if self.qk_norm != (self.arch in ("qwen3", "gemma3")):
+            raise ValueError(f"{n}: qk_norm must be set exactly for qwen3 and gemma3 "
+                             "(llama.cpp requires their q/k norms, the others have none)")
+        if self.arch in ("qwen2", "phi3") and self.heads * self.head_dim != self.hidden:
+            raise ValueError(f"{n}: llama.cpp's {self.arch} needs heads * head_dim == hidden")
+        self._check_rope()
+        if self.sliding_window < 0 or (self.sliding_window and
+                                       self.arch not in _SLIDING_ARCHS):
+            raise ValueError(f"{n}: sliding_window is gemma3's and phi3's (>= 0)")
+        swa = self.arch == "gemma3" and self.sliding_window > 0
+        if (self.rope_theta_swa != 0) != swa or self.rope_theta_swa < 0:
+            raise ValueError(f"{n}: rope_theta_swa (> 0, the sliding layers' RoPE base) must "
+                             "be given exactly for gemma3 with a sliding_window")
+
+    def _check_rope(self) -> None:
+        n, kind = self.name, self.rope_scaling
+        if self.rope_dim < 0 or self.rope_dim % 2 or self.rope_dim > self.head_dim:
+            raise ValueError(f"{n}: rope_dim must be even, in [0, head_dim]")
+        if self.rotary_dim != self.head_dim and self.arch != "phi3":
+            raise ValueError(f"{n}: partial rotary (rope_dim {self.rope_dim} of "
+                             f"{self.head_dim}) is phi3's only")
+        if kind not in ROPE_SCALINGS:
+            raise ValueError(f"{n}: rope_scaling must be one of {', '.join(ROPE_SCALINGS)}")
+        allowed = _ARCH_SCALINGS.get(self.arch, ("none", "linear"))
+        if kind not in allowed:
+            raise ValueError(f"{n}: a {self.arch} file holds rope_scaling "
+                             f"{' or '.join(allowed)}, not {kind!r}")
+        if (kind == "none") != (self.rope_factor == 1.0) or self.rope_factor < 1.0:
+            raise ValueError(f"{n}: rope_factor > 1 with a rope_scaling, 1.0 without")
+        needs_orig = kind in ("llama3", "longrope")
+        if needs_orig != (self.rope_original_context > 0) or self.rope_original_context < 0:
+            raise ValueError(f"{n}: rope_original_context (> 0) is llama3's and longrope's")
+        if kind == "longrope" and self.rope_factor != self.context / self.rope_original_context:
+            raise ValueError(f"{n}: longrope's rope_factor must be context / "
+                             f"rope_original_context = "
+                             f"{self.context / self.rope_original_context:g}")
+        low, high = self.rope_low_freq_factor, self.rope_high_freq_factor
+        if kind == "llama3" and not 0 < low < high:
+            raise ValueError(f"{n}: llama3 needs 0 < rope_low_freq_factor < "
+                             "rope_high_freq_factor")
+        if kind != "llama3" and (low, high) != (1.0, 4.0):
+            raise ValueError(f"{n}: rope_low/high_freq_factor are llama3's")
+
+    @property
+    def rotary_dim(self) -> int:
+        """The rotated dims of a head (rope.dimension_count)."""
+        return self.rope_dim or self.head_dim
+
+    def parameters(self) -> int:
+        """Parameters of the model (a tied head counted once), from its tensors (the
+        RoPE factor tensors, computed from the config, are none)."""
+        return sum(t.numel for t in tensor_plan(self) if t.kind != FACTORS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _tiny(name: str, arch: str, **kw: Any) -> Shape:
+    """A test shape: 2 layers of width 256, built in a second."""
+    base: dict[str, Any] = dict(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64,
+                                ffn=512, vocab=49152, tied=True, rope_theta=1e6,
+                                context=2048, rms_eps=1e-6)
+    return Shape(name, arch, **{**base, **kw})
+
+
+# Llama 3.x's "llama3" RoPE scaling (config.json's rope_scaling: factor, low_freq_factor 1,
+# high_freq_factor 4, original_max_position_embeddings 8192), which llama.cpp's converter
+# writes as the rope_freqs tensor.
+_LLAMA3: dict[str, Any] = dict(rope_scaling="llama3", rope_original_context=8192)
+
+# From each model's config.json on the Hugging Face hub (the text model's, for Gemma 3).
+SHAPES: dict[str, Shape] = {s.name: s for s in (
+    Shape("smollm2-360m", "llama", hidden=960, layers=32, heads=15, kv_heads=5, head_dim=64,
+          ffn=2560, vocab=49152, tied=True, rope_theta=1e5, context=8192),
+    Shape("smollm2-1.7b", "llama", hidden=2048, layers=24, heads=32, kv_heads=32,
+          head_dim=64, ffn=8192, vocab=49152, tied=True, rope_theta=1.3e5, context=8192),
+    # meta-llama/Llama-3.2-1B: rope_scaling llama3, factor 32.
+    Shape("llama-3.2-1b", "llama", hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64,
+          ffn=8192, vocab=128256, tied=True, rope_theta=5e5, context=131072,
+          rope_factor=32.0, **_LLAMA3),
+    # meta-llama/Llama-3.2-3B: rope_scaling llama3, factor 32.
+    Shape("llama-3.2-3b", "llama", hidden=3072, layers=28, heads=24, kv_heads=8,
+          head_dim=128, ffn=8192, vocab=128256, tied=True, rope_theta=5e5, context=131072,
+          rope_factor=32.0, **_LLAMA3),
+    Shape("qwen2.5-1.5b", "qwen2", hidden=1536, layers=28, heads=12, kv_heads=2,
+          head_dim=128, ffn=8960, vocab=151936, tied=True, rope_theta=1e6, context=32768,
+          qkv_bias=True, rms_eps=1e-6),
+    Shape("qwen3-4b", "qwen3", hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128,
+          ffn=9728, vocab=151936, tied=True, rope_theta=1e6, context=40960, qk_norm=True,
+          rms_eps=1e-6),
+    # HuggingFaceTB/SmolLM3-3B (no rope_scaling; RoPE left out of every 4th layer).
+    Shape("smollm3-3b", "smollm3", hidden=2048, layers=36, heads=16, kv_heads=4,
+          head_dim=128, ffn=11008, vocab=128256, tied=True, rope_theta=5e6, context=65536,
+          rms_eps=1e-6),
+    # microsoft/Phi-4-mini-instruct: partial_rotary_factor 0.75, rope_scaling longrope
+    # (48 long and 48 short factors, original_max_position_embeddings 4096), sliding_window
+    # 262144 (llama.cpp disables Phi-3's window; larger than the context anyway).
+    Shape("phi-4-mini", "phi3", hidden=3072, layers=32, heads=24, kv_heads=8, head_dim=128,
+          ffn=8192, vocab=200064, tied=True, rope_theta=1e4, context=131072, rope_dim=96,
+          rope_scaling="longrope", rope_factor=32.0, rope_original_context=4096,
+          sliding_window=262144),
+    # google/gemma-3-4b-it's text_config: rope_theta 1e6 (global layers, rope_scaling
+    # linear 8), rope_local_base_freq 1e4, sliding_window 1024 (5 of every 6 layers),
+    # vocab_size 262208 of which the converter keeps the tokenizer's 262144.
+    Shape("gemma-3-4b", "gemma3", hidden=2560, layers=34, heads=8, kv_heads=4, head_dim=256,
+          ffn=10240, vocab=262144, tied=True, rope_theta=1e6, context=131072, qk_norm=True,
+          rms_eps=1e-6, rope_scaling="linear", rope_factor=8.0, rope_theta_swa=1e4,
+          sliding_window=1024),
+    # meta-llama/Llama-3.1-8B: rope_scaling llama3, factor 8.
+    Shape("llama-3.1-8b", "llama", hidden=4096, layers=32, heads=32, kv_heads=8,
+          head_dim=128, ffn=14336, vocab=128256, tied=False, rope_theta=5e5, context=131072,
+          rope_factor=8.0, **_LLAMA3),
+    # Tests: one per architecture (and per RoPE scaling); the qwen ones pad the vocabulary
+    # (to a multiple of 256 and to a round number), tiny-qwen3 has heads * head_dim !=
+    # hidden and an untied head; tiny-gemma3 (6 layers: 5 sliding ones, then a global one)
+    # and tiny-smollm3 (4: the last without RoPE) have each kind of layer; tiny-phi3 rotates
+    # Phi-4-mini's 96 of 128 dims (our native forward rotates multiples of 32).
+    _tiny("tiny-llama", "llama", rope_theta=1e5, rms_eps=1e-5),
+    _tiny("tiny-llama3", "llama", rope_theta=5e5, rope_factor=32.0, **_LLAMA3),
+    _tiny("tiny-qwen2", "qwen2", vocab=49408, qkv_bias=True),
+    _tiny("tiny-qwen3", "qwen3", vocab=50000, head_dim=128, tied=False, qk_norm=True),
+    _tiny("tiny-gemma3", "gemma3", layers=6, head_dim=128, qk_norm=True,
+          rope_scaling="linear", rope_factor=8.0, rope_theta_swa=1e4, sliding_window=8),
+    _tiny("tiny-phi3", "phi3", hidden=512, head_dim=128, rope_theta=1e4, rms_eps=1e-5,
+          rope_dim=96, rope_scaling="longrope", rope_factor=4.0, rope_original_context=512,
+          sliding_window=4096),
+    _tiny("tiny-smollm3", "smollm3", layers=4, rope_theta=5e6),
+)}
+
+
+def get_shape(name: str) -> Shape:
+    s = SHAPES.get(name)
+    if s is None:
+        raise UnknownNameError(f"unknown shape {name!r} (known: {', '.join(SHAPES)})")
+    return s
+
+
+def canonical_quant(quant: str) -> str:
+    for q in QUANTS:
+        if q.lower() == quant.lower():
+            return q
+    raise UnknownNameError(f"unknown quantization {quant!r} (known: {', '.join(QUANTS)})")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of the file."""
+
+    name: str  # llama.cpp's name, e.g. "blk.3.attn_q.weight"
+    shape: tuple[int, ...]  # numpy order: (rows = outputs, cols = inputs) or (n,)
+    kind: str  # MATRIX (F16, random) | BIAS (F32, random) | NORM (F32, ones) |
+    #            FACTORS (F32, ``values``: RoPE factors computed from the shape)
+    values: tuple[float, ...] = ()
+
+    @property
+    def dtype(self) -> type[np.floating[Any]]:
+        return np.float16 if self.kind == MATRIX else np.float32
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * np.dtype(self.dtype).itemsize
+
+
+def llama3_rope_freqs(shape: Shape) -> list[float]:
+    """Llama 3's ``rope_freqs.weight``: the divisor of each rotary frequency, computed
+    exactly as llama.cpp's converter does (``conversion/llama.py``,
+    ``LlamaModel.generate_extra_tensors``: float32 frequencies, its comparisons)."""
+    # torch here, not at the top: the CLI reads SHAPES while building its parsers, and
+    # only a Llama 3 shape's tensor plan needs the converter's torch arithmetic.
+    import torch
+
+    base, dim = shape.rope_theta, shape.head_dim
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor = shape.rope_factor
+    low_freq_factor, high_freq_factor = shape.rope_low_freq_factor, shape.rope_high_freq_factor
+    old_context_len = shape.rope_original_context
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    rope_factors: list[Any] = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            rope_factors.append(1)
+        elif wavelen > low_freq_wavelen:
+            rope_factors.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (
+                high_freq_factor - low_freq_factor)
+            rope_factors.append(1 / ((1 - smooth) / factor + smooth))
+    return [float(x) for x in torch.tensor(rope_factors, dtype=torch.float32).tolist()]
+
+
+def longrope_factors(shape: Shape) -> tuple[list[float], list[float]]:
+    """LongRoPE's (long, short) factors, one per rotated pair: a random-weight file has no
+    trained ones, so plausible values stand in (what a forward costs does not depend on
+    them): short 1.0 (plain RoPE within the original context, as Phi-4-mini's), long a
+    geometric ramp from 1 to the scaling factor over the pairs, fastest to slowest (the
+    shape of Phi-4-mini's ramp to 32)."""
+    n = shape.rotary_dim // 2
+    ramp = np.float32(shape.rope_factor) ** (np.arange(n, dtype=np.float32)
+                                              / np.float32(max(n - 1, 1)))
+    return [float(x) for x in ramp], [1.0] * n
+
+
+def longrope_attn_factor(shape: Shape) -> float:
+    """``rope.scaling.attn_factor``, as the converter computes it for LongRoPE
+    (``conversion/phi.py``): sqrt(1 + ln(scale) / ln(original)), scale = context /
+    original (1 when not scaled)."""
+    scale = shape.context / shape.rope_original_context
+    if scale <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(scale) / math.log(shape.rope_original_context))
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_tensors(shape: Shape) -> tuple[TensorSpec, ...]:
+    """The RoPE tensors the converter computes from the config (once per shape)."""
+    if shape.rope_scaling == "llama3":
+        freqs = llama3_rope_freqs(shape)
+        return (TensorSpec("rope_freqs.weight", (len(freqs),), FACTORS, tuple(freqs)),)
+    if shape.rope_scaling == "longrope":
+        long, short = longrope_factors(shape)
+        return (TensorSpec("rope_factors_long.weight", (len(long),), FACTORS, tuple(long)),
+                TensorSpec("rope_factors_short.weight", (len(short),), FACTORS, tuple(short)))
+    return ()
+
+
+def tensor_plan(shape: Shape) -> list[TensorSpec]:
+    """Every tensor of ``shape``'s GGUF, in file order."""
+    h, hd, ffn, arch = shape.hidden, shape.head_dim, shape.ffn, shape.arch
+    q, kv = shape.heads * hd, shape.kv_heads * hd
+    plan = [*_rope_tensors(shape), TensorSpec("token_embd.weight", (shape.vocab, h), MATRIX)]
+    for i in range(shape.layers):
+        b = f"blk.{i}."
+        plan.append(TensorSpec(b + "attn_norm.weight", (h,), NORM))
+        if arch == "phi3":  # q, k and v rows in one matrix
+            plan.append(TensorSpec(b + "attn_qkv.weight", (q + 2 * kv, h), MATRIX))
+        else:
+            for part, rows in (("q", q), ("k", kv), ("v", kv)):
+                plan.append(TensorSpec(f"{b}attn_{part}.weight", (rows, h), MATRIX))
+                if shape.qkv_bias:
+                    plan.append(TensorSpec(f"{b}attn_{part}.bias", (rows,), BIAS))
+        plan.append(TensorSpec(b + "attn_output.weight", (h, q), MATRIX))
+        if shape.qk_norm:
+            plan.append(TensorSpec(b + "attn_q_norm.weight", (hd,), NORM))
+            plan.append(TensorSpec(b + "attn_k_norm.weight", (hd,), NORM))
+        if arch == "gemma3":
+            plan.append(TensorSpec(b + "post_attention_norm.weight", (h,), NORM))
+        plan.append(TensorSpec(b + "ffn_norm.weight", (h,), NORM))
+        if arch == "phi3":  # gate rows, then up rows, in one matrix
+            plan.append(TensorSpec(b + "ffn_up.weight", (2 * ffn, h), MATRIX))
+        else:
+            plan.append(TensorSpec(b + "ffn_gate.weight", (ffn, h), MATRIX))
+            plan.append(TensorSpec(b + "ffn_up.weight", (ffn, h), MATRIX))
+        plan.append(TensorSpec(b + "ffn_down.weight", (h, ffn), MATRIX))
+        if arch == "gemma3":
+            plan.append(TensorSpec(b + "post_ffw_norm.weight", (h,), NORM))
+    plan.append(TensorSpec("output_norm.weight", (h,), NORM))
+    if not shape.tied:
+        plan.append(TensorSpec("output.weight", (shape.vocab, h), MATRIX))
+    return plan
+
+
+__all__ = ["ARCHS", "BIAS", "FACTORS", "MATRIX", "NORM", "QUANTS", "ROPE_SCALINGS", "SHAPES",
+           "Shape", "TensorSpec", "canonical_quant", "get_shape", "llama3_rope_freqs",
+           "longrope_attn_factor", "longrope_factors", "tensor_plan"]

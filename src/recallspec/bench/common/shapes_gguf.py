@@ -1,0 +1,416 @@
+"""Random-weight GGUFs at the published shapes of the models people run (1-8B), cached.
+
+What is random, and why the costs are still true: every matrix and bias is drawn from
+N(0, 0.02) (slices of one seeded pool of F16 values at seeded offsets), every norm weight
+is 1.0 as stored (Gemma's store 1 + w: a unit scale too), the RoPE factor tensors are
+computed from the config (Llama 3's rope_freqs as llama.cpp's converter computes them;
+LongRoPE's, trained in a real model, plausible stand-ins), and the tokenizer is the
+default model's (SmolLM2's) with its vocabulary padded to the shape's size. What a forward
+costs (bytes of weights read, multiply-adds, KV-cache traffic, the head over the whole
+vocabulary) depends only on the shapes and the quantization, never on the values, in our
+runtime and in llama.cpp alike; the scale keeps activations finite through every layer
+(unit-RMS inputs give q/k/v of RMS 0.02*sqrt(hidden), about 1.3 at 4096), so no NaN/inf
+slow path is taken. What random weights do change is *which* tokens come out: benchmark
+with ``ignore_eos`` and fixed token counts, and take acceptance rates of speculation from
+real models (``bench/replay/``), never from these. The same (shape, seed, generator
+version) gives the same bytes.
+
+Files: ``<cache>/shapes/<shape>-<quant>.gguf`` (``<cache>``: ``RECALLSPEC_CACHE_DIR`` or
+platformdirs' user cache dir of recallspec), each with a JSON manifest beside it
+(``<shape>-<quant>.json``: the shape, seed, generator version, file size, sha256 for files
+up to 1 GiB) that is written last and must match for a file to be reused. Quantized files
+are made from the F16 one by llama.cpp's own ``llama-quantize``; the F16 intermediate is
+deleted afterwards unless it was cached already. Everything is written to a temporary name
+and renamed, so an interrupted run never leaves a file that looks complete.
+
+Each file holds the tensors of ``shapes.tensor_plan`` (matrices F16, 1-D tensors F32).
+Metadata: the ``<arch>.*`` keys llama.cpp reads (``attention.key_length`` too, so a
+head_dim other than hidden/heads, as Qwen3-4B's, is stated; the RoPE scaling's and
+sliding window's keys), and the default model's (SmolLM2) tokenizer copied whole, its
+vocabulary padded to the shape's size with ``[PAD<id>]`` tokens of type UNUSED, exactly
+as ``convert_hf_to_gguf.py`` pads a config whose ``vocab_size`` exceeds its tokenizer's.
+
+Memory: the header is written first (``GGUFWriter``: key/values, then tensor infos), then
+each tensor's data in chunks sliced from one pool of random values, so a 16 GB file needs
+the pool (16 MiB) and one chunk, never a tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import gguf
+import numpy as np
+from tqdm import tqdm
+
+from recallspec.bench.common.shapes import (
+    BIAS,
+    FACTORS,
+    MATRIX,
+    NORM,
+    Shape,
+    TensorSpec,
+    canonical_quant,
+    get_shape,
+    longrope_attn_factor,
+    tensor_plan,
+)
+from recallspec.errors import ModelLoadError, RecallspecError, ResourceError
+from recallspec.models.loader import cache_dir as recallspec_cache_dir
+from recallspec.models.loader import default_model_path
+
+GENERATOR_VERSION = 2  # bump when the bytes written for a (shape, seed) change
+DEFAULT_SEED = 0
+POOL_SIZE = 1 << 23  # random F16 values drawn once per file (16 MiB)
+CHUNK = 1 << 20  # values per slice of the pool written at a time (2 MiB of F16)
+WEIGHT_STD = 0.02  # matrices and biases: N(0, 0.02), HF's initializer_range
+UNUSED = 5  # llama.cpp's token type of padding ids (gguf.TokenType.UNUSED)
+METADATA_BYTES = 16 << 20  # bound on header + key/values + tensor infos (a 152k vocabulary)
+ALIGNMENT = 32  # GGUF's default data alignment (GGUFWriter's)
+NAME = "recallspec random weights"  # general.name of every file
+
+# Bits per parameter of a quantized file, for the disk check only: upper estimates
+# (llama-quantize keeps output.weight at Q6_K, and rows not a multiple of 256, as
+# SmolLM2-360M's 960, fall back to Q5_0/Q8_0).
+_BITS = {"F16": 16.0, "Q8_0": 8.6, "Q4_0": 5.5, "Q4_K_M": 6.5}
+QUANTIZE_ENV = "RECALLSPEC_LLAMA_QUANTIZE"
+HASH_LIMIT = 1 << 30  # files up to this size get a sha256 in their manifest
+DISK_MARGIN = 256 << 20
+_GB = 1e9
+
+
+def _align(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def f16_file_bytes(shape: Shape) -> int:
+    """An upper bound of the F16 file's size (exact data, bounded metadata)."""
+    return sum(_align(t.nbytes) for t in tensor_plan(shape)) + METADATA_BYTES
+
+
+# ---- the tokenizer -------------------------------------------------------------------
+@functools.lru_cache(maxsize=2)
+def _source_tokenizer(source: Path) -> tuple[tuple[str, Any, Any, Any], ...]:
+    """(key, value, type, array item type) of every ``tokenizer.*`` key of ``source``
+    (read once per process: GGUFReader takes seconds over a vocabulary)."""
+    reader = gguf.GGUFReader(source)
+    return tuple(
+        (key, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+        for key, f in reader.fields.items() if key.startswith("tokenizer.")
+    )
+
+
+def tokenizer_fields(vocab: int, source: Path | None = None) -> list[tuple[str, Any, Any, Any]]:
+    """The ``tokenizer.*`` keys of ``source`` (default: the default model's GGUF), the
+    per-token arrays padded to ``vocab`` ids with UNUSED ``[PAD<id>]`` tokens."""
+    if source is None:
+        source = default_model_path()
+    fields = _source_tokenizer(Path(source).resolve())
+    n = len(next(v for k, v, _, _ in fields if k == "tokenizer.ggml.tokens"))
+    if vocab < n:
+        raise ModelLoadError(f"vocabulary of {vocab} ids is smaller than the tokenizer's {n}")
+    pad: dict[str, list[Any]] = {
+        "tokenizer.ggml.tokens": [f"[PAD{i}]" for i in range(n, vocab)],
+        "tokenizer.ggml.token_type": [UNUSED] * (vocab - n),
+        "tokenizer.ggml.scores": [0.0] * (vocab - n),
+    }
+    return [(key, [*value, *pad[key]] if key in pad else value, vtype, sub)
+            for key, value, vtype, sub in fields]
+
+
+# ---- the file --------------------------------------------------------------------------
+def _metadata(writer: Any, shape: Shape, seed: int, tokenizer: list[tuple[str, Any, Any, Any]],
+              ) -> None:
+    w = writer
+    w.add_type("model")
+    # (No shape name in general.name: llama.cpp sets token attributes by the model name
+    # it finds there, e.g. Phi-3's for a name holding "phi3", and looks up Phi-3's tokens,
+    # which the default model's vocabulary lacks; the description names the shape.)
+    w.add_name(NAME)
+    # (The text is part of the file's bytes, fixed by GENERATOR_VERSION: it names the module
+    # that first wrote these files, and changes only with a version bump.)
+    w.add_description(f"random weights (seed {seed}) at the published shape of {shape.name}; "
+                      "written by recallspec.bench.shapes for speed measurements only")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    # The <arch>.* sizes (their order is part of the file's bytes too).
+    for add, value in ((w.add_context_length, shape.context),
+                       (w.add_embedding_length, shape.hidden), (w.add_block_count, shape.layers),
+                       (w.add_feed_forward_length, shape.ffn), (w.add_head_count, shape.heads),
+                       (w.add_head_count_kv, shape.kv_heads), (w.add_key_length, shape.head_dim),
+                       (w.add_value_length, shape.head_dim),
+                       (w.add_rope_dimension_count, shape.rotary_dim),
+                       (w.add_rope_freq_base, shape.rope_theta),
+                       (w.add_layer_norm_rms_eps, shape.rms_eps), (w.add_vocab_size, shape.vocab)):
+        add(value)
+    if shape.rope_scaling == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(shape.rope_factor)
+    elif shape.rope_scaling == "longrope":  # (no type key: Phi-3's converter writes none)
+        w.add_rope_scaling_orig_ctx_len(shape.rope_original_context)
+        w.add_rope_scaling_attn_factors(longrope_attn_factor(shape))
+    # (llama3: its rope_freqs tensor only, no key, as the converter writes it)
+    if shape.sliding_window:
+        w.add_sliding_window(shape.sliding_window)
+    if shape.rope_theta_swa:
+        w.add_rope_freq_base_swa(shape.rope_theta_swa)
+    for key, value, vtype, sub in tokenizer:
+        w.add_key_value(key, value, vtype, sub)
+
+
+def _progress_bar(total: int, label: str) -> Any:
+    if not (sys.stderr.isatty() or os.environ.get("RECALLSPEC_PROGRESS") == "1"):
+        return None
+    return tqdm(total=total, desc=label, unit="B", unit_scale=True, file=sys.stderr)
+
+
+def _write_data(fout: IO[bytes], plan: list[TensorSpec], seed: int,
+                advance: Callable[[int], object], weights: bool = True) -> None:
+    """Each tensor's data, aligned as the tensor infos promised: matrices and biases
+    sliced from the pool at seeded random offsets (``weights`` False: skipped over, a
+    hole), norms ones, RoPE factors theirs."""
+    rng = np.random.default_rng(seed)
+    pool = (rng.standard_normal(POOL_SIZE, dtype=np.float32) * WEIGHT_STD).astype(np.float16)
+    for spec in plan:
+        if spec.kind == NORM:
+            fout.write(np.ones(spec.numel, dtype=np.float32).data)
+        elif spec.kind == FACTORS:
+            fout.write(np.asarray(spec.values, dtype=np.float32).data)
+        elif not weights:
+            fout.seek(spec.nbytes, os.SEEK_CUR)
+        else:
+            done = 0
+            while done < spec.numel:
+                k = min(CHUNK, spec.numel - done)
+                off = int(rng.integers(0, POOL_SIZE - k + 1))
+                part = pool[off:off + k]
+                fout.write((part if spec.kind == MATRIX else part.astype(np.float32)).data)
+                done += k
+                advance(k * np.dtype(spec.dtype).itemsize)
+        fout.write(bytes(_align(spec.nbytes) - spec.nbytes))
+    fout.truncate()  # (the end of the last tensor's padding, written or skipped over)
+
+
+def write_shape_gguf(shape: Shape, path: Path, *, seed: int,
+                     tokenizer_source: Path | None = None, weights: bool = True) -> int:
+    """Write ``shape``'s random F16 GGUF to ``path`` (the caller renames it into place);
+    returns its size in bytes. The same shape and seed give the same bytes.
+    ``weights`` False leaves the matrices and biases unwritten: a sparse file of the same
+    size and header whose weights read as zeros, to check a shape's header, config and
+    RoPE tensors in seconds (it is no model to run: never cache or time one)."""
+    plan = tensor_plan(shape)
+    writer = gguf.GGUFWriter(path, shape.arch)
+    _metadata(writer, shape, seed, tokenizer_fields(shape.vocab, tokenizer_source))
+    for spec in plan:
+        writer.add_tensor_info(spec.name, spec.shape, np.dtype(spec.dtype), spec.nbytes)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    assert writer.fout is not None and len(writer.fout) == 1  # one file, no shards
+    assert writer.data_alignment == ALIGNMENT
+    fout = writer.fout[0]
+    fout.write(bytes(_align(fout.tell()) - fout.tell()))
+    bar = _progress_bar(sum(t.nbytes for t in plan if t.kind in (MATRIX, BIAS)),
+                        f"{shape.name} F16") if weights else None
+    try:
+        _write_data(fout, plan, seed, bar.update if bar is not None else lambda _n: None,
+                    weights)
+        fout.flush()
+        os.fsync(fout.fileno())
+    finally:
+        if bar is not None:
+            bar.close()
+        writer.close()
+    return path.stat().st_size
+
+
+def shapes_dir(cache_dir: Path | None = None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir)
+    return recallspec_cache_dir() / "shapes"
+
+
+# ---- llama-quantize ------------------------------------------------------------------
+def _peer_quantize() -> Path:
+    """Where ``make peers`` puts llama-quantize (complete once its peer.json exists).
+    Until ``bench/common/llamacpp.py`` locates the native binaries, this is the only default."""
+    return Path(sys.prefix) / "peers" / "llama.cpp" / "bin" / "llama-quantize"
+
+
+def find_quantize(quantize_bin: Path | None = None) -> Path | None:
+    """``quantize_bin``, else $RECALLSPEC_LLAMA_QUANTIZE, else the built peer's; None
+    when none of them is given or built."""
+    env = os.environ.get(QUANTIZE_ENV)
+    if quantize_bin is not None or env:
+        return Path(quantize_bin or str(env)).expanduser()
+    peer = _peer_quantize()
+    return peer if (peer.parent / "peer.json").is_file() and peer.is_file() else None
+
+
+def _check_executable(binary: Path) -> None:
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        raise RecallspecError(f"llama-quantize {binary} is not an executable file")
+
+
+def quantize_gguf(src: Path, dst: Path, quant: str, *, quantize_bin: Path,
+                  threads: int | None = None) -> None:
+    """``llama-quantize SRC DST TYPE THREADS``; a failure raises with its output's tail."""
+    _check_executable(quantize_bin)
+    cmd = [str(quantize_bin), str(src), str(dst), canonical_quant(quant),
+           str(threads or os.cpu_count() or 1)]
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=False)
+    if r.returncode != 0 or not dst.is_file():
+        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-8:])
+        raise RecallspecError(f"{' '.join(cmd)} failed (exit {r.returncode}):\n{tail}")
+
+
+# ---- the cache -----------------------------------------------------------------------
+def _identity(shape: Shape, quant: str, seed: int) -> dict[str, Any]:
+    """The manifest fields a cached file must match to be reused."""
+    return {"generator_version": GENERATOR_VERSION, "seed": seed, "quant": quant,
+            "shape": shape.to_dict()}
+
+
+def _manifest_path(gguf: Path) -> Path:
+    return gguf.with_suffix(".json")
+
+
+def _cached(gguf: Path, identity: dict[str, Any]) -> bool:
+    try:
+        m = json.loads(_manifest_path(gguf).read_text())
+        return (all(m.get(k) == v for k, v in identity.items())
+                and m.get("file_bytes") == gguf.stat().st_size)
+    except (OSError, ValueError):
+        return False
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _publish(tmp: Path, gguf: Path, identity: dict[str, Any], **extra: Any) -> None:
+    """Rename ``tmp`` to ``gguf``, then write its manifest (renamed in last)."""
+    _manifest_path(gguf).unlink(missing_ok=True)
+    os.replace(tmp, gguf)
+    size = gguf.stat().st_size
+    m = {**identity, **extra, "file": gguf.name, "file_bytes": size,
+         "sha256": _sha256(gguf) if size <= HASH_LIMIT else None}
+    mtmp = _temp(gguf).with_suffix(".json")
+    mtmp.write_text(json.dumps(m, indent=2) + "\n")
+    os.replace(mtmp, _manifest_path(gguf))
+
+
+def _temp(gguf: Path) -> Path:
+    """This process's temporary name for ``gguf`` (ends in .gguf, as llama-quantize
+    likes its output)."""
+    return gguf.with_name(f"{gguf.stem}.tmp-{os.getpid()}.gguf")
+
+
+def _remove_stale(gguf: Path) -> None:
+    """Delete temporary files of ``gguf`` left by processes that no longer run."""
+    for p in gguf.parent.glob(f"{gguf.stem}.tmp-*"):
+        pid = p.name.removeprefix(f"{gguf.stem}.tmp-").split(".")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            p.unlink(missing_ok=True)
+        except PermissionError:
+            pass  # alive, another user's
+
+
+def _check_disk(directory: Path, need: int, what: str) -> None:
+    free = shutil.disk_usage(directory).free
+    if free < need + DISK_MARGIN:
+        raise ResourceError(
+            f"not enough disk in {directory} for {what}: needs about {need / _GB:.1f} GB "
+            f"(+{DISK_MARGIN >> 20} MiB margin), {free / _GB:.1f} GB free"
+        )
+
+
+def _stderr_say(message: str) -> None:
+    print(f"recallspec: {message}", file=sys.stderr, flush=True)
+
+
+def ensure_shape_gguf(
+    shape_name: str, quant: str = "F16", *, cache_dir: Path | None = None,
+    quantize_bin: Path | None = None, progress: Callable[[str], None] | None = None,
+    seed: int = DEFAULT_SEED,
+) -> Path:
+    """The cached GGUF of ``shape_name`` at ``quant`` (one of ``QUANTS``), written (and
+    quantized by llama-quantize: ``find_quantize(quantize_bin)``) when missing or stale.
+    ``progress`` receives one line per step (default: stderr)."""
+    shape, q = get_shape(shape_name), canonical_quant(quant)
+    say = progress or _stderr_say
+    directory = shapes_dir(cache_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"{shape.name}-{q}.gguf"
+    identity = _identity(shape, q, seed)
+    if _cached(final, identity):
+        say(f"{shape.name} {q}: cached {final} ({final.stat().st_size / _GB:.2f} GB)")
+        return final
+    f16 = directory / f"{shape.name}-F16.gguf"
+    reuse_f16 = q != "F16" and _cached(f16, _identity(shape, "F16", seed))
+    binary = None
+    if q != "F16":  # before writing gigabytes
+        binary = find_quantize(quantize_bin)
+        if binary is None:
+            raise RecallspecError(
+                f"{shape.name} {q}: llama-quantize not found: pass quantize_bin, set "
+                f"{QUANTIZE_ENV}, or build the native peer (make peers)")
+        _check_executable(binary)
+    for p in (final, f16):
+        _remove_stale(p)
+    f16_bytes = f16_file_bytes(shape)
+    quant_bytes = int(shape.parameters() * _BITS[q] / 8)
+    _check_disk(directory, (0 if q == "F16" or reuse_f16 else f16_bytes) + quant_bytes,
+                f"{shape.name} {q}")
+    source = f16 if reuse_f16 else _temp(f16)
+    try:
+        if not reuse_f16:
+            say(f"{shape.name}: writing random F16 weights ({shape.parameters() / 1e9:.2f}B "
+                f"parameters, {f16_bytes / _GB:.2f} GB, seed {seed}) to {directory}")
+            write_shape_gguf(shape, source, seed=seed)
+        if binary is None:
+            _publish(source, final, identity, parameters=shape.parameters())
+        else:
+            say(f"{shape.name}: quantizing to {q} with {binary} "
+                f"(up to about {quant_bytes / _GB:.2f} GB)")
+            _quantize_into(source, final, identity, shape, binary)
+        say(f"{shape.name} {q}: wrote {final} ({final.stat().st_size / _GB:.2f} GB)")
+    finally:
+        if source != f16 and source.exists():  # the F16 intermediate, or a partial file
+            size = source.stat().st_size
+            source.unlink()
+            if q != "F16":
+                say(f"{shape.name}: deleted the F16 intermediate ({size / _GB:.2f} GB)")
+    return final
+
+
+def _quantize_into(source: Path, final: Path, identity: dict[str, Any], shape: Shape,
+                   binary: Path) -> None:
+    tmp = _temp(final)
+    try:
+        quantize_gguf(source, tmp, str(identity["quant"]), quantize_bin=binary)
+        _publish(tmp, final, identity, parameters=shape.parameters(),
+                 quantize_bin=str(binary))
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+__all__ = ["DEFAULT_SEED", "ensure_shape_gguf", "f16_file_bytes", "find_quantize", "quantize_gguf",
+           "shapes_dir", "tokenizer_fields", "write_shape_gguf"]

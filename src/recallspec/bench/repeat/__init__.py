@@ -1,0 +1,1 @@
+"""``recallspec bench repeat``: repeating workloads with and without response memory."""

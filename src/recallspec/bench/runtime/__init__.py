@@ -1,0 +1,1 @@
+"""``recallspec bench runtime``: our forward against transformers and native llama.cpp."""

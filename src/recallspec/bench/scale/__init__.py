@@ -1,0 +1,1 @@
+"""``recallspec bench scale``: ours and native llama.cpp at published model shapes."""

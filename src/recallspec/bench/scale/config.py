@@ -1,0 +1,75 @@
+"""The settings of ``recallspec bench scale``: which (shape, quantization) entries it
+measures and how (``bench/scale/command.py`` runs them).
+
+Light on purpose (no torch): the CLI builds its parser from these defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recallspec.bench.common.shapes import QUANTS, SHAPES
+from recallspec.errors import DataError
+
+SHAPES_Q4KM = ("smollm2-360m", "qwen2.5-1.5b", "smollm2-1.7b", "llama-3.2-1b",
+               "llama-3.2-3b", "smollm3-3b", "phi-4-mini", "gemma-3-4b", "qwen3-4b",
+               "llama-3.1-8b")
+# Every shape at Q4_K_M (what most downloads are), two of them also at Q4_0 and Q8_0.
+DEFAULT_MATRIX: tuple[tuple[str, str], ...] = (
+    *((s, "Q4_K_M") for s in SHAPES_Q4KM),
+    ("smollm2-1.7b", "Q4_0"), ("smollm2-1.7b", "Q8_0"),
+    ("llama-3.1-8b", "Q4_0"), ("llama-3.1-8b", "Q8_0"),
+)
+PREDICT_METHODS = ("ar", "pld", "llma", "sam+recycling:mode=adaptive", "portfolio:mode=adaptive")
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    entries: tuple[tuple[str, str], ...] = DEFAULT_MATRIX  # (shape, quantization)
+    repeats: int = 3
+    new_tokens: int = 128  # decode: tokens generated
+    prefill: int = 512  # prefill: prompt tokens
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)  # verification rows
+    cached: int = 512  # tokens in the KV cache under the verification curve
+    threads: int | None = None  # both engines (default: torch's, i.e. every core)
+    llamacpp: bool = True
+    answers: str | None = None  # a `recallspec bench` output directory (SmolLM2, Spec-Bench)
+    methods: tuple[str, ...] = PREDICT_METHODS
+    stream_mib: int = 1024
+    overwrite: bool = False  # measure entries already in OUT/scale.json again
+    decode_rounds: int = 3  # paired decode rounds (with llamacpp; 0: none)
+    prefill_rounds: int = 3  # paired prefill rounds (with llamacpp; 0: none)
+    pair_idle_s: float = 5.0  # idle before each side of a paired round
+    ttft_repeats: int = 1  # time to first token from fresh processes (0: not measured)
+
+    def __post_init__(self) -> None:
+        if not self.entries:
+            raise DataError("bench scale: no (shape, quantization) to measure")
+        for shape, quant in self.entries:
+            if shape not in SHAPES:
+                raise DataError(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+            if quant not in QUANTS:
+                raise DataError(f"unknown quantization {quant!r} (known: {', '.join(QUANTS)})")
+        if self.repeats < 1 or self.new_tokens < 2 or self.prefill < 1 or self.cached < 1:
+            raise DataError("need repeats >= 1, new_tokens >= 2, prefill >= 1, cached >= 1")
+        if not self.ks or min(self.ks) < 1 or 1 not in self.ks:
+            raise DataError(f"ks must be positive and include 1 (the ratios' base): {self.ks}")
+        if self.decode_rounds < 0 or self.prefill_rounds < 0:
+            raise DataError("decode_rounds and prefill_rounds must be >= 0, got "
+                            f"{self.decode_rounds} and {self.prefill_rounds}")
+        if self.pair_idle_s < 0:
+            raise DataError(f"pair_idle_s must be >= 0, got {self.pair_idle_s}")
+        if self.ttft_repeats < 0:
+            raise DataError(f"ttft_repeats must be >= 0, got {self.ttft_repeats}")
+        if self.answers is not None and "ar" not in self.methods:
+            raise DataError("the predicted speedups need 'ar' among the methods")
+
+
+def parse_entries(shapes: str | None, quants: str | None) -> tuple[tuple[str, str], ...]:
+    """``--shapes a,b --quants Q4_K_M,Q8_0``: their product; neither: the default matrix;
+    only ``--quants``: every shape at those; only ``--shapes``: those at Q4_K_M."""
+    if not shapes and not quants:
+        return DEFAULT_MATRIX
+    ss = [s.strip() for s in (shapes or ",".join(SHAPES_Q4KM)).split(",") if s.strip()]
+    qs = [q.strip() for q in (quants or "Q4_K_M").split(",") if q.strip()]
+    return tuple((s, q) for s in ss for q in qs)

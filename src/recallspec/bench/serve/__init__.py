@@ -1,0 +1,1 @@
+"""``recallspec bench serve``: OpenAI-compatible servers under Poisson load."""

@@ -1,1 +1,0 @@
-"""Speculative decoding primitives: draft trees, sampling parameters and verification."""

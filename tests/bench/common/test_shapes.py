@@ -1,0 +1,533 @@
+"""Random-weight GGUFs at published shapes (``bench/common/shapes.py``,
+``bench/common/shapes_gguf.py``):
+the registry's numbers, the file llama.cpp's way (the tensors and keys its converter
+writes and its loader requires, against our loader's tables in ``models/gguf/arch.py``),
+our loader on a tiny shape of each architecture and on the header of every published
+shape, llama.cpp on the tiny ones, the cache (reuse, interrupted writes, disk check) and
+quantization (a fake ``llama-quantize`` always; the real one when a binary is found).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import needs_model
+from helpers.availability import native_peer_or_unavailable, unavailable
+
+from recallspec.bench.common import shapes_gguf
+from recallspec.bench.common.shapes import (
+    ARCHS,
+    FACTORS,
+    QUANTS,
+    SHAPES,
+    Shape,
+    get_shape,
+    llama3_rope_freqs,
+    longrope_attn_factor,
+    tensor_plan,
+)
+from recallspec.bench.common.shapes_gguf import (
+    UNUSED,
+    _metadata,
+    ensure_shape_gguf,
+    find_quantize,
+    write_shape_gguf,
+)
+from recallspec.errors import RecallspecError, ResourceError, UnknownNameError
+from recallspec.models.gguf import arch as gguf_arch
+
+BASE_VOCAB = 49152  # the default model's (SmolLM2) tokenizer
+# Published parameter counts (model cards / safetensors totals; Gemma 3 4B's text model:
+# the checkpoint's 4.30B less its SigLIP vision tower and projector, 0.42B).
+PUBLISHED = {
+    "smollm2-360m": 362e6, "smollm2-1.7b": 1.71e9, "llama-3.2-1b": 1.24e9,
+    "llama-3.2-3b": 3.21e9, "qwen2.5-1.5b": 1.54e9, "qwen3-4b": 4.02e9,
+    "llama-3.1-8b": 8.03e9, "smollm3-3b": 3.08e9, "phi-4-mini": 3.84e9,
+    "gemma-3-4b": 3.88e9,
+}
+TINY = ("tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-phi3",
+        "tiny-smollm3")
+PUBLISHED_SHAPES = tuple(n for n in SHAPES if not n.startswith("tiny-"))
+# Per architecture, the tensor kinds of a block that llama.cpp's loader requires
+# (src/models/<arch>.cpp: create_tensor without TENSOR_NOT_REQUIRED), and every one the
+# converter writes for these models: the file holds exactly these.
+_LLAMA_BLOCK = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+                "ffn_down.weight"}
+_QK_NORM = {"attn_q_norm.weight", "attn_k_norm.weight"}
+BLOCK_KINDS = {
+    "llama": _LLAMA_BLOCK, "smollm3": _LLAMA_BLOCK,
+    "qwen2": _LLAMA_BLOCK | {"attn_q.bias", "attn_k.bias", "attn_v.bias"},
+    "qwen3": _LLAMA_BLOCK | _QK_NORM,
+    "gemma3": _LLAMA_BLOCK | _QK_NORM | {"post_attention_norm.weight",
+                                         "post_ffw_norm.weight"},
+    "phi3": {"attn_norm.weight", "attn_qkv.weight", "attn_output.weight", "ffn_norm.weight",
+             "ffn_up.weight", "ffn_down.weight"},
+}
+# The RoPE tensors of each scaling (outside the blocks).
+ROPE_TENSORS = {"none": set(), "linear": set(), "llama3": {"rope_freqs.weight"},
+                "longrope": {"rope_factors_long.weight", "rope_factors_short.weight"}}
+
+
+# ---- the registry --------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_counts_match_the_published_sizes(name: str) -> None:
+    assert SHAPES[name].parameters() == pytest.approx(PUBLISHED[name], rel=0.02)
+
+
+def test_registry_spot_checks() -> None:
+    q3, l8, q2 = SHAPES["qwen3-4b"], SHAPES["llama-3.1-8b"], SHAPES["qwen2.5-1.5b"]
+    assert q3.heads * q3.head_dim == 4096 != q3.hidden and q3.qk_norm
+    assert not l8.tied and "output.weight" in {t.name for t in tensor_plan(l8)}
+    assert q2.qkv_bias and "blk.0.attn_v.bias" in {t.name for t in tensor_plan(q2)}
+    assert {s.arch for s in SHAPES.values()} == set(ARCHS)
+    assert set(ARCHS) <= set(gguf_arch.ARCHS)  # every one our loader reads
+    assert set(QUANTS) >= {"F16", "Q4_K_M", "Q4_0", "Q8_0"}
+    # Llama 3.x: llama3 RoPE scaling (low 1, high 4, original 8192), factor 32 or 8.
+    for name, factor in (("llama-3.2-1b", 32.0), ("llama-3.2-3b", 32.0),
+                         ("llama-3.1-8b", 8.0)):
+        s = SHAPES[name]
+        assert (s.rope_scaling, s.rope_factor, s.rope_original_context) == (
+            "llama3", factor, 8192)
+        assert (s.rope_low_freq_factor, s.rope_high_freq_factor) == (1.0, 4.0)
+    g = SHAPES["gemma-3-4b"]
+    assert (g.head_dim, g.vocab, g.rope_scaling, g.rope_factor, g.rope_theta,
+            g.rope_theta_swa, g.sliding_window) == (256, 262144, "linear", 8.0, 1e6, 1e4, 1024)
+    p = SHAPES["phi-4-mini"]
+    assert (p.rotary_dim, p.rope_scaling, p.rope_factor, p.rope_original_context,
+            p.sliding_window) == (96, "longrope", 32.0, 4096, 262144)
+    assert p.rotary_dim / p.head_dim == 0.75 and p.heads * p.head_dim == p.hidden
+    s3 = SHAPES["smollm3-3b"]
+    assert (s3.rope_theta, s3.context, s3.rope_scaling) == (5e6, 65536, "none")
+
+
+def test_shape_validation() -> None:
+    base: dict[str, Any] = SHAPES["tiny-llama"].to_dict()
+    gemma: dict[str, Any] = SHAPES["tiny-gemma3"].to_dict()
+    phi: dict[str, Any] = SHAPES["tiny-phi3"].to_dict()
+    llama3: dict[str, Any] = SHAPES["tiny-llama3"].to_dict()
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({**base, "arch": "qwen2"}, "qkv_bias"),  # llama.cpp's qwen2 needs the biases
+        ({**SHAPES["tiny-qwen2"].to_dict(), "head_dim": 128}, "qwen2 needs"),
+        ({**base, "kv_heads": 3}, "multiple"),
+        ({**base, "name": "../x"}, "name"),
+        ({**base, "arch": "mistral"}, "arch must be one of"),
+        ({**gemma, "qk_norm": False}, "qk_norm"),  # llama.cpp requires gemma3's
+        ({**base, "qk_norm": True}, "qk_norm"),
+        ({**phi, "head_dim": 128 * 2}, "phi3 needs"),
+        ({**base, "rope_dim": 32}, "partial rotary"),
+        ({**phi, "rope_dim": 97}, "rope_dim must be even"),
+        ({**base, "rope_scaling": "yarn", "rope_factor": 4.0}, "rope_scaling must be"),
+        ({**base, "rope_scaling": "longrope"}, "llama file holds"),
+        ({**phi, "rope_scaling": "linear"}, "phi3 file holds"),
+        ({**SHAPES["tiny-smollm3"].to_dict(), "rope_scaling": "llama3", "rope_factor": 8.0,
+          "rope_original_context": 8192}, "smollm3 file holds"),
+        ({**base, "rope_scaling": "linear"}, "rope_factor > 1"),
+        ({**base, "rope_factor": 2.0}, "rope_factor > 1"),
+        ({**llama3, "rope_original_context": 0}, "rope_original_context"),
+        ({**gemma, "rope_original_context": 4096}, "rope_original_context"),
+        ({**phi, "rope_factor": 8.0}, "context / rope_original_context = 4"),
+        ({**llama3, "rope_low_freq_factor": 4.0}, "0 < rope_low_freq_factor"),
+        ({**gemma, "rope_high_freq_factor": 2.0}, "llama3's"),
+        ({**base, "sliding_window": 4096}, "sliding_window is gemma3's"),
+        ({**gemma, "rope_theta_swa": 0.0}, "rope_theta_swa"),
+        ({**gemma, "sliding_window": 0}, "rope_theta_swa"),
+        ({**phi, "rope_theta_swa": 1e4}, "rope_theta_swa"),
+    ]
+    for kw, match in bad:
+        with pytest.raises(ValueError, match=match):
+            Shape(**kw)
+    assert Shape(**{**gemma, "sliding_window": 0, "rope_theta_swa": 0.0}).sliding_window == 0
+    with pytest.raises(UnknownNameError):
+        get_shape("gpt-5")
+    with pytest.raises(UnknownNameError):
+        ensure_shape_gguf("tiny-llama", "Q5_K_S")
+
+
+# ---- the plan and the keys, against llama.cpp and our loader's tables -------------------
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_tensor_plan_is_llama_cpps(name: str) -> None:
+    shape = SHAPES[name]
+    plan = tensor_plan(shape)
+    arch = gguf_arch.ARCHS[shape.arch]
+    names = [t.name for t in plan]
+    assert len(set(names)) == len(names)
+    for t in plan:  # every tensor our loader knows for the architecture
+        target = arch.tensor_name(t.name)
+        assert (target is None) == (t.name in gguf_arch.CONFIG_TENSORS) == (t.kind == FACTORS)
+        assert t.dtype == (np.float16 if len(t.shape) == 2 else np.float32)
+    blocks = [{n.split(".", 2)[2] for n in names if n.startswith(f"blk.{i}.")}
+              for i in range(shape.layers)]
+    assert all(b == BLOCK_KINDS[shape.arch] for b in blocks)
+    outside = {n for n in names if not n.startswith("blk.")}
+    assert outside == ({"token_embd.weight", "output_norm.weight"}
+                       | ({"output.weight"} if not shape.tied else set())
+                       | ROPE_TENSORS[shape.rope_scaling])
+    # The converter yields its computed RoPE tensors first.
+    assert names[:len(ROPE_TENSORS[shape.rope_scaling])] == sorted(
+        ROPE_TENSORS[shape.rope_scaling])
+    dims = {t.name: t.shape for t in plan}
+    h, hd, ffn = shape.hidden, shape.head_dim, shape.ffn
+    q, kv = shape.heads * hd, shape.kv_heads * hd
+    assert dims["blk.0.attn_output.weight"] == (h, q)
+    if shape.arch == "phi3":  # Q|K|V rows, and gate|up rows (llama.cpp's {n_embd, 2 n_ff})
+        assert dims["blk.0.attn_qkv.weight"] == (q + 2 * kv, h)
+        assert dims["blk.0.ffn_up.weight"] == (2 * ffn, h)
+    else:
+        assert dims["blk.0.attn_k.weight"] == dims["blk.0.attn_v.weight"] == (kv, h)
+        assert dims["blk.0.ffn_gate.weight"] == dims["blk.0.ffn_up.weight"] == (ffn, h)
+    for t in plan:
+        if t.kind == FACTORS:  # llama.cpp's {n_rot / 2}
+            assert t.shape == (shape.rotary_dim // 2,) == (len(t.values),)
+        elif t.name.endswith(("q_norm.weight", "k_norm.weight")):
+            assert t.shape == (hd,)
+
+
+def _keys(shape: Shape, tmp_path: Path) -> dict[str, Any]:
+    """The metadata the writer states for ``shape`` (without a tokenizer)."""
+    import gguf
+
+    w = gguf.GGUFWriter(tmp_path / f"{shape.name}.gguf", shape.arch)
+    _metadata(w, shape, 0, [])
+    return {k: v.value for k, v in w.kv_data[0].items()}
+
+
+# The {arch}. keys llama.cpp requires (llama-model.cpp's load_hparams: the common ones;
+# src/models/<arch>.cpp: the eps) and those that state each feature.
+_REQUIRED = ("context_length", "embedding_length", "block_count", "feed_forward_length",
+             "attention.head_count", "attention.layer_norm_rms_epsilon")
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_metadata_keys_are_in_our_loaders_tables(name: str, tmp_path: Path) -> None:
+    shape = SHAPES[name]
+    keys = _keys(shape, tmp_path)
+    a = shape.arch
+    arch = gguf_arch.ARCHS[a]
+    known = (set(gguf_arch.COMMON_KEYS) | set(gguf_arch.HANDLED_KEYS)
+             | set(gguf_arch.IGNORED_KEYS) | set(arch.keys))
+    ours = {k[len(a) + 1:]: v for k, v in keys.items() if k.startswith(a + ".")}
+    assert set(ours) <= known
+    assert {k for k in keys if not k.startswith(a + ".")} <= {
+        k for k in keys if k.startswith(gguf_arch.INFORMATIONAL_PREFIXES)}
+    assert keys["general.architecture"] == a
+    # (llama.cpp sets a model's token attributes by words in its name: none here.)
+    assert not any(w in keys["general.name"].lower() for w in ("phi", "bert", "jina"))
+    assert set(_REQUIRED) <= set(ours)
+    assert (ours["context_length"], ours["embedding_length"], ours["block_count"]) == (
+        shape.context, shape.hidden, shape.layers)
+    assert (ours["attention.head_count"], ours["attention.head_count_kv"],
+            ours["attention.key_length"], ours["attention.value_length"]) == (
+        shape.heads, shape.kv_heads, shape.head_dim, shape.head_dim)
+    assert ours["rope.dimension_count"] == shape.rotary_dim
+    assert ours["rope.freq_base"] == pytest.approx(shape.rope_theta)
+    assert ours["attention.layer_norm_rms_epsilon"] == pytest.approx(shape.rms_eps)
+    scaling = {k: v for k, v in ours.items() if k.startswith("rope.scaling.")}
+    if shape.rope_scaling == "linear":
+        assert scaling == {"rope.scaling.type": "linear",
+                           "rope.scaling.factor": pytest.approx(shape.rope_factor)}
+    elif shape.rope_scaling == "longrope":  # Phi-3's converter writes no type
+        assert scaling == {
+            "rope.scaling.original_context_length": shape.rope_original_context,
+            "rope.scaling.attn_factor": pytest.approx(longrope_attn_factor(shape))}
+    else:  # (llama3: the rope_freqs tensor alone)
+        assert scaling == {}
+    assert ours.get("attention.sliding_window", 0) == shape.sliding_window
+    assert ours.get("rope.freq_base_swa", 0.0) == pytest.approx(shape.rope_theta_swa)
+
+
+def test_llama3_rope_freqs_match_transformers() -> None:
+    """rope_freqs divides the plain frequencies into transformers' llama3 ones."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for name in ("llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "tiny-llama3"):
+        s = SHAPES[name]
+        cfg = LlamaConfig(
+            hidden_size=s.hidden, num_attention_heads=s.heads, head_dim=s.head_dim,
+            max_position_embeddings=s.context, rope_parameters={
+                "rope_type": "llama3", "rope_theta": s.rope_theta, "factor": s.rope_factor,
+                "low_freq_factor": s.rope_low_freq_factor,
+                "high_freq_factor": s.rope_high_freq_factor,
+                "original_max_position_embeddings": s.rope_original_context})
+        scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+        plain = 1.0 / s.rope_theta ** (np.arange(0, s.head_dim, 2) / s.head_dim)
+        freqs = np.asarray(llama3_rope_freqs(s))
+        assert freqs.shape == (s.head_dim // 2,) and freqs[0] == 1.0
+        assert freqs[-1] == s.rope_factor and np.all(np.diff(freqs) >= 0)
+        np.testing.assert_allclose(plain / freqs, scaled.double().numpy(), rtol=2e-6)
+        assert [t.values for t in tensor_plan(s) if t.kind == FACTORS] == [tuple(freqs)]
+
+
+def test_longrope_factors_and_attn_factor() -> None:
+    p = SHAPES["phi-4-mini"]
+    long, short = (t for t in tensor_plan(p) if t.kind == FACTORS)
+    assert (long.name, short.name) == ("rope_factors_long.weight", "rope_factors_short.weight")
+    assert len(long.values) == len(short.values) == 48 and set(short.values) == {1.0}
+    assert long.values[0] == 1.0 and long.values[-1] == pytest.approx(32.0)
+    assert all(b > a for a, b in zip(long.values, long.values[1:], strict=False))
+    # transformers' default for longrope: sqrt(1 + ln(factor) / ln(original)).
+    assert longrope_attn_factor(p) == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
+    assert longrope_attn_factor(p) == pytest.approx(1.1902380714)
+
+
+# ---- the file ------------------------------------------------------------------------
+@needs_model
+def test_file_layout_metadata_and_determinism(tmp_path: Path) -> None:
+    import gguf
+
+    shape = SHAPES["tiny-qwen3"]
+    a, b, c = tmp_path / "a.gguf", tmp_path / "b.gguf", tmp_path / "c.gguf"
+    write_shape_gguf(shape, a, seed=1)
+    write_shape_gguf(shape, b, seed=1)
+    write_shape_gguf(shape, c, seed=2)
+    assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+    r = gguf.GGUFReader(a)
+    plan = tensor_plan(shape)
+    assert [t.name for t in r.tensors] == [t.name for t in plan]
+    for t, spec in zip(r.tensors, plan, strict=True):
+        assert tuple(int(d) for d in reversed(t.shape)) == spec.shape
+        assert t.tensor_type.name == ("F16" if len(spec.shape) == 2 else "F32")
+    f = {k: v.contents() for k, v in r.fields.items() if not k.startswith("tokenizer.ggml.")}
+    assert f["general.architecture"] == "qwen3"
+    assert f["qwen3.attention.key_length"] == 128 and f["qwen3.embedding_length"] == 256
+    assert f["qwen3.vocab_size"] == 50000 and f["general.file_type"] == 1
+    tokens = r.fields["tokenizer.ggml.tokens"].contents()
+    types = r.fields["tokenizer.ggml.token_type"].contents()
+    assert len(tokens) == len(types) == 50000 and len(set(tokens)) == 50000
+    assert tokens[BASE_VOCAB:][:1] == [f"[PAD{BASE_VOCAB}]"]
+    assert set(types[BASE_VOCAB:]) == {UNUSED}
+    norms = {t.name: t for t in r.tensors if t.name.endswith("norm.weight")}
+    assert all(np.all(t.data == 1.0) for t in norms.values())
+    q = next(t for t in r.tensors if t.name == "blk.0.attn_q.weight")
+    w = np.asarray(q.data, dtype=np.float32)
+    assert 0.015 < float(w.std()) < 0.025 and np.isfinite(w).all()
+
+
+def _check_config(c: Any, shape: Shape) -> None:
+    """Our loader's ModelConfig ``c`` of ``shape``'s file states the shape."""
+    assert c.model_type == gguf_arch.ARCHS[shape.arch].model_type
+    assert (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads,
+            c.head_dim, c.intermediate_size, c.max_position) == (
+        shape.vocab, shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.head_dim,
+        shape.ffn, shape.context)
+    assert (c.tie_embeddings, c.attention_bias, c.qk_norm) == (
+        shape.tied, shape.qkv_bias, shape.qk_norm)
+    assert c.rms_norm_eps == pytest.approx(shape.rms_eps) and c.rotary_dims == shape.rotary_dim
+    r = c.rope
+    assert r.theta == pytest.approx(shape.rope_theta)
+    kind = shape.rope_scaling
+    if kind == "none":
+        assert r.type == "default"
+    elif kind == "linear":
+        assert (r.type, r.factor) == ("linear", shape.rope_factor)
+    elif kind == "llama3":  # llama.cpp's divisors, read from the file
+        assert r.type == "freq_factors"
+        assert r.freq_factors == pytest.approx(llama3_rope_freqs(shape), rel=1e-7)
+    else:
+        factors = [t.values for t in tensor_plan(shape) if t.kind == FACTORS]
+        assert (r.type, r.original_context) == ("longrope", shape.rope_original_context)
+        assert [r.long_factor, r.short_factor] == [pytest.approx(f, rel=1e-7) for f in factors]
+        assert r.attention_factor == pytest.approx(longrope_attn_factor(shape), rel=1e-6)
+    n = shape.layers
+    gemma = shape.arch == "gemma3"
+    assert (c.norm_offset_one, c.sandwich_norms) == (gemma, gemma)
+    # SmolLM3: no RoPE in every 4th layer (llama.cpp's fixed step).
+    assert c.nope_layers == (tuple(i for i in range(n) if (i + 1) % 4 == 0)
+                             if shape.arch == "smollm3" else ())
+    if gemma:  # five sliding layers, then a global one; those slide on their own base
+        assert c.layer_windows == tuple(None if (i + 1) % 6 == 0 else shape.sliding_window
+                                        for i in range(n))
+        assert c.rope_local is not None and c.rope_local.type == "default"
+        assert c.rope_local.theta == pytest.approx(shape.rope_theta_swa)
+    else:  # (phi3: transformers' window on every layer; llama.cpp disables it)
+        assert set(c.layer_windows) <= {shape.sliding_window or None}
+        assert c.rope_local is None
+
+
+@needs_model
+@pytest.mark.parametrize("name", PUBLISHED_SHAPES)
+def test_our_loader_reads_every_published_shapes_header(name: str, tmp_path: Path) -> None:
+    """The full-size file's header, RoPE tensors and config (a sparse file: the weights
+    are holes, so nothing of gigabytes is written)."""
+    from recallspec.models.config import ModelConfig
+    from recallspec.models.gguf.header import read_header
+
+    shape = SHAPES[name]
+    path = tmp_path / f"{name}.gguf"
+    size = write_shape_gguf(shape, path, seed=0, weights=False)
+    header = read_header(path)
+    assert size == path.stat().st_size > shape.parameters() * 2  # every F16 byte, as holes
+    assert [(t.name, t.shape) for t in header.tensors] == [
+        (t.name, t.shape) for t in tensor_plan(shape)]
+    c = ModelConfig.from_hf_dict(gguf_arch.hf_config(header, path), str(path))
+    _check_config(c, shape)
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """The tiny shapes as F16 files, with a private model cache for their conversion."""
+    root = tmp_path_factory.mktemp("shapes")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RECALLSPEC_CACHE_DIR", str(root / "cache"))
+        yield {n: ensure_shape_gguf(n, cache_dir=root / "shapes", progress=lambda _m: None)
+               for n in TINY}
+
+
+@needs_model
+@pytest.mark.parametrize("name", TINY)
+def test_our_loader_runs_each_architecture(name: str, tiny_files: dict[str, Path]) -> None:
+    from recallspec import Engine, SamplingParams
+    from recallspec.runtime.batch import SequenceInput, build_batch
+
+    shape = SHAPES[name]
+    eng = Engine.load(str(tiny_files[name]), max_batch_size=1)
+    c, tok = eng.model.config, eng.tokenizer
+    _check_config(c, shape)
+    assert tok.vocab_size == shape.vocab
+    ids = tok.encode("The quick brown fox jumps over the lazy dog.")
+    logits = eng.model(build_batch([SequenceInput(0, 0, ids)]), eng.model.new_cache(1, 64))
+    assert logits.shape == (len(ids), shape.vocab) and bool(logits.isfinite().all())
+    out = eng.generate("Hello", SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert len(out.token_ids) == 4 and all(0 <= t < shape.vocab for t in out.token_ids)
+    padded = list(range(BASE_VOCAB - 2, shape.vocab))  # the last real ids and every pad id
+    text = tok.decode(padded)
+    assert isinstance(text, str)
+    assert tok.decode([shape.vocab - 1]) == (
+        f"[PAD{shape.vocab - 1}]" if shape.vocab > BASE_VOCAB else tok.decode([BASE_VOCAB - 1]))
+
+
+@needs_model
+@pytest.mark.peer
+@pytest.mark.parametrize("name", TINY)
+def test_llama_cpp_runs_each_architecture(name: str, tiny_files: dict[str, Path]) -> None:
+    """llama-bench (as ``bench scale`` runs it, flash attention on) loads each tiny shape
+    and runs a prefill and a decode: a smoke test, its speeds unread."""
+    native_peer_or_unavailable()
+    from recallspec.bench.common import llamacpp
+
+    rows = llamacpp.llama_bench(str(tiny_files[name]), 1, p=16, n=4, repeats=1,
+                                timeout_s=300)
+    assert sorted((r["n_prompt"], r["n_gen"]) for r in rows) == [(0, 4), (16, 0)]
+    assert all(r["avg_ts"] > 0 for r in rows)
+
+
+# ---- the cache -----------------------------------------------------------------------
+@needs_model
+def test_manifest_reuse_and_rewrite(tmp_path: Path) -> None:
+    said: list[str] = []
+    p = ensure_shape_gguf("tiny-llama", "f16", cache_dir=tmp_path, progress=said.append)
+    assert p == tmp_path / "tiny-llama-F16.gguf"
+    m = json.loads(p.with_suffix(".json").read_text())
+    assert m["file_bytes"] == p.stat().st_size and m["seed"] == shapes_gguf.DEFAULT_SEED
+    assert m["shape"] == SHAPES["tiny-llama"].to_dict() and len(m["sha256"]) == 64
+    mtime = p.stat().st_mtime_ns
+    assert ensure_shape_gguf("tiny-llama", cache_dir=tmp_path, progress=said.append) == p
+    assert p.stat().st_mtime_ns == mtime and "cached" in said[-1]
+    ensure_shape_gguf("tiny-llama", cache_dir=tmp_path, progress=said.append, seed=5)
+    assert p.stat().st_mtime_ns != mtime  # another seed: rewritten
+    assert json.loads(p.with_suffix(".json").read_text())["seed"] == 5
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["tiny-llama-F16.gguf",
+                                                          "tiny-llama-F16.json"]
+
+
+def test_interrupted_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          ) -> None:
+    def interrupted(shape: Shape, path: Path, *, seed: int) -> int:
+        path.write_bytes(b"GGUF" + bytes(1000))
+        raise KeyboardInterrupt
+
+    stale = tmp_path / "tiny-llama-F16.tmp-99999999.gguf"  # a dead process's
+    stale.write_bytes(b"GGUF")
+    monkeypatch.setattr(shapes_gguf, "write_shape_gguf", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_shape_gguf("tiny-llama", cache_dir=tmp_path, progress=lambda _m: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_disk_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shapes_gguf.shutil, "disk_usage", lambda _p: SimpleNamespace(free=10 << 30))
+    with pytest.raises(ResourceError, match=r"llama-3.1-8b F16: needs about 16.1 GB"):
+        ensure_shape_gguf("llama-3.1-8b", cache_dir=tmp_path, progress=lambda _m: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- quantization ----------------------------------------------------------------------
+def _fake_quantize(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in for llama-quantize: logs its arguments and copies SRC to DST."""
+    log = tmp_path / "args.log"
+    exe = tmp_path / "llama-quantize"
+    exe.write_text(f'#!/bin/sh\necho "$@" >> {log}\ncp "$1" "$2"\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe, log
+
+
+def test_quantize_needs_a_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(shapes_gguf.QUANTIZE_ENV, raising=False)
+    monkeypatch.setattr(shapes_gguf, "_peer_quantize",
+                        lambda: tmp_path / "none" / "llama-quantize")
+    assert find_quantize() is None
+    cache = tmp_path / "cache"
+    with pytest.raises(RecallspecError, match="llama-quantize not found"):
+        ensure_shape_gguf("tiny-llama", "Q4_K_M", cache_dir=cache, progress=lambda _m: None)
+    assert list(cache.iterdir()) == []  # failed before writing the F16 file
+    monkeypatch.setenv(shapes_gguf.QUANTIZE_ENV, str(tmp_path / "q"))
+    assert find_quantize() == tmp_path / "q"
+    with pytest.raises(RecallspecError, match="not an executable"):
+        ensure_shape_gguf("tiny-llama", "Q8_0", cache_dir=cache, progress=lambda _m: None)
+    assert list(cache.iterdir()) == []
+    assert find_quantize(tmp_path / "p") == tmp_path / "p"
+
+
+@needs_model
+def test_quantize_pipeline_with_a_fake_binary(tmp_path: Path) -> None:
+    exe, log = _fake_quantize(tmp_path)
+    cache = tmp_path / "cache"
+    said: list[str] = []
+    p = ensure_shape_gguf("tiny-llama", "q8_0", cache_dir=cache, quantize_bin=exe,
+                          progress=said.append)
+    assert p == cache / "tiny-llama-Q8_0.gguf"
+    args = log.read_text().split()
+    assert args[2:3] == ["Q8_0"] and args[3].isdigit() and args[1].endswith(".gguf")
+    assert sorted(x.name for x in cache.iterdir()) == ["tiny-llama-Q8_0.gguf",
+                                                       "tiny-llama-Q8_0.json"]
+    assert any("deleted the F16 intermediate" in s for s in said)
+    assert json.loads(p.with_suffix(".json").read_text())["quant"] == "Q8_0"
+    # A cached F16 file is the source and is kept.
+    f16 = ensure_shape_gguf("tiny-llama", cache_dir=cache, progress=said.append)
+    ensure_shape_gguf("tiny-llama", "Q4_0", cache_dir=cache, quantize_bin=exe,
+                      progress=said.append)
+    assert log.read_text().splitlines()[-1].split()[0] == str(f16) and f16.is_file()
+
+
+@needs_model
+@pytest.mark.peer
+def test_quantize_with_llama_quantize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      ) -> None:
+    """The real llama-quantize ($RECALLSPEC_LLAMA_QUANTIZE or the built peer's); our
+    loader runs its Q4_K_M output."""
+    if not os.environ.get(shapes_gguf.QUANTIZE_ENV):
+        native_peer_or_unavailable()  # CI builds the peer (.ci/run); a missing one fails
+    exe = find_quantize()
+    if exe is None or not exe.is_file():
+        unavailable(f"no llama-quantize (set {shapes_gguf.QUANTIZE_ENV} or make peers)")
+    from recallspec import Engine, SamplingParams
+
+    monkeypatch.setenv("RECALLSPEC_CACHE_DIR", str(tmp_path / "models"))
+    cache = tmp_path / "shapes"
+    for q in ("Q8_0", "Q4_0", "Q4_K_M"):
+        p = ensure_shape_gguf("tiny-llama", q, cache_dir=cache, progress=lambda _m: None)
+        assert p.stat().st_size < 0.7 * SHAPES["tiny-llama"].parameters() * 2
+    assert not list(cache.glob("*F16*"))
+    eng = Engine.load(str(cache / "tiny-llama-Q4_K_M.gguf"), max_batch_size=1)
+    out = eng.generate("Hello", SamplingParams(max_new_tokens=3, ignore_eos=True))
+    assert len(out.token_ids) == 3

@@ -1,0 +1,201 @@
+"""`recallspec bench scale`: our side measured on a real GGUF in a child process, the
+prediction at another model's cost curve, the matrix and the report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import FoldedByteTokenizer, needs_model
+from helpers.replay import V, cycle_model, grid_curve
+
+from recallspec.bench.common.shapes import SHAPES
+from recallspec.bench.replay.exact import ReplayConfig, load_ar_answers
+from recallspec.bench.scale.cold_start import ColdStartConfig, measure, summarize
+from recallspec.bench.scale.command import _derive, _ours, paired_rounds
+from recallspec.bench.scale.config import DEFAULT_MATRIX, ScaleConfig, parse_entries
+from recallspec.bench.scale.predict import fitted_model, predict_at_curve
+from recallspec.bench.scale.report import render_scale_markdown
+from recallspec.cost.curve import CostCurve
+from recallspec.engine import Engine, EngineConfig
+from recallspec.errors import DataError
+
+
+def test_matrix_and_config_are_checked() -> None:
+    assert parse_entries(None, None) == DEFAULT_MATRIX
+    published = {n for n in SHAPES if not n.startswith("tiny-")}
+    assert {s for s, q in DEFAULT_MATRIX if q == "Q4_K_M"} == published  # every one
+    assert parse_entries("smollm2-1.7b,llama-3.1-8b", "Q4_0,Q8_0") == (
+        ("smollm2-1.7b", "Q4_0"), ("smollm2-1.7b", "Q8_0"),
+        ("llama-3.1-8b", "Q4_0"), ("llama-3.1-8b", "Q8_0"))
+    with pytest.raises(DataError, match="unknown shape"):
+        ScaleConfig(entries=(("gpt-9", "Q4_K_M"),))
+    with pytest.raises(DataError, match="unknown quantization"):
+        ScaleConfig(entries=(("smollm2-1.7b", "Q3_K"),))
+    with pytest.raises(DataError, match="include 1"):
+        ScaleConfig(ks=(2, 4))
+    with pytest.raises(DataError, match="'ar'"):
+        ScaleConfig(answers="x", methods=("pld",))
+    with pytest.raises(DataError, match="decode_rounds"):
+        ScaleConfig(decode_rounds=-1)
+    with pytest.raises(DataError, match="prefill_rounds"):
+        ScaleConfig(prefill_rounds=-1)
+    with pytest.raises(DataError, match="pair_idle_s"):
+        ScaleConfig(pair_idle_s=-0.5)
+    # (both refused before anything runs)
+    with pytest.raises(ValueError, match="measure"):
+        paired_rounds(Path("m.gguf"), ScaleConfig(), 1, "ttft", 1, print)
+    with pytest.raises(ValueError, match="repeats"):
+        paired_rounds(Path("m.gguf"), ScaleConfig(), 1, "prefill", 1, print, repeats=0)
+    with pytest.raises(ValueError, match="not both"):  # neither a curve nor one side
+        _ours(Path("m.gguf"), ScaleConfig(), None, print)
+    with pytest.raises(DataError, match="ttft_repeats"):
+        ScaleConfig(ttft_repeats=-1)
+    with pytest.raises(DataError, match="repeats >= 1"):
+        ColdStartConfig(repeats=0)
+
+
+def _recorded_run(tmp_path: Path) -> tuple[list[dict[str, Any]], ReplayConfig]:
+    from recallspec.bench.common.answers import answers_path
+    from recallspec.bench.suite.runner import BenchConfig, run_bench
+
+    eng = Engine(cycle_model(5), FoldedByteTokenizer(V), EngineConfig(max_len=512))
+    run_bench(BenchConfig(suite="demo", methods=("ar", "pld:mode=fixed"), max_new_tokens=30),
+              tmp_path, engine=eng, progress=False, log=lambda m: None)
+    recs, _ = load_ar_answers(answers_path(tmp_path, "ar"))
+    return recs, ReplayConfig(max_new_tokens=30, max_draft_nodes=16)
+
+
+def test_prediction_prices_the_recorded_answers_with_the_shapes_curve(tmp_path: Path) -> None:
+    """The overheads are fitted on the recorded run with its own curve; at a shape whose
+    draft rows are nearly free (a large model streaming its weights once per forward)
+    the sizing drafts more rows and speculation gains more than where rows are dear."""
+    recs, cfg = _recorded_run(tmp_path)
+    methods = ("ar", "pld:mode=fixed", "portfolio:mode=adaptive")
+    fit, check = fitted_model(recs, cfg, grid_curve(), methods, tmp_path, lambda m: None)
+    assert check["ar"]["recorded"] is not None and check["portfolio:mode=adaptive"][
+        "recorded"] is None  # a method the run did not record has no error to show
+    dear = predict_at_curve(recs, cfg, grid_curve(step=1.0, per_row=0.5), methods, fit)
+    cheap = predict_at_curve(recs, cfg, grid_curve(step=1.0, per_row=0.005), methods, fit)
+    pf = "portfolio:mode=adaptive"
+    assert cheap[pf]["drafted"] > dear[pf]["drafted"]
+    assert cheap[pf]["speedup_vs_ar"] > dear[pf]["speedup_vs_ar"]
+    assert cheap["ar"]["speedup_vs_ar"] == 1.0
+    # AR's forwards are one row: the row price does not change its prediction. (Not to
+    # the bit: the policy's own measured seconds, microseconds a question, are counted.)
+    assert cheap["ar"]["tokens_per_s"] == pytest.approx(dear["ar"]["tokens_per_s"], rel=1e-4)
+    slower = predict_at_curve(recs, cfg, grid_curve(step=2.0, per_row=0.005), ("ar",), fit)
+    assert slower["ar"]["tokens_per_s"] < cheap["ar"]["tokens_per_s"]
+
+
+def _result(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"machine": {"cpu": "test cpu", "cpus": 2, "kernels": "k", "loadavg_1m": 0.1},
+            "date": "2026-11-27", "config": ScaleConfig().__dict__ | {"ks": (1, 8, 16)},
+            "peer": {"llama_cpp_commit": "0c1e570", "cmake_args": ["-DGGML_NATIVE=ON"]},
+            "stream": {"read_gb_s": 40.0, "buffer_mib": 1024},
+            "entries": {"smollm2-1.7b:Q4_0": entry}}
+
+
+def test_ratios_and_report_of_one_entry() -> None:
+    entry: dict[str, Any] = {
+        "shape": "smollm2-1.7b", "quant": "Q4_0", "file_bytes": 1_000_000_000,
+        "ours": {"ar": {"decode_tok_s": 30.0}, "prefill_tok_s": 150.0, "achieved_gb_s": 30.0,
+                 "cost_ms": {"1": 30.0, "8": 45.0, "16": 90.0}, "rss_mb": 1100.0,
+                 "load_s": 2.0},
+        "llamacpp": {"tg_tok_s": 25.0, "pp_tok_s": 75.0, "cost_ms": {"1": 40.0, "8": 80.0},
+                     "rss_mb": 1050.0, "start_s": 0.5},
+        "paired_decode": [{"first": "ours", "ours": 30.0, "llamacpp": 20.0},
+                          {"first": "llamacpp", "ours": 26.0, "llamacpp": 20.0},
+                          {"first": "ours", "ours": 28.0, "llamacpp": 25.0}],
+        "paired_prefill": [{"first": "ours", "ours": 150.0, "llamacpp": 60.0},
+                           {"first": "llamacpp", "ours": 140.0, "llamacpp": 70.0}],
+        "ttft": {"summary": summarize({
+            "ours_first": [{"first_token_s": 4.0, "load_s": 3.5, "exit_s": 6.0},
+                           {"first_token_s": 5.0, "load_s": 4.5, "exit_s": 7.0},
+                           {"first_token_s": 9.0, "load_s": 8.0, "exit_s": 9.5}],
+            "ours_later": [{"first_token_s": 2.0, "import_s": 1.5}] * 3,
+            "llamacpp": [{"first_token_s": 2.5, "ready_s": 2.0}] * 3})},
+    }
+    _derive(entry, {"read_gb_s": 40.0})
+    d = entry["derived"]
+    assert d["decode_vs_llamacpp"] == pytest.approx(1.2)
+    # The paired rounds' ratios 1.5, 1.3, 1.12: their median and range.
+    assert d["decode_vs_llamacpp_paired"] == pytest.approx(
+        {"median": 1.3, "min": 1.12, "max": 1.5, "rounds": 3})
+    assert d["prefill_vs_llamacpp"] == pytest.approx(2.0)
+    # Two prefill rounds, 2.5x and 2.0x: the median is their mean.
+    assert d["prefill_vs_llamacpp_paired"] == pytest.approx(
+        {"median": 2.25, "min": 2.0, "max": 2.5, "rounds": 2})
+    assert d["cost_ratio"]["8"] == pytest.approx(1.5)
+    assert d["llamacpp_cost_ratio"]["8"] == pytest.approx(2.0)
+    assert d["bandwidth_fraction"] == pytest.approx(0.75)
+    assert d["rss_vs_file"] == pytest.approx(1.1)
+    md = render_scale_markdown(_result(entry))
+    row = next(line for line in md.splitlines() if line.startswith("| smollm2-1.7b | Q4_0"))
+    # TTFT: the medians (first run 5.0 s of 4, 5, 9) and their ratios to llama-server's
+    for cell in ("30.0 / 25.0", "1.20x", "150.0 / 75.0", "2.00x", "1.50x (2.00x)", "(75%)",
+                 "1.10x", "5.00 / 2.00 / 2.50 (2.00x, 0.80x)"):
+        assert cell in row, (cell, row)
+    assert "commit 0c1e570" in md and "-DGGML_NATIVE=ON" in md
+    assert "smollm2-1.7b Q4_0 1.30x (median of 3, 1.12x-1.50x)" in md
+    assert "Prefill in paired rounds" in md and "llama-bench pp" in md
+    assert "smollm2-1.7b Q4_0 2.25x (median of 2, 2.00x-2.50x)" in md
+
+
+@needs_model
+def test_our_side_measures_a_real_gguf_in_a_child(tmp_path: Path) -> None:
+    """The child that measures one GGUF: every figure present and sane, and the curve it
+    writes is a cost curve the replay can price with (decode and prefill grids)."""
+    from recallspec.models import resolve_model
+
+    gguf = resolve_model(None)
+    curve_file = tmp_path / "curve.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recallspec.bench.scale.ours", str(gguf), "--repeats", "1",
+         "--new-tokens", "4", "--prefill", "32", "--ks", "1,2,4", "--cached", "64",
+         "--contexts", "16", "--curve-out", str(curve_file), "--threads", "1"],
+        capture_output=True, text=True, check=True, timeout=600)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["threads"] == 1
+    assert res["ar"]["decode_tok_s"] > 0 and res["prefill_tok_s"] > 0
+    assert set(res["cost_ms"]) == {"1", "2", "4"} and min(res["cost_ms"].values()) > 0
+    # RSS holds at least the weights the model keeps resident.
+    assert res["rss_mb"] >= res["resident_weight_mb"] > 0
+    assert res["peak_rss_mb"] >= res["rss_mb"]
+    assert res["achieved_gb_s"] > 0 and res["weight_bytes"]["total"] > 0
+    curve = CostCurve.from_json(json.loads(curve_file.read_text()))
+    assert curve.tokens == (1, 2, 4)
+    assert curve.decode is not None and curve.decode.contexts == (16, 64)
+    assert curve.prefill is not None and curve.prefill.rows == (32, 128)
+    assert curve(2, 1, 64) == pytest.approx(res["cost_ms"]["2"] / 1000)
+    # A paired round's child: the decode or the prefill only, no curve.
+    for only, has, lacks in (("decode", "ar", "prefill_tok_s"), ("prefill", "prefill_tok_s", "ar")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "recallspec.bench.scale.ours", str(gguf), "--repeats", "1",
+             "--new-tokens", "4", "--prefill", "32", "--only", only, "--threads", "1"],
+            capture_output=True, text=True, check=True, timeout=600)
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert res[has] and lacks not in res and "cost_ms" not in res, (only, res)
+
+
+@needs_model
+def test_time_to_first_token_from_fresh_processes(tmp_path: Path) -> None:
+    """Ours from fresh processes: the first run repacks the GGUF (and writes the repack
+    cache), the later run reads that cache; each answers one token."""
+    from recallspec.models import resolve_model
+
+    res = measure(resolve_model(None), ColdStartConfig(threads=1, pause_s=0, peer=False),
+                  scratch=tmp_path)
+    (first,), (later,) = res["runs"]["ours_first"], res["runs"]["ours_later"]
+    assert first["repacked"] and not later["repacked"]
+    assert first["tokens"] == later["tokens"] == 1
+    for run in (first, later):
+        assert 0 < run["import_s"] < run["load_s"] < run["first_token_s"] < run["exit_s"]
+    s = res["summary"]
+    assert s["ours_first_token_s"] == first["first_token_s"]
+    assert s["llamacpp_first_token_s"] is None and s["first_vs_llamacpp"] is None
+    assert list(tmp_path.iterdir()) == []  # the first run's cache directory removed

@@ -1,0 +1,403 @@
+"""Quantized weights and kernels: exact formats, batch/thread/ISA invariance, accuracy."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from helpers.qweight import FP16_BYTES, STORAGE_IDS, STORAGES, TYPES, random_raw
+from safetensors.torch import load_file, save_file
+
+from recallspec import _kernels
+from recallspec.kernels import isa
+from recallspec.kernels import qformats as qf
+from recallspec.kernels.qlinear import QuantizedWeight, Segment, qlinear
+from recallspec.models.gguf.header import read_header
+
+VARIANTS = isa.variants()  # every path this CPU runs, incl. AVX-512 without VNNI
+N, K = 37, 512  # 37: a partial last group of 16; 512: two K-quant super-blocks
+U = 2.0**-24  # unit roundoff of fp32
+
+
+def bits(t: torch.Tensor) -> np.ndarray:
+    """Bit patterns (tells -0.0 from 0.0 and compares NaN payloads)."""
+    return t.contiguous().numpy().view(np.uint32)
+
+
+def activations(m: int, k: int, seed: int = 1) -> torch.Tensor:
+    """Rows of very different scales, a zero row and a row with one large outlier."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.logspace(-3, 2, m).unsqueeze(1)
+    x[min(3, m - 1)] = 0.0
+    x[m // 2, 5] = 1e4
+    return x
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[tuple[T, int], tuple[np.ndarray, QuantizedWeight]]:
+    """Per (type, storage bits) of ``STORAGES``: the GGUF bytes and the weight."""
+    out = {}
+    for t, b in STORAGES:
+        raw = random_raw(t, N, K, seed=TYPES.index(t))
+        out[t, b] = (raw, QuantizedWeight.from_gguf_rows(t, N, K, [(0, raw)], bits=b))
+    return out
+
+
+def test_isa_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (ISA is a path, or avx512-amx where auto takes the AMX tiles.)
+    assert isa.ISA in isa.variants() and isa.available_isas()[-1] == "scalar"
+    assert f"kernels {isa.ISA} (" in isa.describe()
+    for v in VARIANTS:
+        assert isa.code(v) in range(7)
+        assert isa._choose(v) == v  # a variant may be forced, for measurements
+    with pytest.raises(isa.KernelIsaError, match=r"expected one of .* variant"):
+        isa._choose("neon")
+    monkeypatch.setattr(isa, "available_isas", lambda: ["scalar"])
+    with pytest.raises(isa.KernelIsaError, match="cannot run it"):
+        isa._choose("avx2")
+    assert isa._choose("auto") == "scalar"
+
+
+def test_forced_isa_at_import() -> None:
+    code = "from recallspec.runtime import isa; print(isa.ISA)"
+    env = {**os.environ, "RECALLSPEC_KERNELS": "scalar"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "scalar"
+    env["RECALLSPEC_KERNELS"] = "sse9"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "KernelIsaError" in r.stderr
+
+
+def test_kernel_checks_its_arguments() -> None:
+    x, out = torch.zeros(1, 32), torch.zeros(1, 16)
+    e8, e32 = torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.int32)
+    qs, sc = torch.zeros(16 * 32, dtype=torch.uint8), torch.zeros(16 * 4, dtype=torch.uint8)
+    seg = _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 8, 0)
+    with pytest.raises(ValueError, match="isa"):
+        _kernels.qgemm(seg, x.data_ptr(), 1, out.data_ptr(), 16, 0, 1, 7)
+    with pytest.raises(ValueError, match="n_off"):
+        _kernels.qgemm(seg, x.data_ptr(), 1, out.data_ptr(), 16, 1, 1, 0)
+    with pytest.raises(ValueError, match="do not match"):
+        _kernels.QSeg(qs[:-1], sc, e8, e32, 16, 32, 32, 8, 0)
+    with pytest.raises(ValueError, match="do not match"):  # 6-bit storage: 3/4 of the bytes
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 6, 0)
+    with pytest.raises(ValueError, match="4-bit storage needs sb = 32"):
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 16, 4, 0)
+    with pytest.raises(ValueError, match="bits must be 4, 6 or 8"):
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 5, 0)
+    with pytest.raises(ValueError, match="scale format"):
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 8, 3)
+    with pytest.raises(ValueError, match="K-quant scales"):
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 8, 2)
+
+
+@pytest.mark.parametrize(("qtype", "nbits"), STORAGES, ids=STORAGE_IDS)
+def test_dequantize_matches_gguf(weights: dict, qtype: T, nbits: int) -> None:
+    raw, w = weights[qtype, nbits]
+    # Exact, bit for bit: s and m are gguf's own factors (fp16 fields, or d*sc which is
+    # exact in fp32), and w = s*(u-z) (+ m) rounds after the product and after the sum
+    # exactly as gguf.quants computes d*q (+ m) / d*q - dm.
+    ref = gguf.quants.dequantize(raw, qtype)
+    assert np.array_equal(bits(w.dequantize()), ref.view(np.uint32))
+    ids = torch.tensor([36, 0, 17, 17, 5])
+    assert np.array_equal(bits(w.rows(ids)), ref[ids.numpy()].view(np.uint32))
+    with pytest.raises(IndexError):
+        w.rows(torch.tensor([N]))
+
+
+# Blocks of 32 per row: the AVX-512 quantizer takes 16 blocks at a time while 6 or more
+# are left and single blocks after: 3 (single blocks only), 18 (16 + 2 single), 22 (16 +
+# a group of 6), 23 (an odd group of 7), 48 (three full groups).
+@pytest.mark.parametrize("blocks", [3, 18, 22, 23, 48])
+def test_activation_quantizer_is_exact_and_isa_free(blocks: int) -> None:
+    k = 32 * blocks
+    x = activations(9, k)
+    x[1, 32:64] = 0.0  # a zero block inside a row (d = 0, no division)
+    xn = x.numpy()
+    blocks3 = xn.reshape(9, blocks, 32)
+    d = (np.abs(blocks3).max(axis=2) / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q_ref = np.rint(blocks3 * inv[..., None]).astype(np.int8).reshape(9, k)  # half to even
+    for sb in (32, 16):
+        for v in VARIANTS:
+            q = torch.empty(9, k, dtype=torch.int8)
+            dd, dxs = torch.empty(9, blocks), torch.empty(9, k // sb)
+            xs = torch.empty(9, k // sb, dtype=torch.int32)
+            _kernels.qquantize(x, q, dd, xs, dxs, sb, isa.code(v))
+            assert np.array_equal(q.numpy(), q_ref) and np.array_equal(dd.numpy(), d), (v, sb)
+            sums = q_ref.reshape(9, k // sb, sb).astype(np.int32).sum(axis=2)
+            assert np.array_equal(xs.numpy(), sums), (v, sb)
+            dsub = np.repeat(d, 32 // sb, axis=1)
+            assert np.array_equal(dxs.numpy(), (dsub * sums.astype(np.float32)).astype(np.float32))
+
+
+@pytest.mark.parametrize(("qtype", "nbits"), STORAGES, ids=STORAGE_IDS)
+def test_batch_thread_and_isa_invariance(weights: dict, qtype: T, nbits: int) -> None:
+    _, w = weights[qtype, nbits]
+    x = activations(256, K)
+    ref = qlinear(x, w, threads=1, isa=VARIANTS[0])
+    for v in VARIANTS:
+        full = qlinear(x, w, threads=2, isa=v)
+        assert np.array_equal(bits(full), bits(ref)), f"{v} differs from {VARIANTS[0]}"
+        # Every row count a kernel has its own code for (1 row; 2-32 rows in even passes
+        # of at most 9 on VNNI; tiles of 64; AMX: 10-16 rows in one tile, 17-32 in two
+        # of equal height whose last one repeats a row where the count is odd) and
+        # counts that end in a partial tile.
+        for bs in (*range(2, 18), 24, 31, 33, 64, 70):
+            got = torch.cat([qlinear(x[i:i + bs], w, threads=1, isa=v) for i in range(0, 256, bs)])
+            assert np.array_equal(bits(got), bits(ref)), f"{v}, batches of {bs}"
+        rows = [0, 1, 3, 100, 128, 255] if v == "scalar" else range(256)
+        for i in rows:
+            assert np.array_equal(bits(qlinear(x[i:i + 1], w, isa=v)), bits(ref[i:i + 1]))
+
+
+def test_six_bit_segments_take_the_byte_product(weights: dict) -> None:
+    """QSeg finds u8 storage whose every u < 64 (Q5_*, Q6_K: the AVX2 path without VNNI
+    multiplies it by vpmaddubsw, which the invariance tests above then run), as 6-bit
+    storage is; Q8_0's q + 128 is not, and u4 storage has its own product."""
+    for (qtype, nbits), (_, w) in weights.items():
+        (seg,) = w.segments
+        six_bit = qtype in (T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K)
+        assert seg.handle.u6 == six_bit and seg.bits == nbits, qtype.name
+    with pytest.raises(ValueError, match="zero points must fit int16"):
+        seg = weights[T.Q8_0, 8][1].segments[0]
+        _kernels.QSeg(seg.qs, seg.scale.view(torch.uint8), torch.empty(0, dtype=torch.uint8),
+                      torch.full_like(seg.zero, 1 << 15), seg.n, seg.k, seg.sb, seg.bits, seg.sfmt)
+
+
+def test_six_bit_storage_is_the_same_weight(weights: dict) -> None:
+    """A type stored in 6 bits holds 3/4 of its u8 bytes, the same canonical values,
+    and every path's products have the u8 storage's bits."""
+    x = activations(33, K)
+    for qtype in qf.BELOW_64:
+        (s8,), (s6,) = weights[qtype, 8][1].segments, weights[qtype, 6][1].segments
+        assert s6.qs.numel() * 4 == s8.qs.numel() * 3, qtype.name
+        assert np.array_equal(s6.canon().u, s8.canon().u), qtype.name
+        ref = qlinear(x, weights[qtype, 8][1], threads=1, isa="scalar")
+        for v in VARIANTS:
+            for rows in (1, 4, 33):
+                got = torch.cat([qlinear(x[i:i + rows], weights[qtype, 6][1], threads=2, isa=v)
+                                 for i in range(0, 33, rows)])
+                assert np.array_equal(bits(got), bits(ref)), f"{qtype.name}, {v}, {rows} rows"
+
+
+@pytest.mark.parametrize(("qtype", "nbits"), STORAGES, ids=STORAGE_IDS)
+@pytest.mark.parametrize("fill", [0xFF, 0x80, 0x7F, 0x00])
+def test_extreme_operands(qtype: T, nbits: int, fill: int) -> None:
+    """Every value byte set to one pattern (nibbles all 15, bytes 128, 127 or 0) times
+    activations all at +-127 after quantization: the largest integer sums each path's
+    narrow accumulators meet (without VNNI the AVX2 u4 product adds a sub-block's 8 pair
+    sums in int16: 8 * 2 * 15 * 127 = 30480, its u6 product two chunks' pair sums of
+    6-bit values: 2 * 2 * 63 * 127 = 32004, and Q6_K's sub-block of 16 with its zero
+    points folded in, bytes 0: 8 * 32 * 127 = 32512, as close to 2^15 as they get). Any
+    overflow or saturation would differ from the scalar path, which sums in int32."""
+    bs, ts = gguf.GGML_QUANT_SIZES[qtype]
+    raw = random_raw(qtype, 16, K, seed=7).reshape(16, K // bs, ts).copy()
+    keep = raw[..., FP16_BYTES[qtype]].copy()
+    raw[...] = fill
+    raw[..., FP16_BYTES[qtype]] = keep
+    w = QuantizedWeight.from_gguf_rows(qtype, 16, K, [(0, raw.reshape(16, -1))], bits=nbits)
+    x = torch.ones(4, K)
+    x[1] = -1.0
+    x[2, ::2] = -1.0  # alternating signs: pair sums of opposite terms
+    x[3, : K // 2] = -1.0
+    x = x.repeat(4, 1)  # 16 rows: one AMX tile where the CPU has AMX
+    ref = qlinear(x, w, threads=1, isa="scalar")
+    for v in VARIANTS:
+        for rows in (1, 4, 16):  # the 1-row kernels and the multi-row ones
+            got = torch.cat([qlinear(x[i:i + rows], w, threads=1, isa=v)
+                             for i in range(0, 16, rows)])
+            assert np.array_equal(bits(got), bits(ref)), f"{v}, {rows} rows"
+    # The value itself where it is easy to state: nibbles 15 of Q4_0 (u - z = 7), all
+    # q = 127 with d = 1/127: each output is sum_b s_b * (7 * 127 * 32) / 127. rtol:
+    # K/32 = 16 fp32 roundings of terms of one sign, far below 1e-5.
+    if qtype == T.Q4_0 and fill == 0xFF:
+        s = torch.from_numpy(keep.view(np.float16).astype(np.float32))[..., 0]
+        assert torch.allclose(ref[0], (s * (7 * 32)).sum(dim=1), rtol=1e-5)
+
+
+# (type, storage bits) -> resident bytes per 256 weights of a row.
+K_QUANT_BYTES = {(T.Q4_K, 4): 148, (T.Q5_K, 8): 276, (T.Q5_K, 6): 212, (T.Q6_K, 8): 274,
+                 (T.Q6_K, 6): 210}
+
+
+@pytest.mark.parametrize(("qtype", "nbits"), list(K_QUANT_BYTES),
+                         ids=[f"{t.name}-{b}bit" for t, b in K_QUANT_BYTES])
+def test_k_quant_tiles_keep_the_fp32_scale_bits(qtype: T, nbits: int) -> None:
+    """K-quants store GGUF's d and integer sc (qformats.KScales) and the kernels form
+    s = d * sc themselves: every product, on every path and row count, and every
+    dequantized row must keep the bits of the fp32 scales stored before (the same
+    canonical form packed with fp32 scale and min arrays), and the resident bytes per
+    256 weights of a row drop to Q4_K 148 (GGUF 144; fp32 scales 192), Q6_K 274 (GGUF 210;
+    fp32 320: its values one byte each; in 6-bit storage 210, the GGUF's own size)."""
+    n = 48
+    raw = random_raw(qtype, n, K, seed=11)
+    tiles = QuantizedWeight.from_gguf_rows(qtype, n, K, [(0, raw)], bits=nbits)
+    canon = dataclasses.replace(qf.with_bits(qf.decode(raw, qtype, n, K), nbits), ks=None)
+    fp32 = QuantizedWeight(n, K, qtype.name, (Segment.build(canon, 0, (qtype.name,)),))
+    assert tiles.segments[0].sfmt == qf.SFMT_KS and fp32.segments[0].sfmt == qf.SFMT_F32
+    assert np.array_equal(bits(tiles.dequantize()), bits(fp32.dequantize()))
+    x = activations(64, K, seed=5)
+    for v in VARIANTS:
+        ref = qlinear(x, fp32, threads=2, isa=v)
+        for bs in (1, 2, 5, 8, 9, 16, 17, 33, 64):
+            got = torch.cat([qlinear(x[i:i + bs], tiles, threads=1, isa=v)
+                             for i in range(0, 64, bs)])
+            assert np.array_equal(bits(got), bits(ref)), f"{v}, batches of {bs}"
+    per_row_block = K_QUANT_BYTES[qtype, nbits]
+    zero_bytes = 0 if tiles.segments[0].zero is None else 4 * n
+    assert tiles.nbytes == n * (K // 256) * per_row_block + zero_bytes
+
+
+def quantized_x(x: torch.Tensor) -> torch.Tensor:
+    """The activations the kernel multiplies: q * d per block of 32, in float64."""
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.int8)
+    d, dxs = torch.empty(m, k // 32), torch.empty(m, k // 32)
+    xs = torch.empty(m, k // 32, dtype=torch.int32)
+    _kernels.qquantize(x, q, d, xs, dxs, 32, 0)
+    return (q.double().reshape(m, -1, 32) * d.double().unsqueeze(2)).reshape(m, k)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_accuracy_against_float64(weights: dict, qtype: T) -> None:
+    _, w = weights[qtype, qf.LAYOUTS[qtype].bits]
+    x = activations(16, K)
+    got = qlinear(x, w).double()
+    xq = quantized_x(x)
+    ref = xq @ w.dequantize().double().T
+    c = w.segments[0].canon()
+    s = np.repeat(c.scale.astype(np.float64), c.sb, axis=1)
+    z = 0 if c.zero is None else c.zero[:, None]
+    mag = np.abs(s * (c.u.astype(np.float64) - z))
+    if c.mins is not None:
+        mag += np.abs(np.repeat(c.mins.astype(np.float64), c.sb, axis=1))
+    # Error bound (first order in u = 2^-24): per sub-block the kernel rounds f =
+    # isum*d once and each fma once (two fmas with mins; dxs rounded once), and every
+    # term is bounded by sum_k (|s(u-z)| + |m|) |xq_k|; the fp32 dequantized reference
+    # weights carry 2u relative error each. So |err| <= (fmas + 3) u A with
+    # A = sum_k (|s(u-z)| + |m|) |xq_k|; 1% slack covers the second-order terms.
+    fmas = (K // c.sb) * (2 if c.mins is not None else 1)
+    bound = (fmas + 3) * U * (np.abs(xq.numpy()) @ mag.T) * 1.01
+    err = (got - ref).abs().numpy()
+    assert (err <= bound).all(), float((err / np.maximum(bound, 1e-300)).max())
+    assert (got - ref).abs().max() > 0 or qtype == T.Q8_0  # not comparing a thing with itself
+
+
+def test_concat_mixed_types(weights: dict) -> None:
+    order = [(T.Q4_1, 4), (T.Q4_0, 4), (T.Q5_0, 8), (T.Q8_0, 8), (T.Q6_K, 8), (T.Q6_K, 6),
+             (T.Q4_K, 4), (T.Q5_K, 8), (T.Q5_1, 8)]
+    parts = [weights[t][1] for t in order]
+    cat = QuantizedWeight.concat(parts)
+    assert cat.n == N * len(order) and cat.kind == "+".join(dict.fromkeys(t.name for t, _ in order))
+    # Q4_1+Q4_0 (u4, fp16) merge; Q5_0+Q8_0 (u8, fp16) merge; the rest stand alone (Q6_K
+    # in 8 and in 6 bits too).
+    assert len(cat.segments) == 7
+    x = activations(9, K)
+    for v in VARIANTS:
+        sep = torch.cat([qlinear(x, p, isa=v) for p in parts], dim=1)
+        assert np.array_equal(bits(qlinear(x, cat, isa=v)), bits(sep))
+    deq = torch.cat([p.dequantize() for p in parts])
+    assert np.array_equal(bits(cat.dequantize()), bits(deq))
+    ids = torch.tensor([0, 40, 290, 77, 100, cat.n - 1, 150])
+    assert np.array_equal(bits(cat.rows(ids)), bits(deq[ids]))
+
+
+def test_state_dict_roundtrip(weights: dict, tmp_path) -> None:
+    cat = QuantizedWeight.concat([weights[T.Q4_1, 4][1], weights[T.Q5_0, 8][1],
+                                  weights[T.Q6_K, 6][1]])
+    path = tmp_path / "w.safetensors"
+    save_file(cat.state_dict("layer.w."), str(path))
+    back = QuantizedWeight.from_state_dict(load_file(str(path)), "layer.w.")
+    assert (back.n, back.k, back.kind, back.nbytes) == (cat.n, cat.k, cat.kind, cat.nbytes)
+    assert [s.bits for s in back.segments] == [s.bits for s in cat.segments] == [4, 8, 6]
+    x = activations(5, K)
+    assert np.array_equal(bits(qlinear(x, back)), bits(qlinear(x, cat)))
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "Q4_0", "Q5_0", "Q5_1"])
+def test_from_float(kind: str) -> None:
+    w = torch.randn(40, 96, generator=torch.Generator().manual_seed(3))
+    qw = QuantizedWeight.from_float(w, kind)
+    ref = gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), T[kind]), T[kind])
+    assert qw.kind == kind and np.array_equal(bits(qw.dequantize()), ref.view(np.uint32))
+    f32 = QuantizedWeight.from_gguf(w.numpy().view(np.uint8), T.F32, 40, 96, float_kind=kind)
+    assert np.array_equal(bits(f32.dequantize()), bits(qw.dequantize()))
+    # Sanity of the values: within one quantization step of the block's range (half a
+    # step of rounding, plus the fp16 rounding of d and m: at most 127 * 2^-11 < 0.07
+    # of a step for these level counts).
+    blocks = w.reshape(40, 3, 32)
+    levels = {"Q8_0": 127, "Q4_0": 8, "Q5_0": 16, "Q4_1": 15, "Q5_1": 31}[kind]
+    with_min = kind in ("Q4_1", "Q5_1")
+    span = blocks.amax(2) - blocks.amin(2) if with_min else blocks.abs().amax(2)
+    err = (qw.dequantize() - w).abs().reshape(40, 3, 32).amax(2)
+    assert (err <= span / levels).all()
+
+
+def test_bias_shapes_and_errors(weights: dict) -> None:
+    _, w = weights[T.Q4_1, 4]
+    x = activations(6, K)
+    b = torch.randn(N)
+    assert torch.equal(qlinear(x, w, b), qlinear(x, w) + b)
+    assert torch.equal(qlinear(x.reshape(2, 3, K), w).reshape(6, N), qlinear(x, w))
+    assert qlinear(x[:0], w).shape == (0, N)
+    with pytest.raises(TypeError):
+        qlinear(x.double(), w)
+    with pytest.raises(ValueError):
+        qlinear(x[:, :64], w)
+    with pytest.raises(ValueError):
+        QuantizedWeight.from_float(torch.randn(4, 40))
+
+
+def real_tensors(path, names: list[str], rows: int) -> list[tuple[str, np.ndarray, T, int]]:
+    """The first ``rows`` rows of block bytes of tensors ``names``: (name, raw, type, k)."""
+    infos = {t.name: t for t in read_header(path).tensors}
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    out = []
+    for name in names:
+        t = infos[name]
+        row_bytes = t.n_bytes // t.shape[0]
+        raw = np.array(data[t.offset:t.offset + rows * row_bytes]).reshape(rows, row_bytes)
+        out.append((name, raw, t.ggml_type, t.shape[1]))
+    return out
+
+
+def check_real(path, names: list[str]) -> None:
+    for name, raw, qtype, k in real_tensors(path, names, rows=200):
+        w = QuantizedWeight.from_gguf(raw, qtype, len(raw), k)
+        ref = gguf.quants.dequantize(raw, qtype)
+        assert np.array_equal(bits(w.dequantize()), ref.view(np.uint32)), name
+        x = torch.randn(64, k, generator=torch.Generator().manual_seed(7))
+        full = qlinear(x, w, isa=VARIANTS[0])
+        for v in VARIANTS[:-1]:  # scalar checked on a slice: it is slow on 64 rows
+            assert np.array_equal(bits(qlinear(x, w, isa=v)), bits(full)), (name, v)
+        assert np.array_equal(bits(qlinear(x[:3], w, isa="scalar")), bits(full[:3])), name
+        for bs in (1, 7, 16):
+            got = torch.cat([qlinear(x[i:i + bs], w) for i in range(0, 64, bs)])
+            assert np.array_equal(bits(got), bits(full)), (name, bs)
+
+
+def test_real_smollm2() -> None:
+    from recallspec.models.loader import default_model_path
+
+    check_real(default_model_path(), ["blk.0.attn_q.weight", "blk.3.ffn_down.weight",
+                                      "token_embd.weight"])
+
+
+def test_real_gemma3() -> None:
+    from recallspec.models.loader import ModelLoadError, gemma3_path
+
+    try:
+        path = gemma3_path()
+    except ModelLoadError as e:
+        pytest.skip(str(e))
+    check_real(path, ["blk.0.attn_q.weight", "blk.0.attn_v.weight",
+                      "blk.0.attn_output.weight", "blk.0.ffn_down.weight"])
