@@ -30,7 +30,7 @@ def test_a_spec_is_parsed_once_into_a_typed_object() -> None:
     assert DrafterSpec.parse("none:mode=adaptive").sizing == "fixed"  # nothing to size
     assert DrafterSpec.parse("sam+recycling:delta=3") == DrafterSpec.of("sam+recycling",
                                                                         {"delta": 3})
-    with pytest.raises(UnknownNameError, match=r"sizing.*bench\.padded_layouts"):
+    with pytest.raises(UnknownNameError, match=r"sizing.*bench\.suite\.padded_layouts"):
         DrafterSpec.parse("pld:mode=vanilla")  # a batch layout is a benchmark ablation
     with pytest.raises(DataError, match="key=value"):
         DrafterSpec.parse("pld:3")
@@ -58,7 +58,7 @@ def test_a_batch_layout_is_refused_where_a_sizing_is_expected(word: str) -> None
     mode (the config, ``--mode``, a request, ``generate``) or as a spec's sizing is an
     error that says where the padded layouts live (``ems`` in a spec still reads as
     fixed: older specs and answer files wrote it)."""
-    where = r"bench\.padded_layouts"
+    where = r"bench\.suite\.padded_layouts"
     with pytest.raises(UnknownNameError, match=where):
         EngineConfig(mode=word)
     eng = _engine()

@@ -66,7 +66,7 @@ def test_isa_selection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_forced_isa_at_import() -> None:
-    code = "from recallspec.runtime import isa; print(isa.ISA)"
+    code = "from recallspec.kernels import isa; print(isa.ISA)"
     env = {**os.environ, "RECALLSPEC_KERNELS": "scalar"}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "scalar"

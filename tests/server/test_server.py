@@ -278,7 +278,7 @@ def test_bad_requests_get_openai_errors(server: Server) -> None:
             err = r.json()["error"]
             assert isinstance(err["message"], str) and err["message"] and err["type"]
             if isinstance(body, dict) and body.get("recallspec") == {"mode": "vanilla"}:
-                assert "bench.padded_layouts" in err["message"]  # where the layouts live
+                assert "bench.suite.padded_layouts" in err["message"]  # where the layouts live
         assert c.get("/completions").status_code == 405
     server.wait_idle()
 
