@@ -11,7 +11,7 @@ def test_table_lines_header_rule_and_rows() -> None:
     assert table_lines(["a", "b"], [[1, None], ["x | y", 2.5]]) == [
         "| a | b |",
         "|---|---|",
-        "| 1 | – |",
+        "| 1 | - |",
         "| x \\| y | 2.5 |",
     ]
 

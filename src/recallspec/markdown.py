@@ -13,9 +13,10 @@ __all__ = ["cell", "table", "table_lines"]
 
 
 def cell(value: object) -> str:
-    """A cell's text: ``None`` reads as an en dash, pipes are escaped, newlines folded."""
+    """A cell's text: ``None`` reads as "-" (what every report prints for a figure not
+    measured, ``bench.common.report.num``), pipes are escaped, newlines folded."""
     if value is None:
-        return "–"
+        return "-"
     return str(value).replace("\r", " ").replace("\n", " ").replace("|", "\\|")
 
 

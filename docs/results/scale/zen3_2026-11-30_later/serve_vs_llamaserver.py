@@ -1,7 +1,8 @@
 """`recallspec serve` against llama-server, later runs: process start to /health and to
 the first completion token, alternated, every process after 5 s idle.
 
-    .venv/bin/python docs/results/scale/zen3_2026-11-30_later/serve_vs_llamaserver.py GGUF ROUNDS OUT.json
+    .venv/bin/python docs/results/scale/zen3_2026-11-30_later/serve_vs_llamaserver.py \\
+        GGUF ROUNDS OUT.json
 
 Run the model once before (its repack cache and cost curve cached), alone on the machine.
 """
