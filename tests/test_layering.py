@@ -5,7 +5,8 @@ module under src/recallspec/ (imports at the top, inside functions and under
 ``TYPE_CHECKING``: each is a dependency a reader must follow) and fails on
 - an import of a package on the same or a higher row (upward or sideways),
 - an import circle between modules (a strongly connected component of two or more),
-- a top-level package or module that the table does not name.
+- a top-level package or module that the table does not name,
+- an import of a library that one package wraps (``OWNED``) from any other.
 Strings handed to ``importlib`` (the drafter registry, the CLI's command list) are not
 imports: they are the lazy, by-name references the layering allows.
 """
@@ -109,6 +110,25 @@ def test_no_upward_or_sideways_import() -> None:
                 bad.append(f"{path.relative_to(ROOT)}:{line}: {m} (layer {layers.get(a)}) "
                            f"imports {dep} (layer {layers.get(b)})")
     assert not bad, "imports against the layer table:\n" + "\n".join(bad)
+
+
+# Third-party packages that one package of ours wraps: no other module imports them.
+OWNED = {"llguidance": "grammar"}
+
+
+def test_wrapped_libraries_are_imported_by_their_package_only() -> None:
+    bad = []
+    for m, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            for n in names:
+                owner = OWNED.get(n.split(".")[0])
+                if owner is not None and top(m) != owner:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {m} imports {n} "
+                               f"(only {owner} may)")
+    assert not bad, "\n".join(bad)
 
 
 def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:

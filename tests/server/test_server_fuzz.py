@@ -1,6 +1,8 @@
 """Fuzzed request bodies (hypothesis) against a live `recallspec serve`: never a 500,
 an OpenAI error body for every refusal, no request left holding a slot, and a correct
-answer afterwards."""
+answer afterwards. The bodies cover the structured-output fields too (good and bad
+guides, two at once, a guide with ``ignore_eos``), and the tool-calling ones (tools,
+``tool_choice``, ``parallel_tool_calls``)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ _json = st.recursive(
 
 
 _text = st.text(min_size=1, max_size=20)
+_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}}}}
 _options = {  # optional fields and valid values for them
     "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1), "top_k": st.integers(-1, 80),
     "seed": st.integers(-(2**63), 2**64 - 1), "stop": _text | st.lists(_text, max_size=3),
@@ -47,7 +51,28 @@ _options = {  # optional fields and valid values for them
     "recallspec": st.fixed_dictionaries({}, optional={
         "drafter": st.sampled_from(["none", "pld", "llma", "sam", "recycling"]),
         "mode": st.sampled_from(["adaptive", "fixed"]),
-        "return_token_ids": st.booleans()}),
+        "return_token_ids": st.booleans(),
+        "regex": st.sampled_from(["[0-9]{3}-[0-9]{4}", "(yes|no)", "[a-z ]+\\."])}),
+    # Structured outputs (two guides, or one with ignore_eos, are 400s: fuzzed too).
+    "response_format": st.sampled_from([
+        {"type": "text"}, {"type": "json_object"},
+        {"type": "json_object", "schema": {"type": "object", "properties": {
+            "a": {"type": "integer"}}}},
+        {"type": "json_schema", "json_schema": {"name": "pair", "strict": True, "schema": {
+            "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+            "required": ["a", "b"], "additionalProperties": False}}},
+        {"type": "json_schema", "json_schema": {"name": "any-object"}}]),
+    "grammar": st.sampled_from(['root ::= "yes" | "no"', 'root ::= [0-9]+ "." [0-9]*', ""]),
+    "json_schema": st.sampled_from([{}, {"type": "integer"},
+                                    {"type": "array", "items": {"type": "boolean"}}]),
+    # Tool calling (chat only; with another guide or ignore_eos, or a choice without
+    # tools, a 400: fuzzed too).
+    "tools": st.sampled_from([[], [_TOOL], [_TOOL, {"type": "function", "function": {
+        "name": "add", "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer"}, "b": {"type": "integer"}}}}}]]),
+    "tool_choice": st.sampled_from(["none", "auto", "required", {
+        "type": "function", "function": {"name": "get_weather"}}]),
+    "parallel_tool_calls": st.booleans(),
 }
 _wrong = {  # values that must be refused
     "model": st.sampled_from(["gpt-4", "", 3, None]),
@@ -66,7 +91,18 @@ _wrong = {  # values that must be refused
                                    {"drafter": "sam", "drafter_options": {"index": "/x"}},
                                    {"drafter": "pld", "drafter_options": {"max_ngram": 0}},
                                    {"drafter": "pld", "drafter_options": {"k": [1]}},
-                                   {"extra": 1}]),
+                                   {"extra": 1}, {"regex": "[0-9"}, {"regex": ""},
+                                   {"regex": 5}]),
+    "response_format": st.sampled_from([
+        {"type": "json"}, {"type": "json_schema"}, {"type": "json_schema", "json_schema": {}},
+        {"type": "json_schema", "json_schema": {"name": "a b"}},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+        {"type": "json_object", "schema": []}, "json_object", {"type": "text", "x": 1}]),
+    "grammar": st.sampled_from(["root ::= missing_rule", 'root ::= "unclosed', 5, ["a"]]),
+    "json_schema": st.sampled_from([{"type": "nonsense"}, "{}", []]),
+    "tool_choice": st.sampled_from(["sometimes", {"type": "function"}, 5,
+                                    {"type": "function", "function": {"name": "nope"}}]),
+    "parallel_tool_calls": st.sampled_from(["yes", 1]),
 }
 
 

@@ -187,7 +187,7 @@ BAD = [  # (path, fields over a valid body, the field the error names)
     ("chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs
     ("chat/completions", {"logit_bias": {"50": 10}}, "logit_bias"),
-    ("chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("chat/completions", {"response_format": {"type": "json"}}, "response_format"),
     ("chat/completions", {"tools": [{"type": "function"}]}, "tools"),
 ]
 

@@ -54,6 +54,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--memory-snapshot", default=None, metavar="FILE",
                    help="save the response memory to FILE when the server stops and load it "
                    "when it starts (if FILE exists)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template file to use instead of the model's (e.g. one "
+                   "that renders tools; default: the model's own, and for tools on a ChatML "
+                   "model whose template has none, the shipped chatml_tools.jinja)")
     p.add_argument("--corpus-dir", default=None, metavar="DIR",
                    help="the only directory POST /v1/corpora may load files from (documents "
                    "or index files; default: none, documents in the request body only)")
@@ -110,13 +114,28 @@ def measures_at_start(engine: Engine) -> bool:
     return how.drafter.name != NO_DRAFTER and how.sizing == "adaptive"
 
 
+def load_engine(model: str | None, config: dict[str, object],
+                chat_template: str | None = None) -> Engine:
+    """``Engine.load(model, **config)``, its tokenizer's chat template replaced by
+    ``chat_template`` where one is given (``--chat-template``)."""
+    from recallspec.engine import Engine, EngineConfig
+    from recallspec.models import load_model
+
+    if chat_template is None:
+        return Engine.load(model, **config)
+    cfg = EngineConfig(model=model, **config)  # type: ignore[arg-type]
+    m, tok = load_model(model, dtype=cfg.dtype, kv_dtype=cfg.kv_dtype,
+                        repack_cache=cfg.repack_cache)
+    return Engine(m, tok.with_chat_template(chat_template), cfg)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from recallspec.drafters.spec import DrafterSpec
-    from recallspec.engine import Engine
     from recallspec.models.loader import DEFAULT_MODEL
     from recallspec.server import EngineLoop, Metrics, create_app
+    from recallspec.server.tool_support import ToolSupport
 
     if args.max_waiting < 0:
         raise DataError("--max-waiting must be >= 0")
@@ -128,6 +147,12 @@ def run(args: argparse.Namespace) -> int:
                         ("--memory-snapshot", args.memory_snapshot)):
         if value and not args.memory_tokens:
             raise DataError(f"{flag} needs a response memory (--memory-tokens N)")
+    chat_template = None
+    if args.chat_template is not None:
+        try:
+            chat_template = Path(args.chat_template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"--chat-template {args.chat_template}: {e}") from None
     corpus_dir = None
     if args.corpus_dir is not None:
         corpus_dir = Path(args.corpus_dir).resolve()
@@ -157,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
             config["prefix_cache_tokens"] = args.prefix_cache_tokens
         if args.kv_budget_tokens is not None:
             config["kv_budget_tokens"] = args.kv_budget_tokens
-        engine = Engine.load(args.model, **config)
+        engine = load_engine(args.model, config, chat_template)
     except ValueError as e:
         raise DataError(str(e)) from None
     engine.curves.background = args.cost_curve == "background"
@@ -182,11 +207,12 @@ def run(args: argparse.Namespace) -> int:
                       flush=True)
         engine.close()
 
+    tools = ToolSupport.of(engine.tokenizer)
     app = create_app(loop, model_name=name, api_key=args.api_key, corpus_dir=corpus_dir,
-                     on_shutdown=shutdown)
+                     on_shutdown=shutdown, tools=tools)
     loop.start()
     print(f"recallspec: serving {name} on http://{args.host}:{args.port}/v1 "
-          f"(drafter {drafter}, batch {args.max_batch_size}"
+          f"(drafter {drafter}, batch {args.max_batch_size}, {tools.describe()}"
           + (f", memory {args.memory_tokens} tokens per tenant" if args.memory_tokens else "")
           + (f", corpora from {corpus_dir}" if corpus_dir else "") + ")",
           file=sys.stderr, flush=True)

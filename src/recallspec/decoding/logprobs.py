@@ -11,6 +11,13 @@ root's row for the first token of a step, accepted node i's row for the token af
 That row is bit-identical to the row plain decoding computes at the same position (the
 kernels are row-local and batch-invariant), and ``token_logprob`` reads one row alone, so
 the reported numbers are the same with and without drafts, alone or batched.
+
+Under a grammar (``decoding/masks.py``) the row is masked first: the values are those of
+the masked distribution (the log-softmax of the raw row over the allowed tokens), the
+distribution the token was chosen from. A forbidden token never appears among the
+alternatives, and a token the grammar forces has log-probability 0. The mask is a
+function of the tokens before the row, so these values too are the same with and
+without drafts.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from recallspec.decoding.masks import Mask
+from recallspec.decoding.masks import apply as apply_mask
 
 
 @dataclass(frozen=True)
@@ -30,18 +40,22 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-def token_logprob(logits: torch.Tensor | np.ndarray, token: int, k: int) -> TokenLogprob:
-    """``token``'s log-probability under one row of raw logits ([V]) and the row's ``k``
-    most likely tokens. In float64: the log-sum-exp over the vocabulary adds ~1e-16
-    relative rounding, far below what a client reads."""
+def token_logprob(logits: torch.Tensor | np.ndarray, token: int, k: int,
+                  mask: Mask | None = None) -> TokenLogprob:
+    """``token``'s log-probability under one row of raw logits ([V]), masked by ``mask``
+    (one row's) if given, and the row's ``k`` most likely (allowed) tokens. In float64:
+    the log-sum-exp over the vocabulary adds ~1e-16 relative rounding, far below what a
+    client reads."""
     if isinstance(logits, torch.Tensor):
         logits = logits.detach().float().cpu().numpy()
+    if mask is not None:
+        logits = apply_mask(logits, mask)
     x = np.asarray(logits, dtype=np.float64)
     z = x - x.max()
     lse = float(np.log(np.exp(z).sum()))
     top: tuple[tuple[int, float], ...] = ()
     if k > 0:
-        k = min(k, len(x))
+        k = min(k, len(x) if mask is None else int(np.isfinite(x).sum()))
         kth = np.partition(x, len(x) - k)[len(x) - k]  # the k-th largest value
         ids = np.flatnonzero(x >= kth)
         ids = ids[np.lexsort((ids, -x[ids]))][:k]  # by value, then id: canonical ties

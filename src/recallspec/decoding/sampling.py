@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from recallspec import _kernels
+from recallspec.decoding.masks import Guide
 from recallspec.kernels import isa as _isa
 
 MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's ``top_logprobs`` bound)
@@ -22,6 +23,9 @@ class SamplingParams:
     temperature, top-k and top-p (``decoding/penalties.py`` says what each one counts).
     ``logprobs``: report each generated token's log-probability and this many most
     likely alternatives (None: none); they are the model's own (``decoding/logprobs.py``).
+    ``guide``: the grammar the output must follow (``decoding/masks.py``); its mask acts
+    after penalties, before temperature, top-k and top-p. EOS is allowed where the grammar
+    accepts, so a guide and ``ignore_eos`` exclude each other.
     """
 
     temperature: float = 0.0
@@ -38,6 +42,7 @@ class SamplingParams:
     repeat_penalty: float = 1.0  # llama.cpp's, > 0; 1 = off
     repeat_last_n: int = 64  # repeat_penalty's window (llama.cpp's): 0 = off, -1 = all
     logprobs: int | None = None  # 0..MAX_LOGPROBS alternatives; None = no logprobs
+    guide: Guide | None = None  # the output's grammar; None = free text
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -57,6 +62,11 @@ class SamplingParams:
             raise ValueError("repeat_last_n must be >= -1 (-1 = the whole context)")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
+        if self.guide is not None and not isinstance(self.guide, Guide):
+            raise ValueError("guide must be a decoding.masks.Guide")
+        if self.guide is not None and self.ignore_eos:
+            raise ValueError("ignore_eos cannot be combined with a grammar (the grammar "
+                             "decides where the output may end)")
 
     @property
     def greedy(self) -> bool:

@@ -12,6 +12,10 @@ Definitions used throughout:
     which is the step's *accept length*.
   * penalties (``decoding/penalties.py``): with a ``Penalties`` context, every row is
     penalised with the draft path to it before it is read, greedy included.
+  * masks (``decoding/masks.py``): with a grammar's ``masks`` ([1 + len(tree), words]),
+    every row is masked after its penalties: forbidden tokens are never chosen. The
+    tree's nodes must be ones the grammar allows (``Constraint.constrain`` cut the
+    others), so each row's mask is the one constrained plain decoding has there.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Any
 
 import torch
 
+from recallspec.decoding import masks as _masks
+from recallspec.decoding.masks import Mask
 from recallspec.decoding.penalties import Penalties
 from recallspec.decoding.sampling import Rng, SamplingParams, Weights
 from recallspec.decoding.tree import DraftTree
@@ -44,23 +50,25 @@ class Verdict:
 
 
 def verify_greedy(
-    tree: DraftTree, logits: torch.Tensor, penalties: Penalties | None = None
+    tree: DraftTree, logits: torch.Tensor, penalties: Penalties | None = None,
+    masks: Mask | None = None,
 ) -> Verdict:
     """Greedy verification: the longest root-to-node path whose every token equals the
     target's argmax at its parent; the bonus token is the argmax at the path's end.
-    With ``penalties``, the argmax of each row penalised given the path to it.
+    With ``penalties``, the argmax of each row penalised given the path to it; with
+    ``masks``, of each row's allowed tokens.
 
     The committed tokens are exactly what plain greedy decoding would produce next.
     """
-    _check(tree, logits)
+    _check(tree, logits, masks)
     # Only the rows on the walked path need their argmax (len(path) + 1 of n + 1 rows):
     # a reduction over the vocabulary per row is most of a greedy step's verification.
     rows = _numpy_view(logits)
     toks = tree.tokens.tolist()
-    if penalties is None:
+    if penalties is None and masks is None:
         return _greedy_walk(toks, tree.parents.tolist(), lambda r, _: int(rows[r].argmax()))
     return _greedy_walk(toks, tree.parents.tolist(), lambda r, path: int(
-        penalties.apply(rows[r], [toks[i] for i in path]).argmax()))
+        _row(rows[r], r, penalties, masks, [toks[i] for i in path]).argmax()))
 
 
 def verify_greedy_argmax(
@@ -73,6 +81,35 @@ def verify_greedy_argmax(
         raise ValueError(f"need {len(tokens) + 1} row argmaxes and {len(tokens)} parents "
                          f"for a {len(tokens)}-node tree, got {len(argmax)} and {len(parents)}")
     return _greedy_walk(tokens, parents, lambda r, _: argmax[r])
+
+
+def verify_greedy_masked_argmax(
+    tokens: Sequence[int], parents: Sequence[int], argmax: Sequence[int],
+    logits: torch.Tensor, masks: Mask,
+) -> Verdict:
+    """``verify_greedy(tree, logits, masks=masks)`` from the rows' own argmax: masking
+    only removes tokens, so where a row's argmax is allowed it is the masked argmax, and
+    only the other rows' logits are read."""
+    if not len(tokens) == len(parents) == len(argmax) - 1 == len(masks) - 1:
+        raise ValueError(f"need {len(tokens) + 1} row argmaxes and masks for a "
+                         f"{len(tokens)}-node tree, got {len(argmax)} and {len(masks)}")
+    rows = _numpy_view(logits)
+
+    def best(r: int, _: list[int]) -> int:
+        a = argmax[r]
+        return a if _masks.allowed(masks[r], a) else _masks.masked_argmax(rows[r], masks[r])
+    return _greedy_walk(tokens, parents, best)
+
+
+def _row(row: Any, r: int, penalties: Penalties | None, masks: Mask | None,
+         path: list[int]) -> Any:
+    """Row ``r`` of a tree's logits as decoding reads it: penalised given ``path`` (the
+    draft tokens down to its node), then masked."""
+    if penalties is not None:
+        row = penalties.apply(row, path)
+    if masks is not None:
+        row = _masks.apply(row, masks[r])
+    return row
 
 
 def _greedy_walk(
@@ -100,6 +137,7 @@ def verify_sampling(
     params: SamplingParams,
     generator: Rng = None,
     penalties: Penalties | None = None,
+    masks: Mask | None = None,
 ) -> Verdict:
     """Lossless sampling verification of a deterministic draft tree, coupled to plain
     sampling through the generator.
@@ -114,11 +152,12 @@ def verify_sampling(
     seed gives the same text with any drafter or none, alone or batched. A draft only
     decides how many of these draws one forward pays for. Child x is accepted with
     probability p(x), as under multi-draft rejection with point-mass drafts (which also
-    accepts some child with probability sum of p over the children).
+    accepts some child with probability sum of p over the children). With ``masks``,
+    each row is masked after its penalties (the module docstring).
     """
-    _check(tree, logits)
+    _check(tree, logits, masks)
     if params.greedy:
-        return verify_greedy(tree, logits, penalties)
+        return verify_greedy(tree, logits, penalties, masks)
     children = tree.children()
     toks = tree.tokens.tolist()
     rows = _numpy_view(logits)
@@ -126,8 +165,8 @@ def verify_sampling(
     node = -1
     while True:
         row = rows[node + 1]
-        if penalties is not None:
-            row = penalties.apply(row, [toks[i] for i in path])
+        if penalties is not None or masks is not None:
+            row = _row(row, node + 1, penalties, masks, [toks[i] for i in path])
         token = Weights(row, params).draw(generator)
         # Siblings carry distinct tokens: at most one child matches.
         accepted = next((c for c in children[node + 1] if toks[c] == token), None)
@@ -139,11 +178,13 @@ def verify_sampling(
 
 def sample(
     logits: torch.Tensor, params: SamplingParams, generator: Rng,
-    penalties: Penalties | None = None,
+    penalties: Penalties | None = None, mask: Mask | None = None,
 ) -> int:
     """One token from a single row of logits (argmax when greedy), penalised as the
-    next token of the committed text."""
+    next token of the committed text, then masked by ``mask`` (one row's)."""
     row = _numpy_view(logits) if penalties is None else penalties.apply(logits)
+    if mask is not None:
+        row = _masks.apply(row, mask)
     if params.greedy:
         return int(row.argmax())
     return Weights(row, params).draw(generator)
@@ -158,9 +199,13 @@ def _numpy_view(logits: torch.Tensor) -> Any:
     return logits
 
 
-def _check(tree: DraftTree, logits: torch.Tensor) -> None:
+def _check(tree: DraftTree, logits: torch.Tensor, masks: Mask | None = None) -> None:
     if logits.ndim != 2 or logits.shape[0] != len(tree) + 1:
         raise ValueError(
             f"need logits [{len(tree) + 1}, vocab] for a {len(tree)}-node tree, "
             f"got {tuple(logits.shape)}"
         )
+    if masks is not None and (masks.ndim != 2 or masks.shape[0] != len(tree) + 1
+                              or masks.shape[1] < _masks.words(logits.shape[1])):
+        raise ValueError(f"need masks [{len(tree) + 1}, {_masks.words(logits.shape[1])}] "
+                         f"for a {len(tree)}-node tree, got {tuple(masks.shape)}")

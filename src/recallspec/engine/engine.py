@@ -57,6 +57,7 @@ from recallspec.engine.request import Request, RequestStatus
 from recallspec.engine.runner import NativeVerifier, Runner
 from recallspec.engine.scheduler import Scheduler, StepPlan
 from recallspec.errors import DataError, ResourceError
+from recallspec.grammar import GuideCache
 from recallspec.kernels.threads import decode_threads
 from recallspec.recall.service import RecallSources
 from recallspec.recall.view import RecallView
@@ -94,6 +95,9 @@ class Engine:
         self.drafters = DrafterPool(self.drafter_context, self.config, lambda: {
             id(r.drafter) for r in chain(self.scheduler.waiting, self.scheduler.running.values())})
         self._rids = count()
+        # Compiled grammars by (guide, vocabulary): each constrained request takes a fresh
+        # matcher of its guide's (the server compiles on a worker thread first).
+        self.guides = GuideCache()
         self._recall = RecallSources(self.config.recall, tokenizer, int(model.config.vocab_size))
         self.corpora = self._recall.corpora  # live corpora (``recall/live_corpora.py``)
         self.memory = self._recall.memory  # response memory, None when off
@@ -241,6 +245,9 @@ class Engine:
             raise DataError("params must be a SamplingParams")
         how = self.drafters.drafting(drafter, drafter_options, mode, sizing)
         ids = self.prompt_ids(prompt, chat=chat)
+        constraint = None if params.guide is None else self.guides.compile(
+            params.guide, self.tokenizer, vocab_size=int(self.model.config.vocab_size)
+        ).matcher()
         if how.sizing == "adaptive":
             # Measured (or read) once, before the request's clock starts (while it is
             # measured in the background: the prior, at once).
@@ -254,7 +261,8 @@ class Engine:
         self.scheduler.add(Request(rid, ids, params, how.drafter, gen, request_id,
                                    arrival=now if arrival is None else arrival,
                                    tenant=tenant or "", use_memory=bool(memory),
-                                   use_prefix=bool(prefix_cache), sizing=how.sizing))
+                                   use_prefix=bool(prefix_cache), sizing=how.sizing,
+                                   constraint=constraint))
         return rid
 
     def has_unfinished(self) -> bool:
@@ -354,11 +362,17 @@ class Engine:
         native = NativeVerifier(self.runner, plan.prefill, self.stats)
         out = speculative_step(self.planner, decoding, rooms, native, self._commit)
         self.stats.draft_s += out.draft_s
+        self.stats.grammar_s += out.grammar_s
+        self.stats.grammar_rows += out.grammar_rows
         for c in out.committed:
-            record_logprobs(c.seq, c.logits, c.verdict.rows, c.taken)
+            record_logprobs(c.seq, c.logits, c.verdict.rows, c.taken, c.masks)
             n_new = len(c.taken)
             c.seq.accept_lengths.append(n_new)
             c.seq.spec.add(n_new, len(c.tree), len(c.verdict.accepted_nodes))
+            c.seq.spec.num_forced_tokens += c.forced_accepted
+            c.seq.spec.num_cut_tokens += c.cut
+            self.stats.forced_tokens += c.forced_accepted
+            self.stats.cut_tokens += c.cut
             self.stats.new_tokens += n_new
         for req, e in out.failed:
             req.fail(e)
@@ -371,14 +385,18 @@ class Engine:
                                    self.curves.known(), self.stats.forward_s - forward_before)
             self.stats.decode_only_tokens += self.stats.new_tokens - new_before
         for req, row in native.result.first_rows:
+            mask = None
             try:
+                if req.constraint is not None:  # the grammar's mask of the first token
+                    mask = req.constraint.constrain(DraftTree.empty(), 0, 0).masks
                 first = sample(row, req.params, req.generator,
-                               Penalties.of(req.params, req.prompt, ()))
+                               Penalties.of(req.params, req.prompt, ()),
+                               None if mask is None else mask[0])
+                taken = self._commit(req, [first])
             except Exception as e:
                 req.fail(e)
                 continue
-            taken = self._commit(req, [first])
-            record_logprobs(req, row[None], (0,), taken)
+            record_logprobs(req, row[None], (0,), taken, mask)
             err = tell_drafter(req, taken, DraftTree.empty(), row[None])
             if err is not None:
                 req.fail(err)
@@ -386,8 +404,14 @@ class Engine:
             req.status = RequestStatus.DECODING
 
     def _commit(self, req: Request, tokens: list[int]) -> list[int]:
-        """Append committed tokens, applying stop conditions; the tokens taken."""
+        """Append committed tokens, applying stop conditions, and advance the request's
+        grammar over them (every one was chosen under its mask); the tokens taken."""
         taken = commit_tokens(req, tokens, self.tokenizer.eos_token_ids, self.tokenizer.decode)
+        if req.constraint is not None and taken:
+            try:
+                req.constraint.advance(taken)
+            except Exception as e:  # a token its mask forbade: a bug, this request's only
+                req.fail(e)
         self._stop_if_cache_full(req)
         return taken
 

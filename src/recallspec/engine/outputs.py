@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from recallspec.decoding.logprobs import TokenLogprob, token_logprob
+from recallspec.decoding.masks import Mask
 from recallspec.engine.request import Request
 
 Decode = Callable[[Sequence[int]], str]
@@ -72,6 +73,12 @@ class StepStats:
     # (the decode phase's throughput, free of the prefill work that every run shares).
     decode_only_s: float = 0.0
     decode_only_tokens: int = 0
+    # Under grammars: accepted draft tokens the grammars forced, and drafter nodes they
+    # cut before verification.
+    forced_tokens: int = 0
+    cut_tokens: int = 0
+    grammar_s: float = 0.0  # seconds the grammars took in decoding steps (within draft_s)
+    grammar_rows: int = 0  # rows they masked
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -88,6 +95,8 @@ class SpecStats:
     num_draft_tokens: int  # draft tokens verified
     num_accepted_tokens: int  # draft tokens accepted
     accepted_per_pos: tuple[int, ...]  # [i]: drafts whose accepted path reached depth i + 1
+    num_forced_tokens: int = 0  # of the accepted tokens, those a grammar forced
+    num_cut_tokens: int = 0  # drafter tokens a grammar cut before verification
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -98,7 +107,8 @@ class SpecStats:
     def of(req: Request) -> SpecStats:
         s = req.spec
         return SpecStats(s.num_steps, s.num_step_tokens, s.num_drafts, s.num_draft_tokens,
-                         s.num_accepted_tokens, tuple(s.accepted_per_pos))
+                         s.num_accepted_tokens, tuple(s.accepted_per_pos),
+                         s.num_forced_tokens, s.num_cut_tokens)
 
 
 @dataclass(frozen=True)
@@ -151,14 +161,16 @@ def commit_tokens(
 
 def record_logprobs(
     req: Request, logits: torch.Tensor | None, rows: Sequence[int], taken: Sequence[int],
+    masks: Mask | None = None,
 ) -> None:
     """Append the log-probabilities of committed tokens ``taken`` (token j chosen from
-    row ``rows[j]`` of ``logits``: ``Verdict.rows``) when the request asks for them."""
+    row ``rows[j]`` of ``logits``: ``Verdict.rows``, masked by ``masks[rows[j]]`` under a
+    grammar) when the request asks for them."""
     k = req.params.logprobs
     if k is None:
         return
     assert logits is not None, "the runner keeps the rows of a request asking for logprobs"
-    req.logprobs.extend(token_logprob(logits[r], t, k)
+    req.logprobs.extend(token_logprob(logits[r], t, k, None if masks is None else masks[r])
                         for r, t in zip(rows, taken, strict=False))
 
 

@@ -19,7 +19,7 @@ from recallspec.decoding.logprobs import TokenLogprob
 from recallspec.decoding.sampling import SamplingParams
 from recallspec.drafters.base import Drafter
 from recallspec.errors import RecallspecError
-from recallspec.step.sequence import DraftState
+from recallspec.step.sequence import Constraint, DraftState
 
 # Why a request ended. The server maps them to OpenAI's: eos/stop -> "stop",
 # length/context -> "length".
@@ -46,6 +46,10 @@ class SpecCounts:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    # Under a grammar: accepted tokens that it forced (drafted by the grammar, not the
+    # drafter; among ``num_accepted_tokens``), and drafter nodes it cut before verification.
+    num_forced_tokens: int = 0
+    num_cut_tokens: int = 0
 
     def add(self, num_committed: int, num_draft_tokens: int, num_accepted: int) -> None:
         """One verification step: tokens it committed, draft size, accepted nodes."""
@@ -105,6 +109,8 @@ class Request:
     # How its drafts are sized (``cost/sizing.py``). The engine always states it
     # (``DrafterPool.drafting``); "fixed" for requests built by hand (tests, replay).
     sizing: Sizing = "fixed"
+    # Its grammar's state after ``generated`` (``params.guide``'s matcher; None: free).
+    constraint: Constraint | None = None
 
     @property
     def is_finished(self) -> bool:

@@ -9,7 +9,9 @@ KV cache (EMS-SD). Each request then keeps its own accepted path: the KV cache c
 it and the slot advances by its own count. Greedy requests verify by each row's argmax
 as the native forward returns it (``BatchMetadata.argmax``), reading no logits, unless a
 penalty changes their argmax (``decoding/penalties.py``); the logits rows are sliced only for
-sampling, penalties, logprobs, drafters that read them, and forwards without argmax.
+sampling, penalties, grammars, logprobs, drafters that read them, and forwards without
+argmax. A constrained greedy request reads a row's logits only where the row's argmax is
+one its grammar forbids (``verify_greedy_masked_argmax``).
 
 A ``Runner`` subclass may change the cost of a step, never its tokens, through two
 hooks: ``decoding_inputs`` may append rows after a request's root and tree (rows that
@@ -28,9 +30,15 @@ from typing import Any
 
 import torch
 
+from recallspec.decoding.masks import Mask
 from recallspec.decoding.penalties import Penalties
 from recallspec.decoding.tree import DraftTree
-from recallspec.decoding.verify import verify_greedy, verify_greedy_argmax, verify_sampling
+from recallspec.decoding.verify import (
+    verify_greedy,
+    verify_greedy_argmax,
+    verify_greedy_masked_argmax,
+    verify_sampling,
+)
 from recallspec.engine.outputs import StepStats
 from recallspec.engine.request import Request
 from recallspec.engine.scheduler import PrefillChunk
@@ -86,7 +94,13 @@ class Runner:
     def run(
         self, decoding: Sequence[Request], trees: Sequence[DraftTree],
         prefill: Sequence[PrefillChunk], stats: StepStats,
+        masks: Sequence[Mask | None] | None = None,
     ) -> StepResult:
+        """One forward of the decoding requests' roots and trees (``masks[i]``: request
+        i's grammar masks, None when free; ``masks`` None: none constrained) and the
+        prompt chunks; each decoding request's verdict, its accepted path committed."""
+        if masks is None:
+            masks = [None] * len(decoding)
         cache = self.cache
         as_lists = [(t.tokens.tolist(), t.parents.tolist()) for t in trees]  # fed and verified
         inputs = self.decoding_inputs(decoding, as_lists)
@@ -115,10 +129,18 @@ class Runner:
             first, end, off = off, off + 1 + len(tree), off + n_rows[b]  # extra rows after end
             stats.draft_nodes += len(tree)
             params = req.params
+            mask = masks[b]
             try:
                 pen = Penalties.of(params, req.prompt, req.generated)
                 greedy_ids = argmax[first:end] if params.greedy and pen is None else []
-                if greedy_ids:  # no tensor op unless the rows are read
+                if mask is not None:
+                    rows = logits[first:end]
+                    verdict = (
+                        verify_greedy_masked_argmax(*as_lists[b], greedy_ids, rows, mask)
+                        if greedy_ids else
+                        verify_greedy(tree, rows, pen, mask) if params.greedy else
+                        verify_sampling(tree, rows, params, req.generator, pen, mask))
+                elif greedy_ids:  # no tensor op unless the rows are read
                     verdict = verify_greedy_argmax(*as_lists[b], greedy_ids)
                     rows = (logits[first:end] if req.drafter.needs_logits
                             or params.logprobs is not None else None)
@@ -154,7 +176,8 @@ class NativeVerifier:
         self.result = StepResult([], [], [], 0)
 
     def verify(
-        self, seqs: Sequence[Request], trees: Sequence[DraftTree]
+        self, seqs: Sequence[Request], trees: Sequence[DraftTree],
+        masks: Sequence[Mask | None],
     ) -> tuple[list[Verified[Request]], list[Failure]]:
-        self.result = self.runner.run(seqs, trees, self.prefill, self.stats)
+        self.result = self.runner.run(seqs, trees, self.prefill, self.stats, masks)
         return self.result.verified, self.result.failed

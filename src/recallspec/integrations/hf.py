@@ -93,6 +93,7 @@ class _Row:
     sizing: Sizing = "fixed"  # no cost curve for a transformers model: fixed sizes
     draft: DraftState = field(default_factory=DraftState)
     depth_limit: int = 0  # set before each step: tokens the row may still take, - 1
+    constraint: None = None  # ``generate`` takes no grammar
 
     @property
     def rid(self) -> int:
@@ -361,8 +362,9 @@ class _TreeForward:
         self.qpos: Any = None  # the step's query positions (``ht.keep_accepted``)
 
     def verify(
-        self, rows: Sequence[_Row], trees: Sequence[DraftTree]
+        self, rows: Sequence[_Row], trees: Sequence[DraftTree], masks: Sequence[Any],
     ) -> tuple[list[Verified[_Row]], list[tuple[_Row, Exception]]]:
+        """(``masks``: all None, its rows are never constrained.)"""
         inp = ht.step_inputs([row.text[-1] for row in rows], list(trees),
                              [row.root_pos for row in rows], self.layout, self.dtype,
                              self.windows)

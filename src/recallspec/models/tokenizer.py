@@ -60,7 +60,8 @@ class Tokenizer:
         self.eos_token = eos_token
         self.bos_token_id = self._id(bos_token)
         self.eos_token_id = self._id(eos_token)
-        eos = {i for i in extra_eos_ids}
+        self._extra_eos_ids = frozenset(extra_eos_ids)
+        eos = set(self._extra_eos_ids)
         if self.eos_token_id is not None:
             eos.add(self.eos_token_id)
         for t in TURN_END_TOKENS:
@@ -74,6 +75,11 @@ class Tokenizer:
     def fingerprint(self) -> str:
         """``vocab_fingerprint`` of this vocabulary (computed on first use)."""
         return vocab_fingerprint(self._tok)
+
+    def backend_json(self) -> str:
+        """The vocabulary and its rules as tokenizer.json text (what the grammar engine
+        builds its token table from)."""
+        return str(self._tok.to_str())
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
@@ -131,6 +137,23 @@ class Tokenizer:
 
     def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
+
+    def special_token_id(self, text: str) -> int | None:
+        """The id of ``text`` where the vocabulary holds it as one added token marked
+        special (what the grammar engine, llguidance, treats as special: text never
+        matches it), else None."""
+        i = self._tok.token_to_id(text)
+        if i is None:
+            return None
+        added = self._tok.get_added_tokens_decoder().get(i)
+        return i if added is not None and added.special and added.content == text else None
+
+    def with_chat_template(self, chat_template: str | None) -> Tokenizer:
+        """This vocabulary with another chat template (``recallspec serve
+        --chat-template``; the server's template with tools): the end-of-turn ids follow
+        the new template, the other end-of-sequence ids stay."""
+        return Tokenizer(self._tok, chat_template=chat_template, bos_token=self.bos_token,
+                         eos_token=self.eos_token, extra_eos_ids=self._extra_eos_ids)
 
     # ---- chat ----------------------------------------------------------------------
     @property

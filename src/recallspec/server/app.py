@@ -2,12 +2,16 @@
 
 Every error is an OpenAI error body with a 4xx status for the client's mistakes
 (malformed JSON, wrong types, unknown fields or model, unsupported parameters, prompts
-the engine refuses, a full queue: 429 with Retry-After, no or a wrong bearer token: 401)
-and 500 only for our own failures. A request with ``n`` choices runs as ``n`` engine
+the engine refuses, guides that do not compile, a full queue: 429 with Retry-After, no
+or a wrong bearer token: 401) and 500 only for our own failures; a 400 names the field
+at fault (``param``) where one is. A request with ``n`` choices runs as ``n`` engine
 requests, added together and answered in one body or one stream of interleaved chunks.
-The corpus routes (``/v1/corpora``) live in ``corpora.py``. A streaming client that
-disconnects aborts its request (Starlette cancels the stream; the abort reaches the
-engine before its next step); a non-streaming one is watched for the same.
+A chat with tools is rendered and given its calls' guide by ``tool_support.py``, and
+its choices' outputs are parsed for calls (``tool_calls.py``: whole, or incrementally
+as stream deltas, each choice by its own parser). The corpus routes (``/v1/corpora``)
+live in ``corpora.py``. A streaming client that disconnects aborts its request
+(Starlette cancels the stream; the abort reaches the engine before its next step); a
+non-streaming one is watched for the same.
 """
 
 from __future__ import annotations
@@ -29,19 +33,31 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recallspec.decoding.logprobs import TokenLogprob
 from recallspec.engine import RequestOutput
+from recallspec.grammar import GrammarError
 from recallspec.server import protocol as P
 from recallspec.server import responses as R
 from recallspec.server.corpora import add_corpus_routes
 from recallspec.server.engine_loop import Accepted, EngineLoop, Rejected, RequestStream, merged
 from recallspec.server.errors import ApiError, parse
+from recallspec.server.tool_calls import (
+    ContentDelta,
+    StreamEvent,
+    ToolCallStream,
+    ToolFamily,
+    parse_tool_calls,
+)
+from recallspec.server.tool_support import ToolSupport
 
 
 def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
                corpus_dir: Path | None = None,
-               on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+               on_shutdown: Callable[[], None] | None = None,
+               tools: ToolSupport | None = None) -> FastAPI:
     """The routes over ``loop``'s engine; ``corpus_dir``: the only directory
     ``POST /v1/corpora`` may load files from (None: documents in the body only);
-    ``on_shutdown`` runs (in a worker thread) when the server stops gracefully."""
+    ``on_shutdown`` runs (in a worker thread) when the server stops gracefully;
+    ``tools``: how requests with tools are rendered and parsed (default: as the engine's
+    tokenizer's chat template allows, ``ToolSupport.of``)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -52,6 +68,7 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
     app = FastAPI(title="recallspec", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
     engine = loop.engine
+    tool_support = tools if tools is not None else ToolSupport.of(engine.tokenizer)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, e: ApiError) -> JSONResponse:
@@ -119,10 +136,31 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
         bad = req.unsupported()
         if bad:
             raise ApiError(400, f"{bad}: not supported by this server", bad)
+        vocab_size = int(engine.model.config.vocab_size)
         try:
-            sub = P.submission(req, engine.max_len, int(engine.model.config.vocab_size))
+            sub = P.submission(req, engine.max_len, vocab_size)
         except ValueError as e:
-            raise ApiError(400, str(e)) from None
+            param = e.param if isinstance(e, P.ParamError) else None
+            raise ApiError(400, str(e), param) from None
+        if sub.tools is not None or P.uses_tools(sub.prompt):
+            # Rendered with the tools (and their template) and encoded here, on a worker
+            # thread; the calls' grammar becomes the guide.
+            try:
+                sub = await asyncio.to_thread(tool_support.prepare, sub, engine.tokenizer)
+            except P.ParamError as e:
+                raise ApiError(400, str(e), e.param) from None
+        guide = sub.params.guide
+        if guide is not None:
+            # Compiled here, on a worker thread, so that a guide that does not compile is
+            # a 400 before anything is submitted and the engine thread's own compile (the
+            # same key: guide, tokenizer, vocabulary) is a cache hit, not a stall of
+            # every running request. GrammarError carries llguidance's reason (a syntax
+            # error, an unsupported schema, a grammar over the parser's limits).
+            try:
+                await asyncio.to_thread(engine.guides.compile, guide, engine.tokenizer,
+                                        vocab_size=vocab_size)
+            except GrammarError as e:
+                raise ApiError(400, f"{sub.guide_param}: {e}", sub.guide_param) from None
         aloop = asyncio.get_running_loop()
         streams = [RequestStream(aloop, sub, i) for i in range(sub.n)]
         loop.submit(streams)
@@ -135,7 +173,9 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
         assert isinstance(acc, Accepted)
         reply = _Reply(sub, streams, acc.num_prompt_tokens, isinstance(req, P.ChatRequest),
                        bool(req.recallspec and req.recallspec.return_token_ids),
-                       engine.tokenizer.decode, loop)
+                       engine.tokenizer.decode, loop,
+                       tool_support.family if sub.tools is not None and sub.tools.calls
+                       else None)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return _EventStream(sse(reply, usage), on_close=reply.abort)
@@ -178,11 +218,20 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
                 raise ApiError(500, f"the request failed: {o.error}")
         assert len(ends) == n
         body = R.envelope(reply.sub.request_id, model_name, reply.chat, chunk=False)
-        body["choices"] = [R.choice(
-            i, reply.chat, "".join(text[i]), o.finish_reason,
-            tokens[i] if reply.ids else None, delta=False,
-            logprobs=reply.logprobs(lps[i])[0] if reply.has_logprobs else None,
-        ) for i, o in enumerate(ends)]
+        choices = []
+        for i, o in enumerate(ends):
+            content: str | None = "".join(text[i])
+            reason, calls = o.finish_reason, None
+            if reply.family is not None:  # the calls out of the text
+                parsed = parse_tool_calls(reply.family, content or "")
+                content = parsed.content
+                calls = [c.to_openai() for c in parsed.calls] or None
+                reason = R.tool_finish_reason(reason, bool(calls))
+            choices.append(R.choice(
+                i, reply.chat, content, reason, tokens[i] if reply.ids else None, delta=False,
+                logprobs=reply.logprobs(lps[i])[0] if reply.has_logprobs else None,
+                tool_calls=calls))
+        body["choices"] = choices
         body["usage"] = R.usage(reply.prompt_tokens, sum(map(len, tokens)), R.cached_tokens(ends))
         body["metrics"] = R.spec_metrics(R.total_spec([o.spec for o in ends]))
         return JSONResponse(body)
@@ -192,6 +241,10 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
         n_tokens = 0
         offsets = [0] * n  # completions' text_offset, per choice
         last: list[RequestOutput | None] = [None] * n
+        # A parser per choice where the output is parsed for calls (its deltas held back
+        # until decided: content or a call's fragments).
+        parsers = None if reply.family is None else [
+            ToolCallStream(reply.family) for _ in range(n)]
         if reply.chat:  # OpenAI's first chunk of each choice: the role
             for i in range(n):
                 yield _event(chunk(reply, i, "", None, [] if reply.ids else None, first=True))
@@ -209,7 +262,10 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
                 if out.finished:
                     last[i] = out
                 new_ids = bool(out.new_token_ids) and (reply.ids or reply.has_logprobs)
-                if out.new_text or out.finished or new_ids:
+                if parsers is not None:
+                    for c in tool_chunks(reply, i, out, parsers[i], new_ids, offsets):
+                        yield _event(c)
+                elif out.new_text or out.finished or new_ids:
                     lp = None
                     if reply.has_logprobs and out.new_token_ids:
                         lp, offsets[i] = reply.logprobs(out.new_logprobs, offsets[i])
@@ -225,13 +281,43 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
             yield _event(c)
         yield "data: [DONE]\n\n"
 
-    def chunk(reply: _Reply, index: int, text: str, reason: str | None,
+    def chunk(reply: _Reply, index: int, text: str | None, reason: str | None,
               token_ids: list[int] | None, first: bool = False,
-              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+              logprobs: dict[str, Any] | None = None,
+              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         c = R.envelope(reply.sub.request_id, model_name, reply.chat, chunk=True)
         c["choices"] = [R.choice(index, reply.chat, text, reason, token_ids, delta=True,
-                                 first=first, logprobs=logprobs)]
+                                 first=first, logprobs=logprobs, tool_calls=tool_calls)]
         return c
+
+    def tool_chunks(reply: _Reply, index: int, out: RequestOutput, parser: ToolCallStream,
+                    new_ids: bool, offsets: list[int]) -> list[dict[str, Any]]:
+        """The chunks of one output of a choice parsed for calls: a chunk per run of
+        content or of call fragments that became decided; the output's token ids and
+        logprobs on the first, its finish on the last (an empty delta where nothing
+        else goes out)."""
+        events = parser.feed(out.new_text) if out.new_text else []
+        if out.finished:
+            events += parser.finish()
+        pieces = _runs(events)
+        if not pieces and (out.finished or new_ids):
+            pieces = [(None, None)]
+        lp = None
+        if reply.has_logprobs and out.new_token_ids:
+            lp, offsets[index] = reply.logprobs(out.new_logprobs, offsets[index])
+        reason = (R.tool_finish_reason(out.finish_reason, bool(parser.calls))
+                  if out.finished else None)
+        chunks = []
+        for k, (content, calls) in enumerate(pieces):
+            first, last = k == 0, k == len(pieces) - 1
+            ids = list(out.new_token_ids) if first else []
+            c = chunk(reply, index, content, reason if last else None,
+                      ids if reply.ids else None, logprobs=lp if first else None,
+                      tool_calls=calls)
+            if out.finished and last:
+                c["metrics"] = R.spec_metrics(out.spec)
+            chunks.append(c)
+        return chunks
 
     return app
 
@@ -247,6 +333,7 @@ class _Reply:
     ids: bool  # choices carry token_ids
     decode: Callable[[Sequence[int]], str]  # token texts of logprobs
     loop: EngineLoop
+    family: ToolFamily | None = None  # the call syntax the output is parsed for (None: none)
 
     @property
     def has_logprobs(self) -> bool:
@@ -281,3 +368,23 @@ class _EventStream(StreamingResponse):
 
 def _event(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _runs(events: Sequence[StreamEvent],
+          ) -> list[tuple[str | None, list[dict[str, Any]] | None]]:
+    """Stream events as deltas: each run of content as its text, each run of call
+    fragments as a ``tool_calls`` list."""
+    out: list[tuple[str | None, list[dict[str, Any]] | None]] = []
+    for e in events:
+        if isinstance(e, ContentDelta):
+            if out and out[-1][1] is None:
+                out[-1] = ((out[-1][0] or "") + e.text, None)
+            else:
+                out.append((e.text, None))
+        else:
+            item = e.to_openai()
+            if out and out[-1][1] is not None:
+                out[-1][1].append(item)
+            else:
+                out.append((None, [item]))
+    return out

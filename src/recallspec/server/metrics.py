@@ -53,6 +53,11 @@ class Metrics:
                                         "Drafts whose accepted path reached this depth "
                                         "(position 0 = the first draft token)",
                                         (*m, "position"), registry=r)
+        self.forced = Counter("recallspec:spec_decode_num_forced_tokens", "Accepted draft "
+                              "tokens that a grammar forced (among the accepted)", m,
+                              registry=r)
+        self.cut = Counter("recallspec:spec_decode_num_cut_draft_tokens", "Drafter tokens a "
+                           "grammar forbade, cut before verification", m, registry=r)
         self.memory_tokens = Gauge("recallspec:memory_tokens", "Tokens held in the response "
                                    "memory, all tenants together", m, registry=r)
         self.memory_tenants = Gauge("recallspec:memory_tenants", "Tenants holding text in the "
@@ -119,6 +124,10 @@ class Metrics:
                 before = prev.accepted_per_pos[pos] if pos < len(prev.accepted_per_pos) else 0
                 if n > before:
                     self.accepted_per_pos.labels(m, str(pos)).inc(n - before)
+        if s.num_forced_tokens > prev.num_forced_tokens:
+            self.forced.labels(m).inc(s.num_forced_tokens - prev.num_forced_tokens)
+        if s.num_cut_tokens > prev.num_cut_tokens:
+            self.cut.labels(m).inc(s.num_cut_tokens - prev.num_cut_tokens)
         if out.finished:
             self.requests.labels(m, out.finish_reason or "unknown").inc()
             self.e2e.labels(m).observe(now - t_submit)

@@ -28,9 +28,16 @@ Decode = Callable[[Sequence[int]], str]
 
 
 def finish_reason(reason: str | None) -> str | None:
-    """Our finish reasons in OpenAI's terms."""
+    """Our finish reasons in OpenAI's terms ("tool_calls" is already one)."""
     return {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}.get(
         reason or "", reason)
+
+
+def tool_finish_reason(reason: str | None, called: bool) -> str | None:
+    """A chat choice's finish reason where its output was parsed for tool calls:
+    "tool_calls" when a call was parsed and the output ended by itself (eos or a stop
+    string), else ``reason``."""
+    return "tool_calls" if called and reason in ("eos", "stop") else reason
 
 
 def spec_metrics(spec: SpecStats) -> dict[str, Any]:
@@ -42,6 +49,10 @@ def spec_metrics(spec: SpecStats) -> dict[str, Any]:
         "num_draft_tokens": spec.num_draft_tokens,
         "num_accepted_tokens": spec.num_accepted_tokens,
         "num_accepted_tokens_per_pos": list(spec.accepted_per_pos),
+        # Under a grammar: accepted tokens it forced (drafted by the grammar), and drafter
+        # tokens it forbade (cut before verification).
+        "num_forced_tokens": spec.num_forced_tokens,
+        "num_cut_draft_tokens": spec.num_cut_tokens,
     }}
 
 
@@ -53,7 +64,8 @@ def total_spec(specs: Sequence[SpecStats]) -> SpecStats:
         sum(s.num_drafts for s in specs), sum(s.num_draft_tokens for s in specs),
         sum(s.num_accepted_tokens for s in specs),
         tuple(sum(s.accepted_per_pos[i] for s in specs if i < len(s.accepted_per_pos))
-              for i in range(depth)))
+              for i in range(depth)),
+        sum(s.num_forced_tokens for s in specs), sum(s.num_cut_tokens for s in specs))
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
@@ -98,18 +110,31 @@ def logprobs(
 
 
 def choice(
-    index: int, chat: bool, text: str, reason: str | None, token_ids: list[int] | None, *,
-    delta: bool, first: bool = False, logprobs: dict[str, Any] | None = None,
+    index: int, chat: bool, text: str | None, reason: str | None, token_ids: list[int] | None,
+    *, delta: bool, first: bool = False, logprobs: dict[str, Any] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One choice of a response (``delta``: of a stream chunk)."""
+    """One choice of a response (``delta``: of a stream chunk). Chat only: ``text`` None
+    is a null content (a message of tool calls alone; in a delta, no content), and
+    ``tool_calls`` the message's calls (in a delta, call fragments:
+    ``tool_calls.ToolCallDelta.to_openai``)."""
     c: dict[str, Any] = {"index": index}
     if not chat:
-        c["text"] = text
+        c["text"] = text or ""
     elif delta:
-        c["delta"] = {"role": "assistant", "content": text} if first else (
-            {"content": text} if text or reason is None else {})
+        if first:
+            d: dict[str, Any] = {"role": "assistant", "content": text}
+        elif text or (text is not None and reason is None and not tool_calls):
+            d = {"content": text}
+        else:
+            d = {}
+        if tool_calls:
+            d["tool_calls"] = tool_calls
+        c["delta"] = d
     else:
         c["message"] = {"role": "assistant", "content": text}
+        if tool_calls:
+            c["message"]["tool_calls"] = tool_calls
     c["logprobs"] = logprobs
     c["finish_reason"] = finish_reason(reason)
     if token_ids is not None:

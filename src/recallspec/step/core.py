@@ -10,7 +10,10 @@ with its own ``Verifier``:
   path is the longest tree path the recorded text continues).
 
 Order inside a step, the same for all three: the planner drafts every sequence (a
-drafter that raises fails its sequence only: it is not fed); the verifier returns a
+drafter that raises fails its sequence only: it is not fed); a constrained sequence's
+grammar cuts the nodes it forbids, appends the tokens it forces and gives every row its
+mask (``StepSequence.constraint``: the drafter and its statistics see only the drafter's
+own nodes as what it proposed); the verifier returns a
 ``Verdict`` per sequence (accepted nodes + bonus token); then, per verified sequence, the
 planner learns from the verdict, the caller's ``commit`` appends the tokens its stop
 rules allow, and the drafter observes what was committed. The caller applies failures
@@ -26,6 +29,7 @@ from typing import Generic, Protocol, TypeVar
 
 import torch
 
+from recallspec.decoding.masks import Constrained, Mask
 from recallspec.decoding.tree import DraftTree
 from recallspec.decoding.verify import Verdict
 from recallspec.step.planner import DraftPlanner
@@ -50,11 +54,13 @@ class Verified(Generic[S]):
 
 class Verifier(Protocol[S]):
     def verify(
-        self, seqs: Sequence[S], trees: Sequence[DraftTree]
+        self, seqs: Sequence[S], trees: Sequence[DraftTree], masks: Sequence[Mask | None],
     ) -> tuple[list[Verified[S]], list[tuple[S, Exception]]]:
         """Each sequence's verdict on its tree (in order), and the sequences whose
-        verification raised. Called once per step, also with no sequences (the engine's
-        forward may carry prompt chunks alone)."""
+        verification raised. ``masks[i]``: sequence i's grammar masks, one row per logits
+        row (``decoding/masks.py``), None when it is free; a verifier whose sequences are
+        never constrained may ignore them. Called once per step, also with no sequences
+        (the engine's forward may carry prompt chunks alone)."""
         ...
 
 
@@ -67,13 +73,23 @@ class Committed(Generic[S]):
     # The verified rows (``Verified.logits``): token j of ``taken`` was chosen from row
     # ``verdict.rows[j]`` (what its log-probability is read from); None where not read.
     logits: torch.Tensor | None = None
+    masks: Mask | None = None  # the rows' grammar masks (None: free)
+    drafted: int = 0  # the tree's first nodes, the drafter's; the rest the grammar forced
+    cut: int = 0  # drafter nodes the grammar forbade, never verified
+
+    @property
+    def forced_accepted(self) -> int:
+        """Accepted nodes that the grammar forced (not the drafter's)."""
+        return sum(n >= self.drafted for n in self.verdict.accepted_nodes)
 
 
 @dataclass(frozen=True)
 class StepOutcome(Generic[S]):
     committed: list[Committed[S]]  # verified sequences, in input order
     failed: list[tuple[S, Exception]]  # drafting, verification or observing raised
-    draft_s: float  # seconds spent drafting (proposals and sizing)
+    draft_s: float  # seconds spent drafting (proposals, sizing and grammars)
+    grammar_s: float = 0.0  # of them, seconds the grammars took (cuts, forced tokens, masks)
+    grammar_rows: int = 0  # rows masked (each constrained sequence's root and nodes)
 
 
 def tell_drafter(
@@ -103,17 +119,42 @@ def speculative_step(
     its stop rules allow and returns those tokens."""
     t0 = time.perf_counter()
     trees, failed = planner.plan(seqs, rooms)
-    draft_s = time.perf_counter() - t0
     bad = {id(s) for s, _ in failed}
-    live = [(s, t) for s, t in zip(seqs, trees, strict=True) if id(s) not in bad]
-    verified, not_verified = verifier.verify([s for s, _ in live], [t for _, t in live])
+    live = [(s, t, r) for s, t, r in zip(seqs, trees, rooms, strict=True) if id(s) not in bad]
+    t_grammar = time.perf_counter()
+    constrained: list[Constrained | None] = [None] * len(live)
+    grammar_s = 0.0
+    if any(s.constraint is not None for s, _, _ in live):
+        constrained, not_constrained = planner.constrain(
+            [s for s, _, _ in live], [t for _, t, _ in live], [r for _, _, r in live])
+        failed += not_constrained
+        grammar_s = time.perf_counter() - t_grammar
+        bad = {id(s) for s, _ in not_constrained}
+        kept = [(s, t, c) for (s, t, _), c in zip(live, constrained, strict=True)
+                if id(s) not in bad]
+    else:
+        kept = [(s, t, None) for s, t, _ in live]
+    constrained_of = {id(s): c for s, _, c in kept if c is not None}
+    masks = [None if c is None else c.masks for _, _, c in kept]
+    grammar_rows = sum(len(m) for m in masks if m is not None)
+    draft_s = time.perf_counter() - t0
+    verified, not_verified = verifier.verify(
+        [s for s, _, _ in kept], [t if c is None else c.tree for _, t, c in kept], masks)
     failed += not_verified
     committed: list[Committed[S]] = []
     for v in verified:
-        planner.observe(v.seq, v.tree, v.verdict.accepted_nodes)  # sized in this context
+        c = constrained_of.get(id(v.seq))
+        accepted = v.verdict.accepted_nodes
+        own, cut = (len(v.tree), 0) if c is None else (c.drafted, c.cut)
+        if c is not None:  # the drafter's statistics learn from its own nodes only
+            planner.observe_forced(c, accepted)
+            planner.observe(v.seq, v.tree.truncate(own), tuple(n for n in accepted if n < own))
+        else:
+            planner.observe(v.seq, v.tree, accepted)  # sized in this context
         taken = commit(v.seq, list(v.verdict.tokens))
         err = tell_drafter(v.seq, taken, v.tree, v.logits, v.observed)
         if err is not None:
             failed.append((v.seq, err))
-        committed.append(Committed(v.seq, v.tree, v.verdict, taken, v.logits))
-    return StepOutcome(committed, failed, draft_s)
+        committed.append(Committed(v.seq, v.tree, v.verdict, taken, v.logits,
+                                   None if c is None else c.masks, own, cut))
+    return StepOutcome(committed, failed, draft_s, grammar_s, grammar_rows)

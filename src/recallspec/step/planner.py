@@ -17,6 +17,14 @@ kinds places fixed-size drafts first, then sizes each presized drafter's request
 all cheap adaptive ones together, each counting the rows already placed; a step of one
 kind is sized as one batch.
 
+Grammars (``StepSequence.constraint``): after the drafts are sized, ``constrain`` cuts
+the nodes a request's grammar forbids and appends the tokens it forces, then an adaptive
+request keeps the prefix of those forced nodes that maximises the step's expected tokens
+per second: a forced node's gain is its parent's times the rate at which forced tokens
+have been accepted (``forced_rate``, learned from every verified one: the model may
+tokenize forced bytes differently from the grammar's canonical choice). Plain decoding
+(drafter "none") drafts nothing, forced tokens included.
+
 Probing: an adaptive request that stopped drafting drafts 1 node every
 ``probe_wait[drafter]`` idle steps; each rejected probe doubles that drafter's wait (up
 to PROBE_MAX, for all requests: a new request would otherwise pay, e.g., a draft
@@ -36,8 +44,10 @@ import numpy.typing as npt
 
 from recallspec.cost.curve import CostCurve
 from recallspec.cost.sizing import AcceptanceStats, choose_draft_sizes, running_min
+from recallspec.decoding.masks import Constrained
 from recallspec.decoding.tree import DraftTree, limit_depth
 from recallspec.drafters.base import Drafter
+from recallspec.drafters.spec import NO_DRAFTER
 from recallspec.errors import DataError
 from recallspec.step.pricing import best_rate, price
 from recallspec.step.sequence import StepSequence
@@ -56,6 +66,11 @@ OVERHEAD_WINDOW = 31  # decode steps the step overhead is the median of
 # accepted drafts, again slower than plain decoding. SAM proposals cost well below it.
 SLOW_PROPOSAL_FRACTION = 0.02
 RESIZE_IDLE_EVERY = 4  # idle steps between re-sizings of a slow proposer's request
+# Forced tokens' acceptance before any was verified, and the weight (in verified forced
+# tokens) of that prior: a grammar's forced bytes are taken in its canonical tokenization,
+# which greedy models nearly always choose too.
+FORCED_PRIOR, FORCED_PRIOR_WEIGHT = 0.9, 8.0
+FORCED_DECAY = 0.999  # per verified forced token: the rate follows the running workload
 
 S = TypeVar("S", bound=StepSequence)
 # A request's draft tree and, where ``_choose`` already priced it, its per-node gains
@@ -87,6 +102,15 @@ class DraftPlanner:
         self.probe_wait: dict[str, int] = {}  # per drafter: idle steps before a probe
         self._cost_tables: dict[tuple[int, ...], list[float]] = {}
         self._priced_by: CostCurve | None = None  # the curve the tables are of
+        # Forced tokens verified (their parent reached) and accepted, decayed.
+        self._forced_seen = 0.0
+        self._forced_taken = 0.0
+
+    @property
+    def forced_rate(self) -> float:
+        """The estimated probability that a forced token is accepted once its parent is."""
+        return ((self._forced_taken + FORCED_PRIOR_WEIGHT * FORCED_PRIOR)
+                / (self._forced_seen + FORCED_PRIOR_WEIGHT))
 
     def _curve(self) -> CostCurve:
         if self._get_curve is None:
@@ -274,6 +298,72 @@ class DraftPlanner:
                 st.context = best[1]
                 out.append((i, best[2], best[3]))
         return out
+
+    # ---- grammars -----------------------------------------------------------------
+    def constrain(
+        self, seqs: Sequence[S], trees: Sequence[DraftTree], rooms: Sequence[int],
+    ) -> tuple[list[Constrained | None], list[tuple[S, Exception]]]:
+        """Each constrained sequence's tree under its grammar (None: unconstrained), its
+        forced nodes priced for adaptive sizing (the module docstring); and the sequences
+        whose grammar raised (they must not be fed)."""
+        out: list[Constrained | None] = []
+        failed: list[tuple[S, Exception]] = []
+        rows = len(seqs) + sum(len(t) for t in trees)  # the step's rows so far
+        for s, tree, room in zip(seqs, trees, rooms, strict=True):
+            if s.constraint is None:
+                out.append(None)
+                continue
+            try:
+                c = s.constraint.constrain(tree, room if s.drafter.name != NO_DRAFTER else 0,
+                                           s.depth_limit)
+            except Exception as e:
+                failed.append((s, e))
+                out.append(None)
+                rows -= 1 + len(tree)
+                continue
+            rows += c.drafted - len(tree)  # what the grammar cut
+            if c.forced and s.sizing == "adaptive" and self._get_curve is not None:
+                c = c.truncate(c.drafted + self._forced_size(s, c, rows, seqs))
+            rows += c.forced
+            out.append(c)
+        return out, failed
+
+    def _forced_size(self, s: StepSequence, c: Constrained, rows: int,
+                     seqs: Sequence[StepSequence]) -> int:
+        """How many of ``c``'s forced nodes to verify: the prefix maximising the step's
+        expected tokens per second, the step holding ``rows`` rows without them. The
+        other sequences' expected tokens count as one each (a lower bound, which makes
+        the forced nodes' share of the step's tokens, and so their value, no smaller)."""
+        par = c.tree.parents.tolist()
+        gains = self._stats(s).key_node_rates(par[: c.drafted], self.prior(s.drafter)) \
+            if c.drafted else []
+        gains += [0.0] * c.forced
+        rate = self.forced_rate
+        for j in range(c.drafted, len(par)):
+            p = par[j]
+            gains[j] = rate * (1.0 if p < 0 else gains[p])
+        table = self._cost_table(self._curve(), rows, c.forced, len(seqs), cached_context(seqs))
+        extra = self.step_overhead
+        tokens = len(seqs) + sum(gains[: c.drafted])
+        best, best_m = tokens / (table[0] + extra), 0
+        for m in range(1, c.forced + 1):
+            tokens += gains[c.drafted + m - 1]
+            value = tokens / (table[m] + extra)
+            if value > best:
+                best, best_m = value, m
+        return best_m
+
+    def observe_forced(self, c: Constrained, accepted_nodes: Sequence[int]) -> None:
+        """Learn ``forced_rate`` from a verified tree: its forced nodes whose parent was
+        reached (the root, or an accepted node), and which of them were accepted."""
+        if not c.forced:
+            return
+        taken = set(accepted_nodes)
+        par = c.tree.parents.tolist()
+        for j in range(c.drafted, len(par)):
+            if par[j] < 0 or par[j] in taken:
+                self._forced_seen = self._forced_seen * FORCED_DECAY + 1.0
+                self._forced_taken = self._forced_taken * FORCED_DECAY + (j in taken)
 
     # ---- adaptive sizing ---------------------------------------------------------
     def _sizes(

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from recallspec.cost.sizing import AcceptanceStats
+from recallspec.decoding.masks import Constrained
+from recallspec.decoding.tree import DraftTree
 from recallspec.drafters.base import Drafter
 from recallspec.params import Sizing
 
@@ -23,6 +25,21 @@ class DraftState:
     stats: AcceptanceStats | None = None  # this sequence's acceptance statistics
     idle_steps: int = 0  # steps since this sequence last drafted
     probing: bool = False  # this step's draft is a forced 1-node probe
+
+
+class Constraint(Protocol):
+    """A request's grammar state (``grammar/matcher.py``): it stands after the committed
+    tokens. Invariant: ``constrain`` leaves it where it was."""
+
+    def constrain(self, tree: DraftTree, room: int, depth_limit: int) -> Constrained:
+        """``tree`` with every node the grammar forbids cut (with its subtree), and the
+        tokens the grammar forces appended below the root and the leaves as chains (at
+        most ``room`` nodes in all, none deeper than ``depth_limit``); each row's mask."""
+        ...
+
+    def advance(self, tokens: list[int]) -> None:
+        """Commit ``tokens`` (an EOS included). A token the grammar forbids raises."""
+        ...
 
 
 class StepSequence(Protocol):
@@ -46,6 +63,11 @@ class StepSequence(Protocol):
     def depth_limit(self) -> int:
         """The deepest draft worth verifying: tokens it may still commit, minus the
         bonus token (a deeper path would be cut when committed)."""
+        ...
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """Its grammar, if its output is constrained (None: free)."""
         ...
 
     @property

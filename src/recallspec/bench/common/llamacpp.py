@@ -143,6 +143,9 @@ class ServerConfig:
     # a cached one reuses all of it (else llama-server re-evaluates part of the cached
     # tail, more tokens than the new ones).
     swa_full: bool = False
+    # --jinja --chat-template-file FILE: the prompt rendered by this Jinja template (tools
+    # included), the output's tool calls parsed by the format llama.cpp detects in it.
+    chat_template_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.spec_type is not None and self.spec_type not in SPEC_TYPES:
@@ -164,6 +167,8 @@ class ServerConfig:
             argv += ["--spec-type", self.spec_type]
         if self.swa_full:
             argv.append("--swa-full")
+        if self.chat_template_file is not None:
+            argv += ["--jinja", "--chat-template-file", self.chat_template_file]
         return argv
 
 

@@ -132,6 +132,7 @@ class _Turn:
     draft: DraftState = field(default_factory=DraftState)
     depth_limit: int = 0  # both set before each step
     cached_length: int = 0
+    constraint: None = None  # recorded answers are replayed unconstrained
 
 
 class TeacherForced:
@@ -145,8 +146,9 @@ class TeacherForced:
         self.seconds = 0.0
 
     def verify(
-        self, seqs: Sequence[_Turn], trees: Sequence[DraftTree]
+        self, seqs: Sequence[_Turn], trees: Sequence[DraftTree], masks: Sequence[Any],
     ) -> tuple[list[Verified[_Turn]], list[tuple[_Turn, Exception]]]:
+        """(``masks``: all None, replays are unconstrained.)"""
         t0 = time.perf_counter()
         out = []
         for seq, tree in zip(seqs, trees, strict=True):

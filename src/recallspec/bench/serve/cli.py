@@ -36,7 +36,8 @@ def register(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sv.add_argument("--workload", default=w.name, choices=WORKLOADS,
                     help="spec_bench: Spec-Bench first turns, one request per session; "
                     "multiturn: MT-Bench and ShareGPT chats; agent: a coding agent's loop "
-                    "with tool results; rag: questions over shared documents")
+                    "with tool results; rag: questions over shared documents; extract: JSON-schema "
+                    "extraction; bfcl / bfcl_multiturn: BFCL tool calls, single and multi-turn")
     sv.add_argument("--targets", default=None, help=f"comma-separated: {', '.join(TARGETS)} "
                     f"(unavailable peers are skipped with a note; default: "
                     f"{','.join(DEFAULT_TARGETS)} for spec_bench, {','.join(PREFIX_TARGETS)} "
@@ -44,7 +45,7 @@ def register(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sv.add_argument("--rates", default="0.5,1,2,4",
                     help="offered loads: sessions started per second (spec_bench: requests/s)")
     sv.add_argument("--sessions", type=int, default=w.sessions,
-                    help="multiturn / agent / rag: sessions per rate")
+                    help="every workload but spec_bench: sessions per rate")
     most = ", ".join(f"{k} {v}" for k, v in MAX_TURNS.items() if v > 1)
     sv.add_argument("--turns", type=int, default=w.turns,
                     help="multiturn / agent / rag: requests per session (MT-Bench has 2; "

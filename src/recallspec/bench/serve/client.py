@@ -15,6 +15,14 @@ arrives. TTFT runs from sending the request to the first chunk that carries a to
 chunk adds one inter-token latency per token it carries, the gap since the previous
 such chunk divided evenly among them (a speculative step delivers several at once);
 end-to-end latency runs to ``data: [DONE]``.
+
+Agent workloads (``agents.py``): every request adds its session's fields (tools,
+response_format); streamed ``delta.tool_calls`` fragments are joined per ``index``;
+a single-turn answer is scored as it ends, and a ``bfcl_multiturn`` session runs the
+tool loop: while an answer calls tools (at most ``agents.MAX_TOOL_STEPS`` requests a
+user turn), the calls are executed on the session's BFCL API instances and the
+transcript goes back with the assistant's calls and one ``role: "tool"`` message per
+result; its last record carries BFCL's multi-turn verdict.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from recallspec.bench.serve import agents
 from recallspec.bench.serve.workloads import Session, messages
 
 WARMUP_MESSAGE = "Say hello."
@@ -83,6 +92,14 @@ class RequestRecord:
     # The server's per-request speculation figures where it reports them (ours:
     # vLLM's ``metrics.speculative_decoding`` shape), as sent.
     speculative_decoding: dict[str, Any] | None = None
+    step: int = 0  # bfcl_multiturn: the request's place in its user turn's tool loop
+    # The answer's tool calls: {"id", "name", "arguments"} (arguments: the JSON text).
+    tool_calls: list[dict[str, str]] = field(default_factory=list)
+    valid: bool | None = None  # agent workloads: the answer's verdict (None: not scored)
+    invalid_reason: str | None = None
+
+    def calls(self) -> list[tuple[str, str]]:
+        return [(c["name"], c["arguments"]) for c in self.tool_calls]
 
 
 def request_body(model: str, messages: list[dict[str, str]], max_tokens: int,
@@ -142,9 +159,13 @@ async def _consume(client: Any, body: dict[str, Any], rec: RequestRecord, t_send
                 cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
                 rec.cached_tokens = None if cached is None else int(cached)
             for ch in obj.get("choices") or []:
-                text = (ch.get("delta") or {}).get("content") or ""
+                delta = ch.get("delta") or {}
+                text = delta.get("content") or ""
+                fragments = delta.get("tool_calls") or []
+                for tc in fragments:
+                    _add_fragment(rec.tool_calls, tc)
                 ids = ch.get("token_ids")
-                n = len(ids) if ids is not None else (1 if text else 0)
+                n = len(ids) if ids is not None else (1 if text or fragments else 0)
                 rec.text += text
                 rec.finish_reason = ch.get("finish_reason") or rec.finish_reason
                 if n == 0:
@@ -157,6 +178,19 @@ async def _consume(client: Any, body: dict[str, Any], rec: RequestRecord, t_send
                     rec.itl_s.extend([(now - last) / n] * n)
                 last = now
     rec.error = "the stream ended without data: [DONE]"
+
+
+def _add_fragment(calls: list[dict[str, str]], tc: dict[str, Any]) -> None:
+    """Join one streamed ``delta.tool_calls`` item into the call at its ``index``."""
+    i = int(tc.get("index", 0))
+    while len(calls) <= i:
+        calls.append({"id": "", "name": "", "arguments": ""})
+    fn = tc.get("function") or {}
+    if tc.get("id"):
+        calls[i]["id"] = str(tc["id"])
+    if fn.get("name"):
+        calls[i]["name"] = str(fn["name"])
+    calls[i]["arguments"] += str(fn.get("arguments") or "")
 
 
 async def run_sessions(base: str, model: str, target: str, workload: str,
@@ -177,6 +211,11 @@ async def run_sessions(base: str, model: str, target: str, workload: str,
         async def session(i: int) -> None:
             s, due = sessions[i], arrivals[i]
             await asyncio.sleep(max(0.0, t0 + due - time.perf_counter()))
+            fields = {**(s.task.fields if s.task is not None else {}), **extra}
+            if s.task is not None and s.task.tool_loop:
+                await _tool_session(client, model, target, workload, s, i, due, rate,
+                                    max_tokens, fields, timeout, t0, recs[i])
+                return
             answers: list[str] = []
             failed = False
             for k in range(len(s.turns)):
@@ -186,14 +225,62 @@ async def run_sessions(base: str, model: str, target: str, workload: str,
                 if failed:
                     rec.error = "not sent: an earlier turn of its session failed"
                     continue
-                body = request_body(model, messages(s, k, answers), max_tokens, extra)
+                body = request_body(model, messages(s, k, answers), max_tokens, fields)
                 await stream_request(client, body, rec, t0, timeout)
                 failed = not rec.ok
+                if rec.ok and s.task is not None:
+                    rec.valid, why = agents.score_single(workload, s.task, rec.text, rec.calls())
+                    rec.invalid_reason = why or None
                 answers.append(rec.text)
                 due = rec.end_s if rec.end_s is not None else due
 
         await asyncio.gather(*(session(i) for i in range(len(sessions))))
     return [r for rs in recs for r in rs]
+
+
+async def _tool_session(client: Any, model: str, target: str, workload: str, s: Session,
+                        i: int, due: float, rate: float, max_tokens: int,
+                        fields: dict[str, Any], timeout: float, t0: float,
+                        out: list[RequestRecord]) -> None:
+    """A ``bfcl_multiturn`` session (the module docstring); records appended to ``out``."""
+    assert s.task is not None
+    env = agents.new_env(s.task)
+    transcript: list[dict[str, Any]] = [{"role": "system", "content": s.system}] if s.system else []
+    turn_calls: list[list[tuple[str, str]]] = []
+    for k, turn in enumerate(s.turns):
+        transcript.append({"role": "user", "content": turn})
+        calls: list[tuple[str, str]] = []
+        turn_calls.append(calls)
+        for step in range(agents.MAX_TOOL_STEPS):
+            rec = RequestRecord(target, rate, i, s.id, s.source, round(due, 6),
+                                workload=workload, turn=k, step=step)
+            out.append(rec)
+            body = request_body(model, list(transcript), max_tokens,
+                                agents.step_fields(fields, step))
+            await stream_request(client, body, rec, t0, timeout)
+            due = rec.end_s if rec.end_s is not None else due
+            if not rec.ok:
+                for later in range(k + 1, len(s.turns)):
+                    out.append(RequestRecord(target, rate, i, s.id, s.source, round(due, 6),
+                                             workload=workload, turn=later,
+                                             error="not sent: an earlier turn of its "
+                                                   "session failed"))
+                return
+            if not rec.tool_calls:
+                transcript.append({"role": "assistant", "content": rec.text})
+                break
+            ids = [c["id"] or f"call_{k}_{step}_{j}" for j, c in enumerate(rec.tool_calls)]
+            transcript.append({"role": "assistant", "content": rec.text or None, "tool_calls": [
+                {"id": cid, "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for cid, c in zip(ids, rec.tool_calls, strict=True)]})
+            for cid, (name, arguments) in zip(ids, rec.calls(), strict=True):
+                result = env.execute(name, arguments)[:agents.RESULT_CHARS]
+                transcript.append({"role": "tool", "tool_call_id": cid, "content": result})
+                calls.append((name, arguments))
+    last = out[-1]
+    last.valid, why = agents.score_multi_turn(s.task, turn_calls)
+    last.invalid_reason = why or None
 
 
 async def warm_up(base: str, model: str, extra: dict[str, Any], timeout: float) -> str | None:

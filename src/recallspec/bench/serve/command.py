@@ -78,7 +78,7 @@ def run_serve_bench(cfg: ServeBenchConfig, out: Path, *,
         "workload": {"name": cfg.workload.name, "description": cfg.workload.description,
                      "history": any(s.history and len(s.turns) > 1 for s in sessions)},
         "machine": machine_info(),
-        "sessions": [dataclasses.asdict(s) for s in sessions],  # in arrival order
+        "sessions": [s.record() for s in sessions],  # in arrival order
         "arrivals": {str(r): poisson_arrivals(len(sessions), r, cfg.seed) for r in cfg.rates},
         "targets": {}, "records": [], "summaries": [],
     }

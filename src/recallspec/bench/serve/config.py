@@ -10,10 +10,11 @@ import os
 from dataclasses import dataclass, field
 
 from recallspec.bench.common.llamacpp import SPEC_TYPES
+from recallspec.bench.serve.agents import AGENT_WORKLOADS
 from recallspec.bench.serve.workloads import Workload
 from recallspec.errors import DataError
 
-OURS_TARGETS = ("ours-off", "ours-fixed", "ours-adaptive")
+OURS_TARGETS = ("ours-off", "ours-fixed", "ours-adaptive", "ours-memory")
 NOCACHE = "-nocache"  # an ours target's name + this: the same with --no-prefix-cache
 LLAMACPP_TARGETS = ("llamacpp", *(f"llamacpp-{t}" for t in SPEC_TYPES))
 TARGETS = (*OURS_TARGETS, *(t + NOCACHE for t in OURS_TARGETS), *LLAMACPP_TARGETS,
@@ -27,7 +28,15 @@ PREFIX_TARGETS = ("ours-adaptive", "ours-adaptive-nocache", "ours-off", "ours-of
                   "llamacpp")
 
 
+# The tool-call and structured-output workloads: ours constrained plain, with the default
+# policy, and with it plus response memory; llama-server --jinja with the same template.
+AGENT_TARGETS = ("ours-off", "ours-adaptive", "ours-memory", "llamacpp")
+MEMORY_TOKENS = 1 << 16  # ours-memory: --memory-tokens (per tenant)
+
+
 def default_targets(workload: str) -> tuple[str, ...]:
+    if workload in AGENT_WORKLOADS:
+        return AGENT_TARGETS
     return DEFAULT_TARGETS if workload == "spec_bench" else PREFIX_TARGETS
 
 
@@ -51,7 +60,7 @@ class ServeBenchConfig:
     # server starts.
     context: int | None = None
     fixed_drafter: str = "pld"
-    adaptive_drafter: str | None = None  # default: targets.default_adaptive_drafter
+    adaptive_drafter: str | None = None  # default: the server's (policy.SERVE_DRAFTER)
     request_timeout: float = 600.0
     start_timeout: float = 900.0  # vLLM's CPU start is slow on a small machine
     vllm_python: str = ".venv-vllm/bin/python"

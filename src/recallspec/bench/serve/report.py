@@ -5,7 +5,8 @@ ended) in output tokens/s and completed requests/s; TTFT and end-to-end latency 
 p99 over successful requests; TTFT again over the turns >= 2 of their sessions (turn
 index >= 1: the requests whose prompt starts with an earlier request's, what a prefix
 cache serves) with the share of their prompt tokens the server reported cached; ITL
-p50 / p99 over all inter-token gaps pooled (as vLLM's serving benchmark); errors
+p50 / p99 over all inter-token gaps pooled (as vLLM's serving benchmark); per request,
+its output tokens over its end-to-end latency (``request_tok_per_s``); errors
 counted, never averaged in. ``prefix_rows`` sets each of our targets beside its
 ``-nocache`` twin and llama-server.
 """
@@ -72,10 +73,36 @@ def summarize(recs: Sequence[RequestRecord]) -> dict[str, Any]:
         "max_prompt_tokens": max((r.prompt_tokens for r in ok if r.prompt_tokens), default=None),
         "itl_s": _stats([x for r in ok for x in r.itl_s]),
         "e2e_s": _stats([r.e2e_s for r in ok if r.e2e_s is not None]),
+        # Per request: its output tokens over its end-to-end latency (what one client sees).
+        "request_tok_per_s": _stats([r.output_tokens / r.e2e_s for r in ok
+                                     if r.e2e_s and r.output_tokens]),
         # How late the client sent requests against the schedule (a busy client skews).
         "max_send_lag_s": max((r.sent_s - r.scheduled_s for r in recs if r.sent_s is not None),
                               default=None),
+        **_agent_figures(recs),
     }
+
+
+def _agent_figures(recs: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Agent workloads' answers (the share judged valid: schema-valid JSON, BFCL's AST or
+    multi-turn check; a failed request counts as invalid) and, where the server reports
+    its speculation, tokens per step and the forced tokens' share of the accepted."""
+    scored = [r for r in recs if r.valid is not None or (not r.ok and r.workload in
+              ("extract", "bfcl"))]
+    sessions = {r.session for r in recs}
+    if recs and recs[0].workload == "bfcl_multiturn":  # one verdict per session
+        valid_n = sum(bool(r.valid) for r in recs)
+        valid = valid_n / len(sessions) if sessions else None
+    else:
+        valid = sum(bool(r.valid) for r in scored) / len(scored) if scored else None
+    specs = [r.speculative_decoding for r in recs if r.ok and r.speculative_decoding]
+    steps = sum(int(sp.get("num_steps", 0)) for sp in specs)
+    accepted = sum(int(sp.get("num_accepted_tokens", 0)) for sp in specs)
+    forced = sum(int(sp.get("num_forced_tokens", 0)) for sp in specs)
+    committed = sum(r.output_tokens for r in recs if r.ok and r.speculative_decoding)
+    return {"valid_share": valid,
+            "tokens_per_step": committed / steps if steps else None,
+            "forced_share": forced / accepted if accepted else None}
 
 
 def summaries(recs: Iterable[RequestRecord]) -> list[dict[str, Any]]:
@@ -158,9 +185,12 @@ def render_markdown(rep: dict[str, Any]) -> str:
     by_rate: dict[float, list[dict[str, Any]]] = {}
     for s in rep["summaries"]:
         by_rate.setdefault(s["rate"], []).append(s)
+    agent = any(s.get("valid_share") is not None for s in rep["summaries"])
     header = ["target", "req/s", "output tok/s", "TTFT p50", "TTFT p99",
               *(["TTFT 2+ p50", "TTFT 2+ p99", "cached 2+"] if later else []),
-              "ITL p50", "ITL p99", "e2e p50", "e2e p99", "errors"]
+              "ITL p50", "ITL p99", "e2e p50", "e2e p99", "errors",
+              *(["request tok/s p50", "valid", "tokens / step", "forced share"]
+                if agent else [])]
     for rate in sorted(by_rate):
         rows = []
         for s in by_rate[rate]:
@@ -170,7 +200,10 @@ def render_markdown(rep: dict[str, Any]) -> str:
                 s["target"], num(s["req_per_s"]), num(s["output_tok_per_s"], ".1f"),
                 _ms(s["ttft_s"]["p50"]), _ms(s["ttft_s"]["p99"]), *extra,
                 _ms(s["itl_s"]["p50"]), _ms(s["itl_s"]["p99"]), _ms(s["e2e_s"]["p50"]),
-                _ms(s["e2e_s"]["p99"]), f"{s['errors']}/{s['requests']}"])
+                _ms(s["e2e_s"]["p99"]), f"{s['errors']}/{s['requests']}",
+                *([num(s["request_tok_per_s"]["p50"], ".1f"), _pct(s.get("valid_share")),
+                   num(s.get("tokens_per_step"), ".2f"), _pct(s.get("forced_share"))]
+                  if agent else [])])
         lines += ["", f"## {rate_label(rate, workload)}", "",
                   *table_lines(header, rows, "-" + "r" * (len(header) - 1))]
     if later:

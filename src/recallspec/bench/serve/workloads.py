@@ -21,7 +21,10 @@ Poisson arrival times. What request ``k`` of a session carries is ``messages``:
   read by several sessions (session i reads document i mod documents). Every request is
   the system prompt, then a user message of the document and one question: no
   transcript (a RAG app retrieves again per question), so all the requests over one
-  document share a prefix of hundreds of tokens and differ in the question at its end.
+  document share a prefix of hundreds of tokens and differ in the question at its end;
+* ``extract``, ``bfcl``, ``bfcl_multiturn``: structured outputs and tool calls
+  (``agents.py``): their requests carry ``response_format`` or ``tools``, and their
+  answers are scored (schema-valid JSON, BFCL's AST and multi-turn checks).
 
 Deterministic: the items are evenly spaced over each source (as ``suites.select``), the
 tool results and questions are fixed functions of the item, and one shuffle seeded by
@@ -30,6 +33,7 @@ tool results and questions are fixed functions of the item, and one shuffle seed
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -39,11 +43,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from recallspec.bench.common.suites import SuiteSelection, load_suite
+from recallspec.bench.serve import agents
 from recallspec.data.corpus_files import iter_records, record_messages
 from recallspec.data.paths import DataNotFoundError, data_dir
 from recallspec.errors import DataError
 
-WORKLOADS = ("spec_bench", "multiturn", "agent", "rag")
+WORKLOADS = ("spec_bench", "multiturn", "agent", "rag", *agents.AGENT_WORKLOADS)
 DESCRIPTIONS = {
     "spec_bench": "Spec-Bench first turns, one request per session",
     "multiturn": "chats: MT-Bench's two turns and ShareGPT first turns with follow-ups, "
@@ -52,10 +57,11 @@ DESCRIPTIONS = {
              "transcript plus one tool result (test-run output made from the task's tests)",
     "rag": "questions over shared CNN/DailyMail documents: system prompt + document, then "
            "a different question per request (sessions share documents)",
+    **agents.DESCRIPTIONS,
 }
 # Turns each workload can make (ShareGPT: its first turn + the follow-ups; agent: the
 # task + the tool results; rag: the questions).
-MAX_TURNS = {"spec_bench": 1, "multiturn": 4, "agent": 4, "rag": 6}
+MAX_TURNS = {"spec_bench": 1, "multiturn": 4, "agent": 4, "rag": 6, **agents.AGENT_MAX_TURNS}
 SHAREGPT_FILE = "sharegpt/mlenergy_ShareGPT_V3_filtered_500.json"
 SHAREGPT_MAX_CHARS = 2000  # 484 of its 500 first turns: a chat then fits a 2048 context
 FOLLOW_UPS = (
@@ -104,7 +110,8 @@ class Workload:
             raise DataError(f"unknown workload {self.name!r}; available: {', '.join(WORKLOADS)}")
         if self.sessions < 1 or self.documents < 1:
             raise DataError("--sessions and --documents must be >= 1")
-        if self.name != "spec_bench" and not 1 <= self.turns <= MAX_TURNS[self.name]:
+        # (Workloads of one request a session ignore --turns.)
+        if MAX_TURNS[self.name] > 1 and not 1 <= self.turns <= MAX_TURNS[self.name]:
             raise DataError(f"--turns must be in 1..{MAX_TURNS[self.name]} for {self.name}")
 
     @property
@@ -120,6 +127,17 @@ class Session:
     system: str | None = None  # a system message first, when set
     history: bool = True  # requests carry the earlier turns with the server's answers
     prefix: str = ""  # put before each turn's text in its user message (rag: the document)
+    # Agent workloads: the fields every request adds (tools, response_format) and the
+    # item its answers are scored against (``agents.AgentTask``); None elsewhere.
+    task: agents.AgentTask | None = field(default=None, repr=False, compare=False)
+
+    def record(self) -> dict[str, Any]:
+        """The session as the report keeps it (its task's fields, not its item)."""
+        out = {k: getattr(self, k) for k in ("id", "source", "turns", "system", "history",
+                                             "prefix")}
+        if self.task is not None:
+            out["fields"] = self.task.fields
+        return out
 
 
 def messages(s: Session, k: int, answers: Sequence[str]) -> list[dict[str, str]]:
@@ -141,6 +159,9 @@ def load_sessions(w: Workload, seed: int, data: str | None = None) -> list[Sessi
     if w.name == "spec_bench":
         out = [Session(str(q.question_id), q.category, (q.turns[0],))
                for q in load_suite("spec_bench", w.selection, data)]
+    elif w.name in agents.AGENT_WORKLOADS:
+        out = [Session(sid, src, turns, system, task=task) for sid, src, turns, system, task
+               in agents.sessions(w.name, w.sessions, w.turns, data)]
     else:
         root = _root(data)
         build = {"multiturn": _multiturn, "agent": _agent, "rag": _rag}[w.name]
@@ -159,10 +180,19 @@ def context_needed(sessions: Sequence[Session], max_tokens: int) -> int:
     need = 0
     for s in sessions:
         system = tokens(s.system) if s.system else 0
+        steps = 1  # requests per turn
+        if s.task is not None:  # the tools (or the schema) rendered into the prompt
+            system += tokens(json.dumps(s.task.fields))
+            if s.task.tool_loop:  # tool steps: each answer and its results
+                steps = agents.MAX_TOOL_STEPS
         for k in range(len(s.turns)):
             n = system + sum(tokens(t) for t in s.turns[:k + 1]) if s.history else (
                 system + tokens(s.prefix + s.turns[k]))
-            earlier = k * (max_tokens + TOKENS_PER_MESSAGE) if s.history else 0
+            loop = s.task is not None and s.task.tool_loop
+            answers = (k + 1) * steps - 1 if loop else k
+            earlier = answers * (max_tokens + TOKENS_PER_MESSAGE) if s.history else 0
+            if loop:
+                earlier += answers * agents.RESULT_TOKENS
             need = max(need, n + earlier + max_tokens + TEMPLATE_TOKENS)
     return 256 * math.ceil(need / 256)
 
