@@ -20,6 +20,13 @@ from recallspec.decoding import masks as M
 from recallspec.decoding.masks import Guide
 from recallspec.decoding.sampling import SamplingParams, probabilities
 from recallspec.engine import GenerationResult
+from recallspec.server.tool_calls import (
+    ToolChoice,
+    parse_tool_calls,
+    shipped_template,
+    validate_tools,
+)
+from recallspec.server.tool_grammar import tool_guide
 
 NEW_TOKENS = 48
 PEOPLE = [("Ada Lovelace", "London", 36), ("Alan Turing", "Manchester", 41),
@@ -34,6 +41,16 @@ GBNF = 'root ::= "Answer: " ("yes" | "no") "." " Because " [a-z ]{1,40} "."'
 REGEX = r"[A-Z][a-z]+ was born in [A-Z][a-z]+( [A-Z][a-z]+)* in the year 1[0-9]{3}\."
 MODES = {"json_object": Guide.json_object(), "json_schema": Guide.json_schema(SCHEMA),
          "regex": Guide("regex", REGEX), "gbnf": Guide("gbnf", GBNF)}
+TOOLS = validate_tools([
+    {"type": "function", "function": {"name": "record_person", "parameters": SCHEMA}},
+    {"type": "function", "function": {"name": "lookup_city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])
+# The tool-call grammars the server gives SmolLM2 (Hermes calls, the shipped template).
+TOOL_MODES = {
+    "tools_required": tool_guide(TOOLS, ToolChoice("required"), family="hermes",
+                                 parallel_tool_calls=False),
+    "tools_auto": tool_guide(TOOLS, ToolChoice("auto"), family="hermes"),
+}
 
 
 def prompts(engine: Any) -> list[list[int]]:
@@ -47,10 +64,27 @@ def prompts(engine: Any) -> list[list[int]]:
     return out
 
 
+def tool_prompts(engine: Any) -> list[list[int]]:
+    """The 20 asks rendered with the tools by the shipped template (as the server does)."""
+    tok = engine.tokenizer.with_chat_template(shipped_template())
+    tools = [t.to_openai() for t in TOOLS]
+    out = []
+    for name, city, age in PEOPLE:
+        for text in (f"Record {name}, who lived in {city} and reached the age of {age}.",
+                     f"Where did {name} live? Look the city up."):
+            out.append(tok.encode(tok.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tools=tools)))
+    return out
+
+
 def valid(mode: str, r: GenerationResult) -> bool:
     """Whether a finished output is one the guide allows."""
     if r.finish_reason != "eos":
         return True  # cut by max_tokens: a prefix, checked by the grammar itself
+    if mode.startswith("tools"):
+        calls = parse_tool_calls("hermes", r.text).calls
+        return (mode == "tools_auto" or len(calls) == 1) and all(
+            isinstance(json.loads(c.arguments), dict) for c in calls)
     if mode in ("json_object", "json_schema"):
         value = json.loads(r.text)
         return isinstance(value, dict) and (mode == "json_object" or (
@@ -60,16 +94,17 @@ def valid(mode: str, r: GenerationResult) -> bool:
     return re.fullmatch(r"Answer: (yes|no)\. Because [a-z ]{1,40}\.", r.text) is not None
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("mode", sorted(MODES) + sorted(TOOL_MODES))
 def test_constrained_speculation_equals_constrained_ar(engine: Any, mode: str) -> None:
     """Greedy, 20 prompts, batch 1: each drafter gives AR's tokens; then the 20 as
     batches of 8 (ragged, with a drafter) give them too."""
-    params = SamplingParams(max_new_tokens=NEW_TOKENS, guide=MODES[mode])
-    ps = prompts(engine)
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, guide={**MODES, **TOOL_MODES}[mode])
+    ps = tool_prompts(engine) if mode.startswith("tools") else prompts(engine)
     ar = [engine.generate(p, params, drafter="none") for p in ps]
     assert all(r.finish_reason in ("eos", "length") for r in ar), [r.error for r in ar]
     assert all(valid(mode, r) for r in ar)
-    assert sum(r.finish_reason == "eos" for r in ar) >= 10  # most outputs complete
+    if mode != "tools_auto":  # (free text under auto runs to max_tokens)
+        assert sum(r.finish_reason == "eos" for r in ar) >= 10  # most outputs complete
     steps = {}
     for drafter in ("llma", "pld"):
         got = [engine.generate(p, params, drafter=drafter) for p in ps]

@@ -634,18 +634,26 @@ def check_multi_turn(turns: Sequence[Sequence[tuple[str, Mapping[str, Any] | str
 # ---- extract: JSON-schema extraction over CNN/DailyMail ---------------------------------
 
 CNNDM_FILE = "cnn_dailymail/cad_cnndm_1_0.jsonl"
-_STR: dict[str, Any] = {"type": "string"}
+# Bounded lists and strings: a small greedy model repeats list items and phrases until
+# max_tokens, and an extraction a client asks for is bounded too.
+MAX_ITEMS, MAX_NAME, MAX_TEXT = 4, 48, 240
+
+
+def _str(n: int) -> dict[str, Any]:
+    return {"type": "string", "maxLength": n}
+
+
 EXTRACTION_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "required": ["title", "people", "places", "summary"],
     "properties": {
-        "title": _STR,
-        "people": {"type": "array", "items": {
+        "title": _str(MAX_TEXT // 2),
+        "people": {"type": "array", "maxItems": MAX_ITEMS, "items": {
             "type": "object", "additionalProperties": False, "required": ["name", "role"],
-            "properties": {"name": _STR, "role": _STR}}},
-        "places": {"type": "array", "items": _STR},
-        "summary": _STR,
+            "properties": {"name": _str(MAX_NAME), "role": _str(MAX_NAME)}}},
+        "places": {"type": "array", "maxItems": MAX_ITEMS, "items": _str(MAX_NAME)},
+        "summary": _str(MAX_TEXT),
     },
 }
 EXTRACTION_NAME = "article_facts"
@@ -692,15 +700,21 @@ def _strings(v: Any) -> bool:
 
 def valid_extraction(text: str) -> bool:
     """Whether ``text`` is one JSON value that ``EXTRACTION_SCHEMA`` accepts (checked by
-    hand for that schema: exactly its keys, each of its type)."""
+    hand for that schema: exactly its keys, each of its type and within its bounds)."""
     try:
         obj = json.loads(text)
     except (json.JSONDecodeError, RecursionError):
         return False
     keys = set(EXTRACTION_SCHEMA["required"])
     return (type(obj) is dict and set(obj) == keys
-            and type(obj["title"]) is str and type(obj["summary"]) is str
-            and _strings(obj["places"]) and type(obj["people"]) is list
+            and _bounded(obj["title"], MAX_TEXT // 2) and _bounded(obj["summary"], MAX_TEXT)
+            and _strings(obj["places"]) and len(obj["places"]) <= MAX_ITEMS
+            and all(_bounded(x, MAX_NAME) for x in obj["places"])
+            and type(obj["people"]) is list and len(obj["people"]) <= MAX_ITEMS
             and all(type(p) is dict and set(p) == {"name", "role"}
-                    and type(p["name"]) is str and type(p["role"]) is str
+                    and _bounded(p["name"], MAX_NAME) and _bounded(p["role"], MAX_NAME)
                     for p in obj["people"]))
+
+
+def _bounded(v: Any, n: int) -> bool:
+    return type(v) is str and len(v) <= n

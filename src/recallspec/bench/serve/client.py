@@ -266,7 +266,10 @@ async def _tool_session(client: Any, model: str, target: str, workload: str, s: 
                                              error="not sent: an earlier turn of its "
                                                    "session failed"))
                 return
-            if not rec.tool_calls:
+            if not rec.tool_calls or not all(_json_object(c["arguments"])
+                                             for c in rec.tool_calls):
+                # A text answer ends the turn; so does a call cut short (max_tokens): its
+                # arguments are no JSON a client could run or send back.
                 transcript.append({"role": "assistant", "content": rec.text})
                 break
             ids = [c["id"] or f"call_{k}_{step}_{j}" for j, c in enumerate(rec.tool_calls)]
@@ -281,6 +284,13 @@ async def _tool_session(client: Any, model: str, target: str, workload: str, s: 
     last = out[-1]
     last.valid, why = agents.score_multi_turn(s.task, turn_calls)
     last.invalid_reason = why or None
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 async def warm_up(base: str, model: str, extra: dict[str, Any], timeout: float) -> str | None:
