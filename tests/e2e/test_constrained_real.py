@@ -205,3 +205,37 @@ def test_constrained_first_token_follows_the_masked_distribution(engine: Any) ->
         pp, cc = pp[:-1], {k: v for k, v in cc.items() if k < len(big)}
     # A fair sampler fails this at the 1e-4 level once in ten thousand runs.
     assert chi2_pvalue(cc, pp, n) > 1e-4
+
+
+@pytest.fixture(scope="module")
+def adaptive_engine() -> Any:
+    """The real model under cost-aware sizing, priced by a synthetic curve (rows cheap
+    enough that drafts and forced nodes pay, dear enough that sizing cuts some)."""
+    from helpers.real_model import TEST_DTYPE
+
+    from recallspec.cost.curve import CostCurve
+    from recallspec.engine import Engine
+
+    eng = Engine.load(None, max_batch_size=8, dtype=TEST_DTYPE, mode="adaptive")
+    eng.use_cost_curve(CostCurve((1, 8, 64), (1.0, 1.3, 4.0), 0.0))
+    yield eng
+    eng.close()
+
+
+@pytest.mark.parametrize("mode", ["json_schema", "tools_required"])
+def test_adaptive_sizing_under_a_grammar_equals_constrained_ar(adaptive_engine: Any,
+                                                                mode: str) -> None:
+    """The default policy, cost-aware (forced nodes priced and cut to size): AR's tokens
+    alone and as a batch of 8, greedy and seeded sampling."""
+    eng = adaptive_engine
+    guide = {**MODES, **TOOL_MODES}[mode]
+    ps = (tool_prompts(eng) if mode.startswith("tools") else prompts(eng))[:8]
+    for params in (SamplingParams(max_new_tokens=NEW_TOKENS, guide=guide),
+                   SamplingParams(max_new_tokens=NEW_TOKENS, guide=guide, temperature=0.9,
+                                  seed=3)):
+        ar = [eng.generate(p, params, drafter="none") for p in ps]
+        alone = [eng.generate(p, params, drafter="portfolio") for p in ps]
+        batch = eng.generate(ps, [params] * len(ps), drafter="portfolio")
+        assert [a.token_ids for a in alone] == [r.token_ids for r in ar]
+        assert [b.token_ids for b in batch] == [r.token_ids for r in ar]
+    assert eng.stats.forced_tokens > 0  # forced nodes were priced in, and accepted

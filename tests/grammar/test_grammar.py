@@ -374,7 +374,7 @@ def test_a_wider_model_vocabulary_forbids_the_extra_tokens(cache: GuideCache,
     assert got.masks.shape[1] == M.words(V) and got.cut == 1
     for row in got.masks:  # padding bits too: every bit from the tokenizer's vocabulary on
         assert not M.allowed_ids(row, M.words(V) * 32)[tok.vocab_size:].any()
-    with pytest.raises(ValueError, match="under the tokenizer"):
+    with pytest.raises(GrammarError, match="under its tokenizer"):
         cache.compile(M.Guide("regex", "a"), tok, vocab_size=tok.vocab_size - 1)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import llguidance  # (a pinned runtime dependency: imported, never skipped)
 import numpy as np
 import pytest
 
@@ -28,8 +29,6 @@ from recallspec.server.tool_grammar import (
     tool_grammar,
     tool_guide,
 )
-
-llguidance = pytest.importorskip("llguidance")
 
 TOOLS = validate_tools([
     {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -88,6 +88,9 @@ class Constrained:
     masks: Mask  # [1 + len(tree), words(V)]: the root's row, then each node's
     drafted: int  # nodes of ``tree`` that the drafter proposed (its first ones)
     cut: int  # drafter nodes the grammar forbade (with their subtrees), never verified
+    # The drafter's tree's index of each of ``tree``'s first ``drafted`` nodes (what its
+    # statistics learn by: a cut node there counts as reached and rejected).
+    kept: tuple[int, ...] = ()
 
     @property
     def forced(self) -> int:
@@ -98,8 +101,9 @@ class Constrained:
         """The first ``max_nodes`` nodes and their rows (a tree prefix stays a tree)."""
         if max_nodes >= len(self.tree):
             return self
+        drafted = min(self.drafted, max_nodes)
         return Constrained(self.tree.truncate(max_nodes), self.masks[: max_nodes + 1],
-                           min(self.drafted, max_nodes), self.cut)
+                           drafted, self.cut, self.kept[:drafted])
 
 
 def canonical_json(value: Any) -> str:

@@ -59,7 +59,8 @@ def matcher_eos(tokenizer: GuideTokenizer) -> int:
     smallest id that does (every one of them is mapped onto it)."""
     ids = tokenizer.eos_token_ids
     if not ids:
-        raise ValueError("a constrained request needs a tokenizer with an EOS token")
+        raise GrammarError("a grammar needs a tokenizer with an end-of-sequence token, and "
+                           "this model's has none")
     eos = tokenizer.eos_token_id
     return eos if eos is not None and eos in ids else min(ids)
 
@@ -83,7 +84,8 @@ def grammar_text(guide: Guide) -> str:
 
 def json_schema(guide: Guide) -> dict[str, Any]:
     """The schema a JSON guide compiles: "json_object" without a source is any object, and
-    with one, that schema with ``"type": "object"`` where it names no type of its own."""
+    with one, that schema with ``"type": "object"`` where it names no type of its own (and
+    refused where it names another)."""
     if guide.kind == "json_object" and not guide.source:
         return {"type": "object"}
     try:
@@ -96,6 +98,9 @@ def json_schema(guide: Guide) -> dict[str, Any]:
         raise grammar_error("the schema must be an object (or true)", guide.kind)
     if guide.kind == "json_object" and "type" not in schema:
         schema = {"type": "object", **schema}
+    if guide.kind == "json_object" and schema.get("type") != "object":
+        raise grammar_error(f"a json_object's schema must be of type object, not "
+                            f"{schema.get('type')!r}", guide.kind)
     return schema
 
 
@@ -139,7 +144,8 @@ class GuideCache:
         tok_vocab = tokenizer.vocab_size
         width = tok_vocab if vocab_size is None else vocab_size
         if width < tok_vocab:
-            raise ValueError(f"logits width {width} is under the tokenizer's {tok_vocab} tokens")
+            raise GrammarError(f"the model's logits width {width} is under its tokenizer's "
+                               f"{tok_vocab} tokens: no grammar can mask them")
         eos = matcher_eos(tokenizer)
         tok_key = (tokenizer.fingerprint, tok_vocab, eos)
         key = (guide, *tok_key, tokenizer.eos_token_ids, width)

@@ -38,7 +38,8 @@ class RowLayout:
     def __post_init__(self) -> None:
         if self.eos_token not in self.eos_ids or not 0 <= min(self.eos_ids) <= max(
                 self.eos_ids) < self.tokenizer_vocab <= self.vocab_size:
-            raise ValueError(f"inconsistent row layout {self}")
+            raise GrammarError(f"the tokenizer and the model disagree on the vocabulary "
+                               f"(inconsistent row layout {self})")
 
 
 def too_complex(reason: str) -> bool:
@@ -52,6 +53,14 @@ def grammar_error(reason: str, kind: str = "") -> GrammarError:
     if too_complex(reason):
         return GrammarError(f"grammar too complex: {reason}")
     return GrammarError(f"invalid {kind} guide: {reason}" if kind else f"grammar error: {reason}")
+
+
+def _depth_kept(tree: DraftTree, max_depth: int) -> list[int]:
+    """The indices of ``tree``'s nodes ``limit_depth(tree, max_depth)`` keeps, in order."""
+    depth: list[int] = []
+    for p in tree.parents.tolist():
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return [i for i, d in enumerate(depth) if d <= max_depth]
 
 
 class GrammarConstraint:
@@ -104,6 +113,7 @@ class GrammarConstraint:
             else:
                 ok = (0 <= t < self._layout.tokenizer_vocab
                       and self._m.try_consume_tokens([int(t)]) == 1)
+            self._check()  # a parser limit hit on the way: the grammar's fault, not a bug
             if not ok:
                 self._m.rollback(undo)
                 raise RuntimeError(f"the grammar forbids token {t} at position {i} of "
@@ -124,7 +134,10 @@ class GrammarConstraint:
         root = self._fill()
         if room <= 0 or depth_limit <= 0:
             return Constrained(DraftTree.empty(), root[None], 0, 0)
-        tree = limit_depth(tree, depth_limit)
+        deep = limit_depth(tree, depth_limit)
+        # The drafter's index of each node of ``deep`` (nodes keep their order).
+        index = _depth_kept(tree, depth_limit) if deep is not tree else range(len(tree))
+        tree = deep
         toks, par = tree.tokens.tolist(), tree.parents.tolist()
         children = tree.children()
         size, depth = [1] * len(toks), [1] * len(toks)
@@ -142,8 +155,9 @@ class GrammarConstraint:
         while stack:
             node, parent_row = stack.pop()
             if parent_row is None:  # leave: a leaf's chain, then back to its parent's state
-                if not has_child[node]:
-                    chains[node] = self._chain(rows[node], min(room, depth_limit - depth[node]))
+                if not has_child[node]:  # (at most the room the kept nodes leave)
+                    chains[node] = self._chain(rows[node], min(
+                        room - len(rows), depth_limit - depth[node]))
                 self._m.rollback(1)
                 continue
             t = toks[node]
@@ -174,7 +188,7 @@ class GrammarConstraint:
                 out_toks.append(forced[j])
                 out_rows.append(forced_rows[j])
         return Constrained(DraftTree.from_lists(out_toks, out_par), np.stack(out_rows),
-                           len(kept), cut)
+                           len(kept), cut, tuple(index[i] for i in kept))
 
     def _chain(self, row: Mask, limit: int) -> tuple[list[int], list[Mask]]:
         """The forced tokens of the current state (at most ``limit``), each allowed by the

@@ -215,6 +215,9 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
             return Response(status_code=499)  # nobody is listening
         for o in ends:
             if o.finish_reason == "error":
+                if isinstance(o.exception, GrammarError):  # its grammar, over a parser
+                    raise ApiError(400, f"the request failed: {o.error}",  # limit midway
+                                   reply.sub.guide_param or "tools")
                 raise ApiError(500, f"the request failed: {o.error}")
         assert len(ends) == n
         body = R.envelope(reply.sub.request_id, model_name, reply.chat, chunk=False)

@@ -135,6 +135,7 @@ def speculative_step(
     else:
         kept = [(s, t, None) for s, t, _ in live]
     constrained_of = {id(s): c for s, _, c in kept if c is not None}
+    proposed = {id(s): t for s, t, _ in kept}  # the drafter's trees, as sized
     masks = [None if c is None else c.masks for _, _, c in kept]
     grammar_rows = sum(len(m) for m in masks if m is not None)
     draft_s = time.perf_counter() - t0
@@ -146,9 +147,10 @@ def speculative_step(
         c = constrained_of.get(id(v.seq))
         accepted = v.verdict.accepted_nodes
         own, cut = (len(v.tree), 0) if c is None else (c.drafted, c.cut)
-        if c is not None:  # the drafter's statistics learn from its own nodes only
-            planner.observe_forced(c, accepted)
-            planner.observe(v.seq, v.tree.truncate(own), tuple(n for n in accepted if n < own))
+        if c is not None:  # the drafter's statistics learn from its own tree, as sized:
+            planner.observe_forced(c, accepted)  # a cut node there was reached and rejected
+            planner.observe(v.seq, proposed[id(v.seq)],
+                            tuple(c.kept[n] for n in accepted if n < own))
         else:
             planner.observe(v.seq, v.tree, accepted)  # sized in this context
         taken = commit(v.seq, list(v.verdict.tokens))

@@ -316,15 +316,15 @@ class DraftPlanner:
             try:
                 c = s.constraint.constrain(tree, room if s.drafter.name != NO_DRAFTER else 0,
                                            s.depth_limit)
-            except Exception as e:
+                base = rows + c.drafted - len(tree)  # without what the grammar cut
+                if c.forced and s.sizing == "adaptive" and self._get_curve is not None:
+                    c = c.truncate(c.drafted + self._forced_size(s, c, base, seqs))
+            except Exception as e:  # this request's grammar or pricing: it alone fails
                 failed.append((s, e))
                 out.append(None)
                 rows -= 1 + len(tree)
                 continue
-            rows += c.drafted - len(tree)  # what the grammar cut
-            if c.forced and s.sizing == "adaptive" and self._get_curve is not None:
-                c = c.truncate(c.drafted + self._forced_size(s, c, rows, seqs))
-            rows += c.forced
+            rows = base + c.forced
             out.append(c)
         return out, failed
 

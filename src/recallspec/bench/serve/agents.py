@@ -41,7 +41,7 @@ DESCRIPTIONS = {
     "extract": "JSON-schema extraction (response_format json_schema) over CNN/DailyMail "
                "articles, one request per session",
     "bfcl": "BFCL v4 single-turn tool calls (simple, multiple, parallel, parallel multiple; "
-            "tools, tool_choice auto), one request per session",
+            "tools, tool_choice required), one request per session",
     "bfcl_multiturn": "BFCL v4 multi-turn conversations: the calls executed on BFCL's API "
                       f"classes and fed back as tool messages, <= {MAX_TOOL_STEPS} requests "
                       "a user turn",
