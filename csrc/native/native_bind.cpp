@@ -42,6 +42,8 @@ NativeModel::NativeModel(const Config& cfg) : cfg_(cfg), layers_(size_t(std::max
   need(cfg.heads > 0 && cfg.kv_heads > 0 && cfg.heads % cfg.kv_heads == 0,
        "heads must be a multiple of kv_heads");
   need(cfg.layers >= 0 && cfg.vocab > 0, "need layers >= 0 and vocab > 0");
+  need(cfg.experts == 0 ? cfg.experts_used == 0 : cfg.experts_used > 0 && cfg.experts_used <= cfg.experts,
+       "experts_used must be in [1, experts] for a mixture of experts (0 without)");
 }
 
 Matrix NativeModel::matrix(nb::object w, int64_t n, int64_t k) {
@@ -97,8 +99,12 @@ void NativeModel::set_layer(int64_t index, int32_t window, int32_t rope, nb::obj
   const int64_t hid = cfg_.hidden, nq = cfg_.heads * cfg_.head_dim, nkv = cfg_.kv_heads * cfg_.head_dim;
   l.qkv = matrix(qkv, nq + 2 * nkv, hid);
   l.o = matrix(o, hid, nq);
-  l.gate_up = matrix(gate_up, 2 * cfg_.inter, hid);
-  l.down = matrix(down, hid, cfg_.inter);
+  need(gate_up.is_none() == down.is_none() && gate_up.is_none() == (cfg_.experts > 0),
+       "a dense layer has gate_up and down, a mixture of experts neither (set_experts)");
+  if (!gate_up.is_none()) {
+    l.gate_up = matrix(gate_up, 2 * cfg_.inter, hid);
+    l.down = matrix(down, hid, cfg_.inter);
+  }
   l.qkv_b = vec(qkv_b, nq + 2 * nkv, true);
   l.o_b = vec(o_b, hid, true);
   l.attn_norm = vec(attn_norm, hid, false);
@@ -110,6 +116,22 @@ void NativeModel::set_layer(int64_t index, int32_t window, int32_t rope, nb::obj
   l.post_ffn = vec(post_ffn, hid, true);
   l.window = window;
   l.rope = rope;
+  l.ready = cfg_.experts == 0;  // (a mixture of experts: once set_experts has run)
+}
+
+void NativeModel::set_experts(int64_t index, nb::object router, nb::list gate_ups, nb::list downs) {
+  need(cfg_.experts > 0 && index >= 0 && index < cfg_.layers, "set_experts: not a mixture of experts, or no such layer");
+  need(int64_t(nb::len(gate_ups)) == cfg_.experts && int64_t(nb::len(downs)) == cfg_.experts,
+       "set_experts needs one gate_up and one down matrix per expert");
+  Layer& l = layers_[size_t(index)];
+  need(!l.qkv.empty(), "set_experts: set_layer first");
+  l.router = matrix(router, cfg_.experts, cfg_.hidden);
+  l.expert_gate_up.clear();
+  l.expert_down.clear();
+  for (int64_t e = 0; e < cfg_.experts; ++e) {
+    l.expert_gate_up.push_back(matrix(gate_ups[size_t(e)], 2 * cfg_.inter, cfg_.hidden));
+    l.expert_down.push_back(matrix(downs[size_t(e)], cfg_.hidden, cfg_.inter));
+  }
   l.ready = true;
 }
 
@@ -120,6 +142,7 @@ std::vector<double> NativeModel::seconds(bool reset, int64_t* calls) {
   if (reset) {
     for (int64_t& c : counters_) c = 0;
     calls_ = 0;
+    expert_runs_ = expert_rows_ = 0;
   }
   return out;
 }
@@ -209,8 +232,10 @@ const char* const kCounterNames[kCounters] = {"quantize", "gemm", "attention", "
 
 nb::dict profile(NativeModel& m, bool reset) {
   int64_t calls = 0;
-  const std::vector<double> s = m.seconds(reset, &calls);
   nb::dict d;
+  d["expert_runs"] = m.expert_runs();  // (read before seconds() may reset them)
+  d["expert_rows"] = m.expert_rows();
+  const std::vector<double> s = m.seconds(reset, &calls);
   for (int i = 0; i < kCounters; ++i) d[kCounterNames[i]] = s[size_t(i)];
   d["calls"] = calls;
   return d;
@@ -227,25 +252,31 @@ void register_native(nb::module_& m) {
            [](NativeModel* self, int64_t hidden, int64_t inter, int64_t vocab, int64_t layers,
               int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, double eps,
               double embed_scale, double attn_scale, double softcap, double attn_softcap,
-              double residual_scale, double logit_divisor, bool gelu) {
+              double residual_scale, double logit_divisor, bool gelu, int64_t experts,
+              int64_t experts_used, bool norm_topk) {
              // eps and the scales rounded to fp32, as the reference computes with them.
              new (self) NativeModel(nf::Config{
                  hidden, inter, vocab, layers, heads, kv_heads, head_dim, rotary_dim, float(eps),
                  float(embed_scale), float(attn_scale), float(softcap), float(attn_softcap),
-                 float(residual_scale), float(logit_divisor), gelu});
+                 float(residual_scale), float(logit_divisor), gelu, experts, experts_used,
+                 norm_topk});
            },
            nb::arg("hidden"), nb::arg("intermediate"), nb::arg("vocab"), nb::arg("layers"),
            nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("rotary_dim"),
            nb::arg("eps"), nb::arg("embed_scale"), nb::arg("attn_scale"), nb::arg("softcap"),
            nb::arg("attn_softcap"), nb::arg("residual_scale"), nb::arg("logit_divisor"),
-           nb::arg("gelu"))
+           nb::arg("gelu"), nb::arg("experts") = 0, nb::arg("experts_used") = 0,
+           nb::arg("norm_topk") = true)
       .def("set_embed", &NativeModel::set_embed, nb::arg("segs"))
       .def("set_head", &NativeModel::set_head, nb::arg("segs"), nb::arg("final_norm"))
       .def("set_layer", &NativeModel::set_layer, nb::arg("index"), nb::arg("window"),
-           nb::arg("rope"), nb::arg("qkv"), nb::arg("o"), nb::arg("gate_up"), nb::arg("down"),
+           nb::arg("rope"), nb::arg("qkv"), nb::arg("o"), nb::arg("gate_up").none(),
+           nb::arg("down").none(),
            nb::arg("qkv_b").none(), nb::arg("o_b").none(), nb::arg("attn_norm"),
            nb::arg("ffn_norm"), nb::arg("q_norm").none(), nb::arg("k_norm").none(),
            nb::arg("post_attn_norm").none(), nb::arg("post_ffn_norm").none())
+      .def("set_experts", &NativeModel::set_experts, nb::arg("index"), nb::arg("router"),
+           nb::arg("gate_ups"), nb::arg("downs"))
       .def("set_profiling", &NativeModel::set_profiling, nb::arg("on"))
       .def("profile", &nf::profile, nb::arg("reset") = false)
       .def("forward", &nf::forward_py, nb::arg("ids"), nb::arg("positions"), nb::arg("parents"),

@@ -1,6 +1,7 @@
 // The computation of the native forward (native_model.h: what and the invariant).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -136,6 +137,80 @@ void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out,
   if (bias)
     for (int64_t r = 0; r < M; ++r)
       for (int64_t j = 0; j < m.n; ++j) out[r * m.n + j] += bias[j];  // as `out += bias`
+}
+
+void NativeModel::experts(const Layer& l, const float* x, int64_t T, float* out) {
+  const int64_t E = cfg_.experts, K = cfg_.experts_used, hid = cfg_.hidden, I = cfg_.inter;
+  const Ops& op = *ops_;
+  route_.resize(size_t(T * E));
+  chosen_.resize(size_t(T * K));
+  weight_.resize(size_t(T * K));
+  ys_.resize(size_t(T * K * hid));
+  matmul(l.router, x, T, route_.data(), nullptr);
+  // Each row's experts: K passes, each taking the largest logit not yet taken (a NaN is
+  // never larger, so it is taken only after every number; ties: the lower expert).
+  std::vector<uint8_t> taken(static_cast<size_t>(E), uint8_t(0));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* lg = route_.data() + t * E;
+    int64_t* ch = chosen_.data() + t * K;
+    std::fill(taken.begin(), taken.end(), uint8_t(0));
+    for (int64_t r = 0; r < K; ++r) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e)
+        if (!taken[size_t(e)] && (best < 0 || lg[e] > lg[best])) best = e;
+      taken[size_t(best)] = 1;
+      ch[r] = best;
+    }
+    // Weights: exp(l - l_max) / s, s summed in rank order (over the chosen) or in expert
+    // order (over all); one std::exp, the same on every instruction-set path.
+    const float m = lg[ch[0]];
+    float* w = weight_.data() + t * K;
+    float s = 0.0f;
+    for (int64_t r = 0; r < K; ++r) w[r] = std::exp(lg[ch[r]] - m);
+    if (cfg_.norm_topk) {
+      for (int64_t r = 0; r < K; ++r) s += w[r];
+    } else {
+      for (int64_t e = 0; e < E; ++e) s += std::exp(lg[e] - m);
+    }
+    for (int64_t r = 0; r < K; ++r) w[r] = w[r] / s;
+  }
+  // The (row, rank) pairs of each expert in row order (a counting sort).
+  member_count_.assign(size_t(E + 1), 0);
+  for (int64_t i = 0; i < T * K; ++i) ++member_count_[size_t(chosen_[size_t(i)] + 1)];
+  for (int64_t e = 0; e < E; ++e) member_count_[size_t(e + 1)] += member_count_[size_t(e)];
+  members_.resize(size_t(T * K));
+  {
+    std::vector<int64_t> at(member_count_.begin(), member_count_.end() - 1);
+    for (int64_t i = 0; i < T * K; ++i) members_[size_t(at[size_t(chosen_[size_t(i)])]++)] = i;
+  }
+  if (profiling_) expert_rows_ += T;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = member_count_[size_t(e)], n = member_count_[size_t(e + 1)] - first;
+    if (n == 0) continue;
+    if (profiling_) ++expert_runs_;
+    const int64_t* mem = members_.data() + first;
+    xe_.resize(size_t(n * hid));
+    gue_.resize(size_t(n * 2 * I));
+    acte_.resize(size_t(n * I));
+    ye_.resize(size_t(n * hid));
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(xe_.data() + i * hid, x + mem[i] / K * hid, size_t(hid) * sizeof(float));
+    matmul(l.expert_gate_up[size_t(e)], xe_.data(), n, gue_.data(), nullptr);
+    for (int64_t i = 0; i < n; ++i) op.glu(gue_.data() + i * 2 * I, acte_.data() + i * I, I, cfg_.gelu);
+    matmul(l.expert_down[size_t(e)], acte_.data(), n, ye_.data(), nullptr);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(ys_.data() + mem[i] * hid, ye_.data() + i * hid, size_t(hid) * sizeof(float));
+  }
+  // Each row: its experts' outputs times their weights, summed in rank order (each
+  // product rounded, then added: -ffp-contract=off).
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = out + t * hid;
+    const float* y = ys_.data() + t * K * hid;
+    const float* w = weight_.data() + t * K;
+    for (int64_t j = 0; j < hid; ++j) o[j] = y[j] * w[0];
+    for (int64_t r = 1; r < K; ++r)
+      for (int64_t j = 0; j < hid; ++j) o[j] = o[j] + y[r * hid + j] * w[r];
+  }
 }
 
 void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs& r, int64_t n_layers,
@@ -290,12 +365,17 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
       op.rms_norm(h + t * hid, l.ffn_norm, x + t * hid, hid, eps);
     });
     tick(kOther, t0);
-    matmul(l.gate_up, x, T, gu, nullptr);
-    tick(kGemm, t0);
-    rows([&](int64_t t) { op.glu(gu + t * 2 * I, act + t * I, I, cfg_.gelu); });
-    tick(kOther, t0);
-    matmul(l.down, act, T, o, nullptr);
-    tick(kGemm, t0);
+    if (cfg_.experts) {
+      experts(l, x, T, o);  // (its row-wise steps are counted as products)
+      tick(kGemm, t0);
+    } else {
+      matmul(l.gate_up, x, T, gu, nullptr);
+      tick(kGemm, t0);
+      rows([&](int64_t t) { op.glu(gu + t * 2 * I, act + t * I, I, cfg_.gelu); });
+      tick(kOther, t0);
+      matmul(l.down, act, T, o, nullptr);
+      tick(kGemm, t0);
+    }
     rows([&](int64_t t) {
       if (l.post_ffn) op.rms_norm(o + t * hid, l.post_ffn, o + t * hid, hid, eps);
       if (cfg_.residual_scale != 1.0f) op.scale(o + t * hid, hid, cfg_.residual_scale);

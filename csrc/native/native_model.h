@@ -42,7 +42,11 @@ struct Matrix {
 };
 
 struct Layer {
-  Matrix qkv, o, gate_up, down;
+  Matrix qkv, o, gate_up, down;  // (gate_up and down empty in a mixture of experts)
+  // A mixture of experts: the router [experts, hidden] and each expert's gate-up and
+  // down (NativeModel::experts computes it).
+  Matrix router;
+  std::vector<Matrix> expert_gate_up, expert_down;
   const float *qkv_b = nullptr, *o_b = nullptr, *attn_norm = nullptr, *ffn_norm = nullptr;
   const float *q_norm = nullptr, *k_norm = nullptr, *post_attn = nullptr, *post_ffn = nullptr;
   int32_t window = 0;  // 0: global attention
@@ -102,6 +106,11 @@ struct Config {
   float residual_scale;                         // each branch's output times this (Granite)
   float logit_div;                              // logits divided by this (Granite)
   bool gelu;                                    // tanh GELU, else SiLU
+  // A mixture of experts in every layer (experts 0: a dense MLP; inter is then each
+  // expert's size): each row's experts_used largest router logits, ties to the lower
+  // expert; weights exp(l - l_max) / s, s over the chosen (norm_topk) or all experts.
+  int64_t experts = 0, experts_used = 0;
+  bool norm_topk = true;
 };
 
 class NativeModel {
@@ -125,10 +134,20 @@ class NativeModel {
   void forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs& r, int64_t n_layers,
                float* out, int64_t* argmax, unsigned threads, int isa);
 
+  // A mixture of experts' weights of a layer (set_layer first, gate_up and down None):
+  // the router as a matrix, and lists of each expert's gate-up and down matrices.
+  void set_experts(int64_t index, nanobind::object router, nanobind::list gate_ups,
+                   nanobind::list downs);
+
   // Seconds per counter since the last reset (a clock read between the parts of a
   // forward while profiling is on), and the number of calls.
   void set_profiling(bool on) { profiling_ = on; }
   std::vector<double> seconds(bool reset, int64_t* calls);
+  // While profiling, a mixture of experts' work since the last reset of seconds():
+  // (layer, expert) products run (each expert once per layer and forward for all the
+  // rows that chose it) and (layer, row) routings.
+  int64_t expert_runs() const { return expert_runs_; }
+  int64_t expert_rows() const { return expert_rows_; }
 
  private:
   Matrix matrix(nanobind::object w, int64_t n, int64_t k);
@@ -138,6 +157,12 @@ class NativeModel {
   using Epilogue = std::function<void(unsigned p, int64_t n0, int64_t n1)>;
   void matmul(const Matrix& m, const float* x, int64_t M, float* out, const float* bias,
               const Epilogue* epi = nullptr);
+  // The mixture of experts of layer l over the T rows of x into out [T, hidden]: the
+  // router's product; each row's experts and weights (row-local); each chosen expert's
+  // gated MLP once over the rows that chose it (gathered in row order: its products are
+  // row-local, so a row's result never depends on which rows share its experts); each
+  // row's sum of its experts' outputs times their weights, in rank order.
+  void experts(const Layer& l, const float* x, int64_t T, float* out);
   // Adds the time since t0 to counter c and restarts t0; a product's quantization is
   // timed inside matmul and taken out of the gemm counter.
   void tick(Counter c, std::chrono::steady_clock::time_point& t0);
@@ -156,12 +181,18 @@ class NativeModel {
   QBuf q32_, q16_;
   std::vector<QBuf> own_;  // [parts][sub-block 32, 16]: each thread's own (NativeModel::matmul)
   std::vector<float> h_, x_, qkv_, att_, o_, gu_, act_, fin_;
+  // Experts: router logits [T, E]; each row's experts [T, K] and weights [T, K]; the
+  // gathered rows of one expert and their outputs; every (row, rank) output [T, K, hid].
+  std::vector<float> route_, weight_, xe_, gue_, acte_, ye_, ys_;
+  std::vector<int64_t> chosen_, members_;
+  std::vector<int64_t> member_count_;
   std::vector<ArgmaxAcc> best_;  // [parts][R, padded]: each thread's running argmax of each row
   Plan plan_;
   bool profiling_ = false;
   int64_t counters_[kCounters] = {};
   int64_t quant_in_gemm_ = 0;  // quantization time inside the interval the next tick closes
   int64_t calls_ = 0;
+  int64_t expert_runs_ = 0, expert_rows_ = 0;
 };
 
 }  // namespace nf

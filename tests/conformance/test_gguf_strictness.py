@@ -41,6 +41,8 @@ KINDS = {
     "post_attention_norm.weight": "gemma2-2b", "post_ffw_norm.weight": "gemma2-2b",
     "attn_qkv.weight": "phi4-mini", "rope_factors_long.weight": "phi4-mini",
     "rope_factors_short.weight": "phi4-mini",
+    "ffn_gate_inp.weight": "qwen3-moe", "ffn_gate_exps.weight": "qwen3-moe",
+    "ffn_up_exps.weight": "qwen3-moe", "ffn_down_exps.weight": "qwen3-moe",
 }
 
 
@@ -120,6 +122,19 @@ def test_mixture_of_experts_refused(isolated_cache: Path) -> None:
     path = rewrite_gguf(built("qwen2.5").f32_gguf, isolated_cache / "moe.gguf",
                         keys={"qwen2.expert_count": (8, gguf.GGUFValueType.UINT32)})
     _refused(path, "qwen2", "mixture of experts")
+
+
+def test_mixture_of_experts_without_its_expert_size_refused(isolated_cache: Path) -> None:
+    path = rewrite_gguf(built("qwen3-moe").f32_gguf, isolated_cache / "moe-size.gguf",
+                        drop_keys=("qwen3moe.expert_feed_forward_length",))
+    _refused(path, "qwen3moe", "expert_feed_forward_length")
+
+
+def test_dense_mlp_tensor_in_a_mixture_of_experts_refused(isolated_cache: Path) -> None:
+    """A qwen3moe file whose layer also holds a dense MLP matrix: not ours to guess."""
+    path = rewrite_gguf(built("qwen3-moe").f32_gguf, isolated_cache / "moe-dense.gguf",
+                        tensors={"blk.0.ffn_gate.weight": np.ones((256, 256), np.float32)})
+    _refused(path, "qwen3_moe", "blk.0.ffn_gate.weight")
 
 
 def test_partial_rotary_in_a_llama_file_refused(isolated_cache: Path) -> None:

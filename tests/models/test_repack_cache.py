@@ -114,6 +114,27 @@ def test_fused_parts_are_written_in_place(model: str) -> None:
     assert any(in_place.values())
 
 
+def test_expert_parts_are_written_in_place(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mixture of experts' stacked gate and up tensors are repacked straight into each
+    expert's fused gate-up arrays, as a dense layer's parts are: no copy at fusing."""
+    from recallspec.bench.common.shapes import SHAPES
+    from recallspec.bench.common.shapes_gguf import ensure_shape_gguf
+
+    monkeypatch.setenv("RECALLSPEC_CACHE_DIR", str(tmp_path / "models"))
+    shape = SHAPES["tiny-qwen3moe"]
+    gguf = ensure_shape_gguf(shape.name, "Q8_0", cache_dir=tmp_path, progress=lambda _m: None)
+    config = loader.read_config(loader.model_dir(gguf))
+    hf = quantized.quantized_state_dict(gguf, config)
+    firsts = {(i, e): hf[f"model.layers.{i}.mlp.experts.{e}.gate_proj.weight"].segments[0].qs
+              for i in range(config.num_layers) for e in range(config.num_experts)}
+    weights = loader.internal_weights(config, hf)
+    moved = [(i, e) for (i, e), first in firsts.items()
+             if weights[f"layers.{i}.experts.{e}.gate_up_w"].segments[0].qs.data_ptr()
+             != first.data_ptr()]
+    assert len(firsts) == shape.layers * shape.experts and moved == []
+
+
 CACHED = re.compile(r"recallspec: cached the repacked weights \(([\d,]+) MB, ([\d.]+)x the "
                     r"GGUF\) in (\S+); --no-repack-cache")
 

@@ -44,12 +44,17 @@ def measure(variants: Sequence[Variant], quants: Sequence[str] = QUANTS,
                      "greedy_identical": same, "passes": a.max_rel <= checks.FP32_REL and same})
         for q in quants if llamacpp else ():
             gguf = quantized(b, q)
-            ours = checks.ours_logits(checks.load_ours(gguf, "auto"), ids, v.context)
-            aq = checks.agreement(checks.llamacpp_logits(gguf, ids, v.context), ours)
-            bound = checks.LLAMACPP_BOUNDS[q]
+            quant_model = checks.load_ours(gguf, "auto")
+            ours = checks.ours_logits(quant_model, ids, v.context)
+            theirs = checks.llamacpp_logits(gguf, ids, v.context)
+            aq = checks.agreement(theirs, ours)
+            extra: dict[str, Any] = {}
+            if quant_model.config.moe:  # (checks.MOE_TRUTH_RATIO: why)
+                extra = {"ours_to_truth": checks.agreement(ref, ours).mean_kl,
+                         "llamacpp_to_truth": checks.agreement(ref, theirs).mean_kl}
             rows.append({"variant": v.name, "follows": v.follows, "model_type": v.model_type,
-                         "format": q, "truth": "llama.cpp", **aq.to_dict(),
-                         "passes": aq.top1 >= bound.top1 and aq.mean_kl <= bound.mean_kl})
+                         "format": q, "truth": "llama.cpp", **aq.to_dict(), **extra,
+                         "passes": checks.quant_passes(q, aq, moe=bool(extra), **extra)})
         print(f"recallspec conformance: {v.name} measured ({time.perf_counter() - t0:.0f} s)",
               file=sys.stderr, flush=True)
     return rows
@@ -81,18 +86,27 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "Q4_K_M**: our quantized path against native llama.cpp on the same file (bounds: "
         + "; ".join(f"{q} top-1 >= {b.top1}, mean KL <= {b.mean_kl:g}"
                     for q, b in checks.LLAMACPP_BOUNDS.items())
-        + "). The tests (`tests/conformance/`) hold every row to its bound.",
+        + "). A mixture of experts (Qwen3-MoE): its few positions where the engines' "
+        "noise flips a row's choice of experts dominate the mean KL, so its rows are held "
+        "instead to the median KL within that bound and to a mean KL from transformers' "
+        f"fp32 logits at most {checks.MOE_TRUTH_RATIO}x llama.cpp's own (both in the "
+        "note column; `checks.MOE_TRUTH_RATIO`: why). The tests (`tests/conformance/`) "
+        "hold every row to its bound.",
         "",
     ]
     body = []
     for r in doc["rows"]:
         fp32 = r["format"] == "F32"
         greedy = ("identical" if r["greedy_identical"] else "differ") if fp32 else ""
+        note = ""
+        if "ours_to_truth" in r:
+            note = (f"median KL {r['median_kl']:.1e}; from transformers: ours "
+                    f"{r['ours_to_truth']:.2e}, llama.cpp {r['llamacpp_to_truth']:.2e}")
         body.append((r["variant"], r["follows"] if fp32 else "", r["format"], r["truth"],
                      f"{r['max_rel']:.1e}", greedy, f"{r['top1']:.3f}", f"{r['mean_kl']:.1e}",
-                     "yes" if r["passes"] else "**no**"))
+                     "yes" if r["passes"] else "**no**", note))
     lines += table_lines(("variant", "follows", "format", "truth", "max rel. diff",
-                          "greedy 64", "top-1", "mean KL", "within bound"), body)
+                          "greedy 64", "top-1", "mean KL", "within bound", "note"), body)
     return "\n".join(lines) + "\n"
 
 

@@ -95,6 +95,12 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("qwen3", "Qwen3 0.6-4B dense (q/k norms; head_dim != hidden / heads)", "qwen3",
             {"rope_theta": 1e6, "num_attention_heads": 8, "tie_word_embeddings": True},
             template="Qwen-Qwen3-0.6B.jinja"),
+    Variant("qwen3-moe", "Qwen3-30B-A3B / 235B-A22B (128 experts, top-8 renormalised; here "
+            "16 experts, top-4, every layer sparse; q/k norms; untied head)", "qwen3_moe",
+            {"rope_theta": 1e6, "num_attention_heads": 8, "tie_word_embeddings": False,
+             "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 256,
+             "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []},
+            template="Qwen-Qwen3-0.6B.jinja"),
     Variant("gemma3-1b", "Gemma 3 1B (sliding window 512, 5 local : 1 global, q/k norms)",
             "gemma3_text",
             {"num_hidden_layers": 6, "num_key_value_heads": 1, "sliding_window": 512,

@@ -1,8 +1,9 @@
 """Model hyper-parameters: one frozen dataclass for every supported decoder-only architecture.
 
 Architectures differ only by switches (biases, q/k norms, sandwich norms, activation,
-embedding, residual and logit scales, soft-caps, sliding windows, RoPE variants and
-layers without RoPE), so one ``CausalLM`` implementation serves all of them.
+embedding, residual and logit scales, soft-caps, sliding windows, RoPE variants, layers
+without RoPE, a mixture of experts in place of the MLP), so one ``CausalLM``
+implementation serves all of them.
 ``from_hf_dict`` reads a Hugging Face ``config.json`` (both the transformers 4.x keys and
 the 5.x ``rope_parameters`` / ``layer_types`` form, with each architecture's defaults
 where a key is absent, as its transformers configuration class sets them); GGUF metadata
@@ -29,6 +30,7 @@ ARCHITECTURES: dict[str, str] = {
     "granite": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen3_moe": "qwen3",
     "phi3": "phi3",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
@@ -120,6 +122,7 @@ class RopeSpec:
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str  # family: "llama" | "qwen2" | "qwen3" | "phi3" | "gemma2" | "gemma3"
+    # (Qwen3-MoE is the qwen3 family with experts: the switches below.)
     model_type: str  # HF model_type it was read from (e.g. "mistral", "gemma3_text")
     vocab_size: int
     hidden_size: int
@@ -153,6 +156,15 @@ class ModelConfig:
     final_logit_softcap: float | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # A mixture of experts in every layer's place of the MLP (0 experts: a dense MLP of
+    # intermediate_size). Each row's router logits pick its experts_per_token largest
+    # (ties: the lower index); their softmax weights, over the chosen ones only when
+    # norm_topk_prob (Qwen3-MoE: the top-k renormalised, which is that), else over all,
+    # weight the chosen experts' gated MLPs of expert_intermediate_size.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
     # Where the config was read (a file path), for error messages only.
     source: str = field(default="", compare=False)
 
@@ -184,6 +196,25 @@ class ModelConfig:
             v = getattr(self, name)
             if v is not None and not v > 0:
                 raise ModelLoadError(f"{at}{name} must be positive, got {v}")
+        if self.num_experts and not (
+                0 < self.experts_per_token <= self.num_experts
+                and self.expert_intermediate_size > 0):
+            raise ModelLoadError(
+                f"{at}a mixture of {self.num_experts} experts needs 0 < experts per token "
+                f"({self.experts_per_token}) <= experts and an expert intermediate size "
+                f"({self.expert_intermediate_size})")
+        if not self.num_experts and (self.experts_per_token or self.expert_intermediate_size):
+            raise ModelLoadError(f"{at}experts per token or an expert size without experts")
+
+    @property
+    def moe(self) -> bool:
+        """Whether the layers' MLPs are mixtures of experts."""
+        return self.num_experts > 0
+
+    @property
+    def mlp_size(self) -> int:
+        """The intermediate size of one layer's (or one expert's) gated MLP."""
+        return self.expert_intermediate_size if self.moe else self.intermediate_size
 
     @property
     def rotary_dims(self) -> int:
@@ -367,6 +398,7 @@ def _from_hf(arch: str, model_type: str, hf: Mapping[str, Any], source: str) -> 
             raise ModelLoadError(f"unsupported feature {flag}=true")
     if hf.get("use_bidirectional_attention"):
         raise ModelLoadError("unsupported feature use_bidirectional_attention=true")
+    experts = _experts(model_type, hf)
     raw_window = hf.get("sliding_window")
     if model_type in ("qwen2", "smollm3") and not hf.get("use_sliding_window"):
         raw_window = None
@@ -436,5 +468,33 @@ def _from_hf(arch: str, model_type: str, hf: Mapping[str, Any], source: str) -> 
         final_logit_softcap=float(softcap) if softcap else None,
         bos_token_id=None if hf.get("bos_token_id") is None else int(hf["bos_token_id"]),
         eos_token_ids=_eos_ids(hf),
+        **experts,
         source=source,
     )
+
+
+def _experts(model_type: str, hf: Mapping[str, Any]) -> dict[str, Any]:
+    """A Qwen3-MoE config's experts as ``ModelConfig`` fields ({} for a dense model). Every
+    layer must be sparse (the published ones are: ``decoder_sparse_step`` 1, no
+    ``mlp_only_layers``); a dense layer among them is refused, not computed as sparse."""
+    if model_type != "qwen3_moe":
+        for key in ("num_experts", "num_local_experts", "num_experts_per_tok"):
+            if hf.get(key):
+                raise ModelLoadError(f"a mixture of experts ({key}={hf[key]}) in a "
+                                     f"{model_type} config, which we do not run")
+        return {}
+    step = int(hf.get("decoder_sparse_step", 1) or 1)
+    dense = [int(i) for i in hf.get("mlp_only_layers") or []]
+    if step != 1 or dense:
+        raise ModelLoadError(
+            f"dense MLP layers among the experts (decoder_sparse_step={step}, "
+            f"mlp_only_layers={dense}), which we do not run")
+    if hf.get("shared_expert_intermediate_size"):
+        raise ModelLoadError("a shared expert, which qwen3_moe does not have")
+    return {
+        "num_experts": int(hf.get("num_experts") or hf["num_local_experts"]),
+        "experts_per_token": int(hf["num_experts_per_tok"]),
+        "expert_intermediate_size": int(hf["moe_intermediate_size"]),
+        # (Qwen3MoeConfig's default is false; the published configs state true.)
+        "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
+    }

@@ -31,15 +31,33 @@ class DecoderLayer(nn.Module):
     k_norm: torch.Tensor | None
     post_attn_norm: torch.Tensor | None
     post_ffn_norm: torch.Tensor | None
+    # A mixture of experts (``ModelConfig.moe``; then gate_up_w and down_w are None): the
+    # router [experts, hidden] (a dense float32 matrix, or the file's blocks) and each
+    # expert's gate-up and down matrices, by expert index.
+    router_w: Weight | None
+    expert_gate_up: tuple[Weight, ...]
+    expert_down: tuple[Weight, ...]
 
-    def __init__(self, tensors: Mapping[str, Weight | None]) -> None:
+    def __init__(self, tensors: Mapping[str, Weight | None],
+                 experts: tuple[tuple[Weight, Weight], ...] = ()) -> None:
+        """``experts``: (gate-up, down) of each expert, in order (empty: a dense MLP)."""
         super().__init__()
         for name in (
             "qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w", "attn_norm", "ffn_norm",
-            "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm",
+            "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "router_w",
         ):
             t = tensors.get(name)
             if isinstance(t, QuantizedWeight):
                 setattr(self, name, t)
             else:
                 self.register_buffer(name, t, persistent=True)
+        # (Plain tuples: inference only, and a list of buffers would need a name each.)
+        self.expert_gate_up = tuple(g for g, _ in experts)
+        self.expert_down = tuple(d for _, d in experts)
+
+    def matrices(self) -> list[Weight]:
+        """Every matrix and vector of the layer (None ones left out), experts included."""
+        names = ("qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w", "attn_norm",
+                 "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "router_w")
+        own = [getattr(self, n) for n in names]
+        return [w for w in (*own, *self.expert_gate_up, *self.expert_down) if w is not None]

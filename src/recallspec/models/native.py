@@ -93,16 +93,19 @@ class NativeModel:
                 f"rotates {c.rotary_dims} (load with RECALLSPEC_NATIVE=0 for the Python "
                 "forward)")
         h = _kernels.NativeModel(
-            hidden=c.hidden_size, intermediate=c.intermediate_size, vocab=c.vocab_size,
+            hidden=c.hidden_size, intermediate=c.mlp_size, vocab=c.vocab_size,
             layers=c.num_layers, heads=c.num_heads, kv_heads=c.num_kv_heads,
             head_dim=c.head_dim, rotary_dim=c.rotary_dims, eps=c.rms_norm_eps,
             embed_scale=c.embed_scale, attn_scale=c.attn_scale,
             softcap=c.final_logit_softcap or 0.0, attn_softcap=c.attn_logit_softcap or 0.0,
             residual_scale=c.residual_scale, logit_divisor=c.logit_divisor,
-            gelu=c.activation == "gelu_tanh",
+            gelu=c.activation == "gelu_tanh", experts=c.num_experts,
+            experts_used=c.experts_per_token, norm_topk=c.norm_topk_prob,
         )
 
-        def segs(w: QuantizedWeight | torch.Tensor) -> _Matrix:
+        def segs(w: QuantizedWeight | torch.Tensor | None) -> _Matrix | None:
+            if w is None:
+                return None
             if isinstance(w, QuantizedWeight):
                 return [(s.handle, s.n_off) for s in w.segments]
             return w  # dense float32 [n, k] (contiguous, as the model stores it)
@@ -117,6 +120,9 @@ class NativeModel:
                 layer.qkv_b, layer.o_b, layer.attn_norm, layer.ffn_norm,
                 layer.q_norm, layer.k_norm, layer.post_attn_norm, layer.post_ffn_norm,
             )
+            if c.moe:
+                h.set_experts(i, segs(layer.router_w), [segs(w) for w in layer.expert_gate_up],
+                              [segs(w) for w in layer.expert_down])
         self._h = h
 
     def forward(
@@ -173,5 +179,9 @@ class NativeModel:
     def profile(self, reset: bool = False) -> dict[str, float]:
         """Seconds spent since the last reset in ``quantize`` (activations to int8),
         ``gemm`` (weight products), ``attention``, ``other`` (embeddings, norms, RoPE,
-        KV writes, activations, residuals) and ``total``; ``calls``."""
+        KV writes, activations, residuals) and ``total``; ``calls``; and a mixture of
+        experts' ``expert_runs`` ((layer, expert) products run: each chosen expert once
+        per layer and forward, for all its rows) and ``expert_rows`` ((layer, row)
+        routings): expert_runs / (layers x forwards) is the distinct experts a forward
+        woke per layer."""
         return dict(self._h.profile(reset))

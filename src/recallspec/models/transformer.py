@@ -1,4 +1,5 @@
-"""Our decoder-only transformer over a flat ragged batch (Llama/Mistral, Qwen2, Qwen3, Gemma 3).
+"""Our decoder-only transformer over a flat ragged batch (Llama/Mistral, Qwen2, Qwen3 and
+Qwen3-MoE, Phi-3, Gemma 2/3, SmolLM3, Granite).
 
 One forward processes the T new tokens of B sequences (``BatchMetadata``): all dense work
 (norms, projections, MLP) runs once over the T flat rows; only attention is per sequence,
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +65,18 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rot * sin
 
 
+def _need(w: Weight | None) -> Weight:
+    assert w is not None  # (get() raises for a missing required tensor)
+    return w
+
+
+def _top_experts(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k largest logits and their experts, largest first, ties to the lower
+    index (a stable descending sort: torch.topk leaves the order of ties unstated)."""
+    values, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    return values[:, :k], order[:, :k]
+
+
 class CausalLM(nn.Module):
     """Decoder-only LM. ``forward(meta, cache)`` -> float32 logits for ``meta.logits_indices``."""
 
@@ -100,7 +114,8 @@ class CausalLM(nn.Module):
         self.repack_cache_writer: threading.Thread | None = None
         c = config
 
-        def get(name: str, *, norm: bool = False, optional: bool = False) -> Weight | None:
+        def get(name: str, *, norm: bool = False, optional: bool = False,
+                router: bool = False) -> Weight | None:
             t = weights.get(name)
             if t is None:
                 if optional:
@@ -110,9 +125,9 @@ class CausalLM(nn.Module):
                 if not quantized:
                     raise ModelLoadError(f"tensor {name!r} is quantized; the model is not")
                 return t
-            if quantized and t.ndim == 2:
+            if quantized and t.ndim == 2 and not router:  # (a float router stays float)
                 raise ModelLoadError(f"tensor {name!r} is dense in a quantized model")
-            return t.to(torch.float32 if norm or quantized else dtype).contiguous()
+            return t.to(torch.float32 if norm or quantized or router else dtype).contiguous()
 
         embed = get("embed")
         assert embed is not None
@@ -130,16 +145,23 @@ class CausalLM(nn.Module):
         for i in range(c.num_layers):
             p = f"layers.{i}."
             t: dict[str, Weight | None] = {
-                k: get(p + k, optional=k.endswith("_b")) for k in
-                ("qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w")
+                k: get(p + k, optional=k.endswith("_b")) for k in ("qkv_w", "qkv_b", "o_w", "o_b")
             }
+            experts: tuple[tuple[Weight, Weight], ...] = ()
+            if c.moe:
+                t["router_w"] = get(p + "router_w", router=True)
+                experts = tuple(
+                    (_need(get(f"{p}experts.{e}.gate_up_w")), _need(get(f"{p}experts.{e}.down_w")))
+                    for e in range(c.num_experts))
+            else:
+                t["gate_up_w"], t["down_w"] = get(p + "gate_up_w"), get(p + "down_w")
             for k in ("attn_norm", "ffn_norm"):
                 t[k] = get(p + k, norm=True)
             for k in ("q_norm", "k_norm"):
                 t[k] = get(p + k, norm=True) if c.qk_norm else None
             for k in ("post_attn_norm", "post_ffn_norm"):
                 t[k] = get(p + k, norm=True) if c.sandwich_norms else None
-            layers.append(DecoderLayer(t))
+            layers.append(DecoderLayer(t, experts))
         self.layers = nn.ModuleList(layers)
         # sqrt(hidden) rounded to the weight dtype, as HF Gemma does.
         self._embed_scale = float(torch.tensor(c.embed_scale, dtype=dtype).item())
@@ -163,9 +185,7 @@ class CausalLM(nn.Module):
         total = 0
         objs: list[object] = [self.embed_w, self.lm_head_w, self.final_norm]
         for layer in self.layers:
-            objs.extend(getattr(layer, n) for n in (
-                "qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w", "attn_norm", "ffn_norm",
-                "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"))
+            objs.extend(cast(DecoderLayer, layer).matrices())
         for o in objs:
             if o is None or id(o) in seen:
                 continue
@@ -276,8 +296,7 @@ class CausalLM(nn.Module):
                 o = o * c.residual_scale
             h = h + o
             x = _rms_norm(h, layer.ffn_norm, eps)
-            gate, up = _matmul(x, layer.gate_up_w).chunk(2, dim=-1)
-            m = _matmul(self._act(gate) * up, layer.down_w)
+            m = self._experts(x, layer) if c.moe else self._mlp(x, layer.gate_up_w, layer.down_w)
             if layer.post_ffn_norm is not None:
                 m = _rms_norm(m, layer.post_ffn_norm, eps)
             if c.residual_scale != 1.0:
@@ -292,6 +311,40 @@ class CausalLM(nn.Module):
             cap = c.final_logit_softcap
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def _mlp(self, x: torch.Tensor, gate_up_w: Weight, down_w: Weight) -> torch.Tensor:
+        gate, up = _matmul(x, gate_up_w).chunk(2, dim=-1)
+        return _matmul(self._act(gate) * up, down_w)
+
+    def _experts(self, x: torch.Tensor, layer: DecoderLayer) -> torch.Tensor:
+        """A mixture of experts over rows x [T, hidden] (the native forward's arithmetic,
+        step by step): router logits in float32; each row's experts_per_token largest
+        (ties: the lower index); their weights exp(l - l_max) / s, s summed over the chosen
+        (norm_topk_prob: the renormalised top-k softmax) or over all experts; each expert
+        runs once over the rows that chose it (its products row-local: a row's result
+        never depends on which rows share its experts); a row sums its experts' outputs,
+        times their weights, in rank order."""
+        c = self.config
+        assert layer.router_w is not None
+        logits = _matmul(x, layer.router_w).float()  # [T, E]
+        top, chosen = _top_experts(logits, c.experts_per_token)
+        e_top = torch.exp(top - top[:, :1])
+        if c.norm_topk_prob:
+            denom = e_top.sum(dim=-1, keepdim=True)
+        else:
+            denom = torch.exp(logits - top[:, :1]).sum(dim=-1, keepdim=True)
+        weights = (e_top / denom).to(x.dtype)  # [T, k]
+        out = torch.empty(x.shape[0], c.experts_per_token, x.shape[1], dtype=x.dtype)
+        flat = chosen.reshape(-1)
+        for e in torch.unique(flat).tolist():
+            hits = (flat == e).nonzero().squeeze(1)  # (row, rank) pairs in row order
+            rows = hits // c.experts_per_token
+            y = self._mlp(x[rows], layer.expert_gate_up[e], layer.expert_down[e])
+            out[rows, hits % c.experts_per_token] = y
+        m = out[:, 0] * weights[:, :1]
+        for r in range(1, c.experts_per_token):
+            m = m + out[:, r] * weights[:, r : r + 1]
+        return m
 
     def _attend(
         self, q: torch.Tensor, cache: KVCache, layer: int, slot: int, kv_len: int,

@@ -2,7 +2,9 @@
 
 HF-named tensors (a safetensors checkpoint, or a GGUF's tensors renamed by
 ``gguf.convert`` / ``gguf.quantized``) become the names ``CausalLM`` reads, with QKV and
-gate/up fused and norm weights turned into effective scales. A tensor the model would not
+gate/up (each expert's, in a mixture of experts) fused and norm weights turned into
+effective scales; a mixture's router is ``layers.N.router_w``, its experts
+``layers.N.experts.E.gate_up_w`` / ``down_w``. A tensor the model would not
 compute with is refused, never dropped.
 """
 
@@ -73,8 +75,18 @@ def internal_weights(config: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
         w[o + "o_w"] = take(a + "o_proj.weight")
         if f"{a}o_proj.bias" in hf:
             w[o + "o_b"] = take(a + "o_proj.bias")
-        w[o + "gate_up_w"] = fused(p + "mlp.gate_up_proj.weight", ("gate_proj", "up_proj"))
-        w[o + "down_w"] = take(p + "mlp.down_proj.weight")
+        if config.moe:
+            # The router stays as the checkpoint has it (float: a GGUF's ffn_gate_inp is
+            # never block-quantized by llama-quantize); each expert's gate and up fused.
+            w[o + "router_w"] = take(p + "mlp.gate.weight")
+            for e in range(config.num_experts):
+                x = f"{p}mlp.experts.{e}."
+                w[f"{o}experts.{e}.gate_up_w"] = fused(x + "gate_up_proj.weight",
+                                                       ("gate_proj", "up_proj"))
+                w[f"{o}experts.{e}.down_w"] = take(x + "down_proj.weight")
+        else:
+            w[o + "gate_up_w"] = fused(p + "mlp.gate_up_proj.weight", ("gate_proj", "up_proj"))
+            w[o + "down_w"] = take(p + "mlp.down_proj.weight")
         w[o + "attn_norm"] = norm(p + "input_layernorm.weight")
         if config.sandwich_norms:
             w[o + "post_attn_norm"] = norm(p + "post_attention_layernorm.weight")

@@ -3,12 +3,15 @@
 the registry's numbers, the file llama.cpp's way (the tensors and keys its converter
 writes and its loader requires, against our loader's tables in ``models/gguf/arch.py``),
 our loader on a tiny shape of each architecture and on the header of every published
-shape, llama.cpp on the tiny ones, the cache (reuse, interrupted writes, disk check) and
-quantization (a fake ``llama-quantize`` always; the real one when a binary is found).
+shape, llama.cpp on the tiny ones, the mixture of experts (qwen3moe: its stacked 3-D
+expert matrices and F32 router), shapes reduced to fewer layers, the cache (reuse,
+interrupted writes, disk check) and quantization (a fake ``llama-quantize`` always; the
+real one when a binary is found).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -27,13 +30,17 @@ from recallspec.bench.common import shapes_gguf
 from recallspec.bench.common.shapes import (
     ARCHS,
     FACTORS,
+    MATRIX,
     QUANTS,
+    ROUTER,
     SHAPES,
     Shape,
     get_shape,
     llama3_rope_freqs,
     longrope_attn_factor,
+    reduced_from,
     tensor_plan,
+    with_layers,
 )
 from recallspec.bench.common.shapes_gguf import (
     UNUSED,
@@ -52,10 +59,12 @@ PUBLISHED = {
     "smollm2-360m": 362e6, "smollm2-1.7b": 1.71e9, "llama-3.2-1b": 1.24e9,
     "llama-3.2-3b": 3.21e9, "qwen2.5-1.5b": 1.54e9, "qwen3-4b": 4.02e9,
     "llama-3.1-8b": 8.03e9, "smollm3-3b": 3.08e9, "phi-4-mini": 3.84e9,
-    "gemma-3-4b": 3.88e9,
+    "gemma-3-4b": 3.88e9, "qwen3-30b-a3b": 30.5e9,
 }
+# Published "activated" parameter counts of the mixtures of experts (model cards).
+PUBLISHED_ACTIVE = {"qwen3-30b-a3b": 3.3e9}
 TINY = ("tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-phi3",
-        "tiny-smollm3")
+        "tiny-smollm3", "tiny-qwen3moe")
 PUBLISHED_SHAPES = tuple(n for n in SHAPES if not n.startswith("tiny-"))
 # Per architecture, the tensor kinds of a block that llama.cpp's loader requires
 # (src/models/<arch>.cpp: create_tensor without TENSOR_NOT_REQUIRED), and every one the
@@ -72,7 +81,12 @@ BLOCK_KINDS = {
                                          "post_ffw_norm.weight"},
     "phi3": {"attn_norm.weight", "attn_qkv.weight", "attn_output.weight", "ffn_norm.weight",
              "ffn_up.weight", "ffn_down.weight"},
+    # (src/models/qwen3moe.cpp: the router and the stacked experts, no dense FFN)
+    "qwen3moe": (_LLAMA_BLOCK - {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"})
+    | _QK_NORM | {"ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
+                  "ffn_down_exps.weight"},
 }
+_MOE_KEYS = ("expert_count", "expert_used_count", "expert_feed_forward_length")
 # The RoPE tensors of each scaling (outside the blocks).
 ROPE_TENSORS = {"none": set(), "linear": set(), "llama3": {"rope_freqs.weight"},
                 "longrope": {"rope_factors_long.weight", "rope_factors_short.weight"}}
@@ -81,7 +95,13 @@ ROPE_TENSORS = {"none": set(), "linear": set(), "llama3": {"rope_freqs.weight"},
 # ---- the registry --------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_parameter_counts_match_the_published_sizes(name: str) -> None:
-    assert SHAPES[name].parameters() == pytest.approx(PUBLISHED[name], rel=0.02)
+    shape = SHAPES[name]
+    assert shape.parameters() == pytest.approx(PUBLISHED[name], rel=0.02)
+    active = PUBLISHED_ACTIVE.get(name)
+    if active is None:  # dense: a token reads every parameter
+        assert shape.active_parameters() == shape.parameters()
+    else:
+        assert shape.active_parameters() == pytest.approx(active, rel=0.02)
 
 
 def test_registry_spot_checks() -> None:
@@ -108,10 +128,22 @@ def test_registry_spot_checks() -> None:
     assert p.rotary_dim / p.head_dim == 0.75 and p.heads * p.head_dim == p.hidden
     s3 = SHAPES["smollm3-3b"]
     assert (s3.rope_theta, s3.context, s3.rope_scaling) == (5e6, 65536, "none")
+    m = SHAPES["qwen3-30b-a3b"]  # Qwen/Qwen3-30B-A3B's config.json
+    assert (m.hidden, m.layers, m.heads, m.kv_heads, m.head_dim, m.ffn, m.vocab) == (
+        2048, 48, 32, 4, 128, 6144, 151936)
+    assert (m.experts, m.experts_used, m.expert_ffn) == (128, 8, 768)
+    assert (m.tied, m.qk_norm, m.rope_theta, m.context, m.rms_eps) == (
+        False, True, 1e6, 40960, 1e-6)
+    # Active: the experts at 8 of 128, everything else whole.
+    per_expert = 3 * m.expert_ffn * m.hidden * m.layers
+    assert m.parameters() - m.active_parameters() == (m.experts - m.experts_used) * per_expert
+    t = SHAPES["tiny-qwen3moe"]
+    assert (t.experts, t.experts_used, t.expert_ffn, t.tied) == (8, 2, 256, False)
 
 
 def test_shape_validation() -> None:
     base: dict[str, Any] = SHAPES["tiny-llama"].to_dict()
+    moe: dict[str, Any] = SHAPES["tiny-qwen3moe"].to_dict()
     gemma: dict[str, Any] = SHAPES["tiny-gemma3"].to_dict()
     phi: dict[str, Any] = SHAPES["tiny-phi3"].to_dict()
     llama3: dict[str, Any] = SHAPES["tiny-llama3"].to_dict()
@@ -142,15 +174,65 @@ def test_shape_validation() -> None:
         ({**gemma, "rope_theta_swa": 0.0}, "rope_theta_swa"),
         ({**gemma, "sliding_window": 0}, "rope_theta_swa"),
         ({**phi, "rope_theta_swa": 1e4}, "rope_theta_swa"),
+        ({**moe, "experts": 0}, "experts_used <= experts"),
+        ({**moe, "experts_used": 0}, "experts_used <= experts"),
+        ({**moe, "expert_ffn": 0}, "experts_used <= experts"),
+        ({**moe, "experts_used": 9}, "experts_used <= experts"),
+        ({**moe, "qk_norm": False}, "qk_norm"),  # llama.cpp requires qwen3moe's
+        ({**base, "experts": 8, "experts_used": 2, "expert_ffn": 256}, "dense llama"),
+        ({**base, "expert_ffn": 256}, "dense llama"),
+        ({**base, "name": "tiny-llama-L02"}, "name"),  # (a reduction: -L<n>, no 0 first)
     ]
     for kw, match in bad:
         with pytest.raises(ValueError, match=match):
             Shape(**kw)
     assert Shape(**{**gemma, "sliding_window": 0, "rope_theta_swa": 0.0}).sliding_window == 0
+    # A dense shape's dict (its files' manifest identity) has no MoE fields, as before
+    # they existed; every dict gives its shape back.
+    assert not {"experts", "experts_used", "expert_ffn"} & set(base)
+    assert {"experts", "experts_used", "expert_ffn"} <= set(moe)
+    assert all(Shape(**s.to_dict()) == s for s in SHAPES.values())
     with pytest.raises(UnknownNameError):
         get_shape("gpt-5")
     with pytest.raises(UnknownNameError):
         ensure_shape_gguf("tiny-llama", "Q5_K_S")
+
+
+def _block(shape: Shape, i: int) -> list[Any]:
+    return [t for t in tensor_plan(shape) if t.name.startswith(f"blk.{i}.")]
+
+
+def test_reduced_shapes(tmp_path: Path) -> None:
+    """``<name>-L<n>``: the full shape's first n layers, all else kept, named as reduced."""
+    full = SHAPES["qwen3-30b-a3b"]
+    r = get_shape("qwen3-30b-a3b-L8")
+    assert r == with_layers(full, 8) and (r.name, r.layers) == ("qwen3-30b-a3b-L8", 8)
+    assert dataclasses.replace(r, name=full.name, layers=full.layers) == full
+    assert r.to_dict() == {**full.to_dict(), "name": r.name, "layers": 8}  # its own manifest
+    assert reduced_from(r) == full and reduced_from(full) is None
+    assert reduced_from(Shape(**{**r.to_dict(), "vocab": 160000})) is None  # not a cut of it
+    assert with_layers(r, 2) == get_shape("qwen3-30b-a3b-L2")  # cut from the full shape
+    # The same layers and the same tensors outside them.
+    assert _block(r, 7) == _block(full, 7) and not _block(r, 8)
+    assert ([t for t in tensor_plan(r) if not t.name.startswith("blk.")]
+            == [t for t in tensor_plan(full) if not t.name.startswith("blk.")])
+    per_layer = sum(t.numel for t in _block(full, 0))
+    active = sum(t.numel // full.experts * full.experts_used if len(t.shape) == 3 else t.numel
+                 for t in _block(full, 0))
+    assert full.parameters() - r.parameters() == 40 * per_layer
+    assert full.active_parameters() - r.active_parameters() == 40 * active
+    g = get_shape("tiny-gemma3-L3")  # any shape: a dense one keeps its dense dict
+    assert g.layers == 3 and "experts" not in g.to_dict()
+    for bad in ("qwen3-30b-a3b-L48", "qwen3-30b-a3b-L0", "qwen3-30b-a3b-L08",
+                "qwen3-30b-a3b-l8", "gpt-5-L2", "qwen3-30b-a3b-L8-L4"):
+        with pytest.raises(UnknownNameError):
+            get_shape(bad)
+    with pytest.raises(ValueError, match="1 to 47 of its 48 layers"):
+        with_layers(full, 48)
+    # The file says it is reduced, and from what.
+    desc = _keys(r, tmp_path)["general.description"]
+    assert "qwen3-30b-a3b reduced to 8 of its 48 layers (qwen3-30b-a3b-L8)" in desc
+    assert "reduced" not in _keys(full, tmp_path)["general.description"]
 
 
 # ---- the plan and the keys, against llama.cpp and our loader's tables -------------------
@@ -164,7 +246,12 @@ def test_tensor_plan_is_llama_cpps(name: str) -> None:
     for t in plan:  # every tensor our loader knows for the architecture
         target = arch.tensor_name(t.name)
         assert (target is None) == (t.name in gguf_arch.CONFIG_TENSORS) == (t.kind == FACTORS)
-        assert t.dtype == (np.float16 if len(t.shape) == 2 else np.float32)
+        # Matrices (2-D, or 3-D stacked experts) F16; 1-D tensors and the router F32.
+        assert (t.kind == ROUTER) == t.name.endswith("ffn_gate_inp.weight")
+        assert (t.kind == MATRIX) == (len(t.shape) >= 2 and t.kind != ROUTER)
+        assert t.dtype == (np.float16 if t.kind == MATRIX else np.float32)
+        # (the stacked experts: the only 3-D tensors, and each of them 3-D)
+        assert (len(t.shape) == 3) == t.name.endswith("_exps.weight")
     blocks = [{n.split(".", 2)[2] for n in names if n.startswith(f"blk.{i}.")}
               for i in range(shape.layers)]
     assert all(b == BLOCK_KINDS[shape.arch] for b in blocks)
@@ -182,6 +269,13 @@ def test_tensor_plan_is_llama_cpps(name: str) -> None:
     if shape.arch == "phi3":  # Q|K|V rows, and gate|up rows (llama.cpp's {n_embd, 2 n_ff})
         assert dims["blk.0.attn_qkv.weight"] == (q + 2 * kv, h)
         assert dims["blk.0.ffn_up.weight"] == (2 * ffn, h)
+    elif shape.experts:  # llama.cpp's {n_embd, n_expert}, {n_embd, n_ff_exp, n_expert} ...
+        e, ef = shape.experts, shape.expert_ffn
+        assert dims["blk.0.attn_k.weight"] == dims["blk.0.attn_v.weight"] == (kv, h)
+        assert dims["blk.0.ffn_gate_inp.weight"] == (e, h)
+        assert dims["blk.0.ffn_gate_exps.weight"] == dims["blk.0.ffn_up_exps.weight"] == (
+            e, ef, h)
+        assert dims["blk.0.ffn_down_exps.weight"] == (e, h, ef)  # ... {n_ff_exp, n_embd, ...}
     else:
         assert dims["blk.0.attn_k.weight"] == dims["blk.0.attn_v.weight"] == (kv, h)
         assert dims["blk.0.ffn_gate.weight"] == dims["blk.0.ffn_up.weight"] == (ffn, h)
@@ -243,6 +337,11 @@ def test_metadata_keys_are_in_our_loaders_tables(name: str, tmp_path: Path) -> N
         assert scaling == {}
     assert ours.get("attention.sliding_window", 0) == shape.sliding_window
     assert ours.get("rope.freq_base_swa", 0.0) == pytest.approx(shape.rope_theta_swa)
+    # A mixture of experts states its three sizes (llama.cpp's qwen3moe refuses 0
+    # experts; our loader requires the expert size); a dense shape none of them.
+    moe = {k: ours[k] for k in _MOE_KEYS if k in ours}
+    assert moe == ({"expert_count": shape.experts, "expert_used_count": shape.experts_used,
+                    "expert_feed_forward_length": shape.expert_ffn} if shape.experts else {})
 
 
 def test_llama3_rope_freqs_match_transformers() -> None:
@@ -282,10 +381,11 @@ def test_longrope_factors_and_attn_factor() -> None:
 
 # ---- the file ------------------------------------------------------------------------
 @needs_model
-def test_file_layout_metadata_and_determinism(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen3moe"])
+def test_file_layout_metadata_and_determinism(name: str, tmp_path: Path) -> None:
     import gguf
 
-    shape = SHAPES["tiny-qwen3"]
+    shape = SHAPES[name]
     a, b, c = tmp_path / "a.gguf", tmp_path / "b.gguf", tmp_path / "c.gguf"
     write_shape_gguf(shape, a, seed=1)
     write_shape_gguf(shape, b, seed=1)
@@ -294,16 +394,17 @@ def test_file_layout_metadata_and_determinism(tmp_path: Path) -> None:
     r = gguf.GGUFReader(a)
     plan = tensor_plan(shape)
     assert [t.name for t in r.tensors] == [t.name for t in plan]
-    for t, spec in zip(r.tensors, plan, strict=True):
+    for t, spec in zip(r.tensors, plan, strict=True):  # (GGUF: ggml's dims, reversed)
         assert tuple(int(d) for d in reversed(t.shape)) == spec.shape
-        assert t.tensor_type.name == ("F16" if len(spec.shape) == 2 else "F32")
+        assert t.tensor_type.name == ("F16" if spec.kind == MATRIX else "F32")
+    arch = shape.arch
     f = {k: v.contents() for k, v in r.fields.items() if not k.startswith("tokenizer.ggml.")}
-    assert f["general.architecture"] == "qwen3"
-    assert f["qwen3.attention.key_length"] == 128 and f["qwen3.embedding_length"] == 256
-    assert f["qwen3.vocab_size"] == 50000 and f["general.file_type"] == 1
+    assert f["general.architecture"] == arch
+    assert f[f"{arch}.attention.key_length"] == 128 and f[f"{arch}.embedding_length"] == 256
+    assert f[f"{arch}.vocab_size"] == shape.vocab and f["general.file_type"] == 1
     tokens = r.fields["tokenizer.ggml.tokens"].contents()
     types = r.fields["tokenizer.ggml.token_type"].contents()
-    assert len(tokens) == len(types) == 50000 and len(set(tokens)) == 50000
+    assert len(tokens) == len(types) == shape.vocab and len(set(tokens)) == shape.vocab
     assert tokens[BASE_VOCAB:][:1] == [f"[PAD{BASE_VOCAB}]"]
     assert set(types[BASE_VOCAB:]) == {UNUSED}
     norms = {t.name: t for t in r.tensors if t.name.endswith("norm.weight")}
@@ -311,6 +412,23 @@ def test_file_layout_metadata_and_determinism(tmp_path: Path) -> None:
     q = next(t for t in r.tensors if t.name == "blk.0.attn_q.weight")
     w = np.asarray(q.data, dtype=np.float32)
     assert 0.015 < float(w.std()) < 0.025 and np.isfinite(w).all()
+    if shape.experts:
+        e, ef, h = shape.experts, shape.expert_ffn, shape.hidden
+        assert (f[f"{arch}.expert_count"], f[f"{arch}.expert_used_count"],
+                f[f"{arch}.expert_feed_forward_length"], f[f"{arch}.feed_forward_length"]) == (
+            e, shape.experts_used, ef, shape.ffn)
+        t = {x.name: x for x in r.tensors}
+        assert not any(n.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"))
+                       for n in t)
+        router = t["blk.1.ffn_gate_inp.weight"]
+        assert router.tensor_type.name == "F32" and list(router.shape) == [h, e]
+        rw = np.asarray(router.data)
+        assert rw.dtype == np.float32 and 0.015 < float(rw.std()) < 0.025
+        for kind, ne in (("gate", [h, ef, e]), ("up", [h, ef, e]), ("down", [ef, h, e])):
+            x = t[f"blk.1.ffn_{kind}_exps.weight"]
+            assert x.tensor_type.name == "F16" and [int(d) for d in x.shape] == ne
+            ew = np.asarray(x.data, dtype=np.float32)
+            assert 0.015 < float(ew.std()) < 0.025 and np.isfinite(ew).all()
 
 
 def _check_config(c: Any, shape: Shape) -> None:
@@ -322,6 +440,8 @@ def _check_config(c: Any, shape: Shape) -> None:
         shape.ffn, shape.context)
     assert (c.tie_embeddings, c.attention_bias, c.qk_norm) == (
         shape.tied, shape.qkv_bias, shape.qk_norm)
+    assert (c.num_experts, c.experts_per_token, c.expert_intermediate_size) == (
+        shape.experts, shape.experts_used, shape.expert_ffn)
     assert c.rms_norm_eps == pytest.approx(shape.rms_eps) and c.rotary_dims == shape.rotary_dim
     r = c.rope
     assert r.theta == pytest.approx(shape.rope_theta)
@@ -355,14 +475,14 @@ def _check_config(c: Any, shape: Shape) -> None:
 
 
 @needs_model
-@pytest.mark.parametrize("name", PUBLISHED_SHAPES)
+@pytest.mark.parametrize("name", [*PUBLISHED_SHAPES, "qwen3-30b-a3b-L8"])
 def test_our_loader_reads_every_published_shapes_header(name: str, tmp_path: Path) -> None:
     """The full-size file's header, RoPE tensors and config (a sparse file: the weights
-    are holes, so nothing of gigabytes is written)."""
+    are holes, so nothing of gigabytes is written); a reduced shape's too."""
     from recallspec.models.config import ModelConfig
     from recallspec.models.gguf.header import read_header
 
-    shape = SHAPES[name]
+    shape = get_shape(name)
     path = tmp_path / f"{name}.gguf"
     size = write_shape_gguf(shape, path, seed=0, weights=False)
     header = read_header(path)
@@ -407,6 +527,24 @@ def test_our_loader_runs_each_architecture(name: str, tiny_files: dict[str, Path
 
 
 @needs_model
+def test_our_loader_runs_the_mixture_of_experts(tiny_files: dict[str, Path]) -> None:
+    """``load_model`` (the default weight format) reads the stacked experts and the F32
+    router of tiny-qwen3moe's F16 file as a mixture of experts, and a forward runs."""
+    from recallspec.models import load_model
+    from recallspec.runtime.batch import SequenceInput, build_batch
+
+    shape = SHAPES["tiny-qwen3moe"]
+    model, tok = load_model(tiny_files[shape.name], dtype="auto", repack_cache=False)
+    c = model.config
+    assert c.moe and (c.num_experts, c.experts_per_token, c.mlp_size) == (
+        shape.experts, shape.experts_used, shape.expert_ffn)
+    assert c.norm_topk_prob  # (llama.cpp's qwen3moe: the chosen experts renormalised)
+    ids = tok.encode("The quick brown fox jumps over the lazy dog.")
+    logits = model(build_batch([SequenceInput(0, 0, ids)]), model.new_cache(1, 64))
+    assert logits.shape == (len(ids), shape.vocab) and bool(logits.isfinite().all())
+
+
+@needs_model
 @pytest.mark.peer
 @pytest.mark.parametrize("name", TINY)
 def test_llama_cpp_runs_each_architecture(name: str, tiny_files: dict[str, Path]) -> None:
@@ -442,7 +580,7 @@ def test_manifest_reuse_and_rewrite(tmp_path: Path) -> None:
 
 def test_interrupted_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                           ) -> None:
-    def interrupted(shape: Shape, path: Path, *, seed: int) -> int:
+    def interrupted(shape: Shape, path: Path, *, seed: int, source: str) -> int:
         path.write_bytes(b"GGUF" + bytes(1000))
         raise KeyboardInterrupt
 
@@ -463,10 +601,12 @@ def test_disk_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ---- quantization ----------------------------------------------------------------------
 def _fake_quantize(tmp_path: Path) -> tuple[Path, Path]:
-    """A stand-in for llama-quantize: logs its arguments and copies SRC to DST."""
+    """A stand-in for llama-quantize: logs its arguments and copies SRC to DST (after
+    its options)."""
     log = tmp_path / "args.log"
     exe = tmp_path / "llama-quantize"
-    exe.write_text(f'#!/bin/sh\necho "$@" >> {log}\ncp "$1" "$2"\n')
+    exe.write_text(f'#!/bin/sh\necho "$@" >> {log}\n'
+                   'while [ "${1#--}" != "$1" ]; do shift; done\ncp "$1" "$2"\n')
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return exe, log
 
@@ -510,6 +650,49 @@ def test_quantize_pipeline_with_a_fake_binary(tmp_path: Path) -> None:
 
 
 @needs_model
+def test_experts_are_written_in_q8_0_and_requantized(tmp_path: Path) -> None:
+    """A mixture of experts' weights are written as Q8_0 blocks (no F16 file: 61 GB at
+    Qwen3-30B-A3B), the source of its other quantizations through --allow-requantize; the
+    blocks are the F16 pool's values to Q8_0's rounding, and our loader runs the file."""
+    import gguf
+
+    from recallspec.models import load_model
+    from recallspec.runtime.batch import SequenceInput, build_batch
+
+    shape = SHAPES["tiny-qwen3moe"]
+    exe, log = _fake_quantize(tmp_path)
+    cache = tmp_path / "cache"
+    said: list[str] = []
+    q8 = ensure_shape_gguf(shape.name, "Q8_0", cache_dir=cache, progress=said.append)
+    assert not log.exists()  # written, not quantized
+    assert json.loads(q8.with_suffix(".json").read_text())["source"] == "Q8_0"
+    assert q8.stat().st_size <= shapes_gguf.source_file_bytes(shape, "Q8_0")
+    r = gguf.GGUFReader(q8)
+    plan = {t.name: t for t in tensor_plan(shape)}
+    for t in r.tensors:
+        spec = plan[t.name]
+        assert t.tensor_type.name == ("Q8_0" if spec.kind == MATRIX else "F32")
+        assert tuple(int(d) for d in reversed(t.shape)) == spec.shape
+    x = next(t for t in r.tensors if t.name == "blk.1.ffn_down_exps.weight")
+    w = gguf.quants.dequantize(x.data, x.tensor_type)
+    assert 0.015 < float(w.std()) < 0.025 and np.isfinite(w).all()
+    assert r.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q8_0
+    p = ensure_shape_gguf(shape.name, "Q4_K_M", cache_dir=cache, quantize_bin=exe,
+                          progress=said.append)
+    args = log.read_text().split()
+    assert args[0] == "--allow-requantize" and args[1] == str(q8) and args[3] == "Q4_K_M"
+    assert q8.is_file()  # a cached source is kept
+    assert json.loads(p.with_suffix(".json").read_text())["source"] == "Q8_0"
+    # (A requested F16 file is written as F16, no source stated.)
+    f16 = ensure_shape_gguf(shape.name, "F16", cache_dir=cache, progress=said.append)
+    assert "source" not in json.loads(f16.with_suffix(".json").read_text())
+    model, tok = load_model(q8, dtype="auto", repack_cache=False)
+    ids = tok.encode("The quick brown fox")
+    logits = model(build_batch([SequenceInput(0, 0, ids)]), model.new_cache(1, 64))
+    assert logits.shape == (len(ids), shape.vocab) and bool(logits.isfinite().all())
+
+
+@needs_model
 @pytest.mark.peer
 def test_quantize_with_llama_quantize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       ) -> None:
@@ -529,5 +712,12 @@ def test_quantize_with_llama_quantize(tmp_path: Path, monkeypatch: pytest.Monkey
         assert p.stat().st_size < 0.7 * SHAPES["tiny-llama"].parameters() * 2
     assert not list(cache.glob("*F16*"))
     eng = Engine.load(str(cache / "tiny-llama-Q4_K_M.gguf"), max_batch_size=1)
+    out = eng.generate("Hello", SamplingParams(max_new_tokens=3, ignore_eos=True))
+    assert len(out.token_ids) == 3
+    # A mixture of experts: requantized from its Q8_0 source (--allow-requantize).
+    moe = ensure_shape_gguf("tiny-qwen3moe", "Q4_K_M", cache_dir=cache,
+                            progress=lambda _m: None)
+    assert not (cache / "tiny-qwen3moe-Q8_0.gguf").exists()  # the intermediate, deleted
+    eng = Engine.load(str(moe), max_batch_size=1)
     out = eng.generate("Hello", SamplingParams(max_new_tokens=3, ignore_eos=True))
     assert len(out.token_ids) == 3

@@ -4,6 +4,7 @@ prediction at another model's cost curve, the matrix and the report."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from recallspec.bench.scale.cold_start import ColdStartConfig, measure, summariz
 from recallspec.bench.scale.command import _derive, _ours, paired_rounds
 from recallspec.bench.scale.config import DEFAULT_MATRIX, ScaleConfig, parse_entries
 from recallspec.bench.scale.predict import fitted_model, predict_at_curve
-from recallspec.bench.scale.report import render_scale_markdown
+from recallspec.bench.scale.report import _experts_table, render_scale_markdown
 from recallspec.cost.curve import CostCurve
 from recallspec.engine import Engine, EngineConfig
 from recallspec.errors import DataError
@@ -27,8 +28,14 @@ from recallspec.errors import DataError
 
 def test_matrix_and_config_are_checked() -> None:
     assert parse_entries(None, None) == DEFAULT_MATRIX
-    published = {n for n in SHAPES if not n.startswith("tiny-")}
-    assert {s for s, q in DEFAULT_MATRIX if q == "Q4_K_M"} == published  # every one
+    published = {n for n in SHAPES if not n.startswith("tiny-") and not SHAPES[n].experts}
+    assert {s for s, q in DEFAULT_MATRIX if q == "Q4_K_M"} == published  # every dense one
+    # Any shape by name, or reduced to its first n layers (<name>-L<n>).
+    assert ScaleConfig(entries=(("qwen3-30b-a3b", "Q4_K_M"),
+                                ("qwen3-30b-a3b-L8", "Q4_K_M"))).entries[1][0] == (
+        "qwen3-30b-a3b-L8")
+    with pytest.raises(DataError, match="1 to 47 of its 48 layers"):
+        ScaleConfig(entries=(("qwen3-30b-a3b-L48", "Q4_K_M"),))
     assert parse_entries("smollm2-1.7b,llama-3.1-8b", "Q4_0,Q8_0") == (
         ("smollm2-1.7b", "Q4_0"), ("smollm2-1.7b", "Q8_0"),
         ("llama-3.1-8b", "Q4_0"), ("llama-3.1-8b", "Q8_0"))
@@ -180,6 +187,39 @@ def test_our_side_measures_a_real_gguf_in_a_child(tmp_path: Path) -> None:
             capture_output=True, text=True, check=True, timeout=600)
         res = json.loads(proc.stdout.strip().splitlines()[-1])
         assert res[has] and lacks not in res and "cost_ms" not in res, (only, res)
+
+
+@needs_model
+def test_our_side_counts_the_experts_a_mixture_wakes(tmp_path: Path) -> None:
+    """A mixture of experts' child: the bytes a token reads count its routed experts'
+    share only, and the experts a chain of k rows wakes per layer are counted: exactly
+    experts_used for one row, never fewer for more rows, never more than k x experts_used
+    or all of them."""
+    from recallspec.bench.common.shapes_gguf import ensure_shape_gguf
+
+    shape = SHAPES["tiny-qwen3moe"]
+    gguf = ensure_shape_gguf(shape.name, "Q8_0", cache_dir=tmp_path, progress=lambda _m: None)
+    env = {**os.environ, "RECALLSPEC_CACHE_DIR": str(tmp_path / "models")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "recallspec.bench.scale.ours", str(gguf), "--repeats", "1",
+         "--new-tokens", "4", "--prefill", "32", "--ks", "1,2,4,8", "--cached", "64",
+         "--contexts", "16", "--curve-out", str(tmp_path / "curve.json"), "--threads", "1"],
+        capture_output=True, text=True, check=True, timeout=600, env=env)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    e, used = shape.experts, shape.experts_used
+    assert (res["experts"], res["experts_used"]) == (e, used)
+    t = {int(k): v for k, v in res["experts_touched"].items()}
+    assert t[1] == used
+    assert all(t[a] <= t[b] for a, b in ((1, 2), (2, 4), (4, 8)))
+    assert all(t[k] <= min(e, k * used) for k in t)
+    assert res["experts_uniform"]["1"] == pytest.approx(used)
+    wb = res["weight_bytes"]
+    assert wb["experts_read"] * e == wb["experts"] * used
+    assert wb["total"] < res["resident_weight_mb"] * 1e6 - (wb["experts"] - wb["experts_read"]) + 1
+    table = "\n".join(_experts_table({"config": {"ks": [1, 2, 4, 8]}, "entries": {
+        "x": {"shape": shape.name, "quant": "Q8_0", "ours": res}}}))
+    assert f"| {shape.name} | Q8_0 | {used} of {e} |" in table
+    assert f"{t[8]:.1f} ({res['experts_uniform']['8']:.1f})" in table
 
 
 @needs_model

@@ -89,11 +89,24 @@ def weight_bytes_per_token(model: torch.nn.Module, vocab: int, hidden: int) -> d
 
 
 def quantized_bytes_per_token(model: Any) -> dict[str, int]:
-    """``weight_bytes_per_token`` for a model whose matrices are ``QuantizedWeight``s."""
+    """``weight_bytes_per_token`` for a model whose matrices are ``QuantizedWeight``s. A
+    mixture of experts' token reads ``experts_per_token`` of each layer's experts (every
+    expert of a layer is the same size): ``experts`` is all their resident bytes,
+    ``experts_read`` what one token reads of them, in ``total`` and ``other``."""
     resident = int(model.weight_bytes())
     embed, head = model.embed_w, model.lm_head_w
     row = embed.nbytes // embed.n  # one embedding row per token
     tied = int(embed is head)
     other = resident - head.nbytes - (0 if tied else embed.nbytes)
-    return {"total": other + head.nbytes + row, "lm_head": int(head.nbytes), "other": other,
-            "tied": tied}
+    experts = read = 0
+    c = model.config
+    if c.moe:
+        experts = sum(w.nbytes for layer in model.layers
+                      for w in (*layer.expert_gate_up, *layer.expert_down))
+        read = experts * c.experts_per_token // c.num_experts
+        other += read - experts
+    out = {"total": other + head.nbytes + row, "lm_head": int(head.nbytes), "other": other,
+           "tied": tied}
+    if c.moe:
+        out |= {"experts": experts, "experts_read": read}
+    return out

@@ -1,5 +1,6 @@
-"""The shapes of the models people run (1-8B, from each one's config.json) and the
-tensors llama.cpp builds for each: what ``recallspec bench scale`` measures at.
+"""The shapes of the models people run (1-8B dense, and Qwen3-30B-A3B's mixture of
+experts; from each one's config.json) and the tensors llama.cpp builds for each: what
+``recallspec bench scale`` measures at.
 
 A ``Shape`` is what llama.cpp and our loader need to build a decoder-only model;
 ``tensor_plan`` lists its GGUF tensors in file order, as llama.cpp's
@@ -9,9 +10,16 @@ scaling; ``rope_factors_long/short.weight`` of Phi-3's LongRoPE), then
 ``token_embd.weight``; per block ``attn_norm``, ``attn_q/k/v`` (+ ``.bias`` for qwen2; one
 ``attn_qkv`` for phi3), ``attn_output``, ``attn_q_norm``/``attn_k_norm`` (qwen3, gemma3),
 ``post_attention_norm`` (gemma3), ``ffn_norm``, ``ffn_gate`` (not phi3's), ``ffn_up``
-(phi3's: gate and up rows), ``ffn_down``, ``post_ffw_norm`` (gemma3);
-``output_norm.weight``; ``output.weight`` when untied. Matrices are F16 (``llama-quantize``'s
-usual input), 1-D tensors F32.
+(phi3's: gate and up rows), ``ffn_down``, ``post_ffw_norm`` (gemma3); qwen3moe's in place
+of the three FFN matrices: ``ffn_gate_inp`` (the router) and the experts' matrices stacked,
+``ffn_gate_exps``, ``ffn_up_exps``, ``ffn_down_exps``; ``output_norm.weight``;
+``output.weight`` when untied. Matrices are F16 (``llama-quantize``'s usual input), the
+stacked experts too; 1-D tensors F32, and the router F32 (llama-quantize never quantizes
+it, and the converter writes it F32).
+
+A published shape with fewer layers (``with_layers``; ``get_shape("<name>-L<n>")``) keeps
+every per-layer size: a 30B shape's F16 intermediate (61 GB) does not fit every machine,
+and per-layer costs are the same at 8 layers as at 48.
 
 Their random-weight GGUF files (written, quantized, cached): ``bench/common/shapes_gguf.py``.
 Light on purpose (numpy, no torch at import): the CLI validates ``bench scale``'s
@@ -20,6 +28,7 @@ settings against ``SHAPES`` and ``QUANTS``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -30,7 +39,9 @@ import numpy as np
 
 from recallspec.errors import UnknownNameError
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "qwen3moe")
+_MOE_ARCHS = ("qwen3moe",)  # mixtures of experts: experts, experts_used, expert_ffn
+_QK_NORM_ARCHS = ("qwen3", "gemma3", "qwen3moe")  # llama.cpp requires their q/k norms
 # RoPE scalings a shape may state, as llama.cpp's converter writes them: "linear" as
 # rope.scaling.type/factor, "llama3" as the rope_freqs tensor (no type key), "longrope" as
 # rope_factors_long/short and rope.scaling.original_context_length/attn_factor.
@@ -41,8 +52,12 @@ _ARCH_SCALINGS = {"llama": ("none", "linear", "llama3"), "phi3": ("none", "longr
 _SLIDING_ARCHS = ("gemma3", "phi3")  # attention.sliding_window is theirs (gguf_arch's keys)
 QUANTS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")  # llama-quantize's type names
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+# A reduced shape's name: the registry name, "-L", its layers (no leading zero, so one
+# name per reduction).
+_REDUCED = re.compile(r"^(?P<base>[a-z0-9][a-z0-9._-]*)-L(?P<layers>[1-9][0-9]*)$")
+_MOE_FIELDS = ("experts", "experts_used", "expert_ffn")
 
-MATRIX, BIAS, NORM, FACTORS = "matrix", "bias", "norm", "factors"
+MATRIX, BIAS, NORM, FACTORS, ROUTER = "matrix", "bias", "norm", "factors", "router"
 
 
 @dataclass(frozen=True)
@@ -53,7 +68,10 @@ class Shape:
     biases, qwen3 and gemma3 q/k norms, gemma3 post-attention and post-FFN norms too (all
     its norms stored as 1 + w, as its converter writes them), phi3 one fused ``attn_qkv``
     and an ``ffn_up`` of 2 * ffn rows (gate, then up) with no ``ffn_gate``; smollm3 is
-    llama's layout (llama.cpp leaves RoPE out of every 4th layer, which no key states)."""
+    llama's layout (llama.cpp leaves RoPE out of every 4th layer, which no key states);
+    qwen3moe is qwen3's attention (q/k norms) with a mixture of ``experts`` gated MLPs of
+    ``expert_ffn`` in every layer, ``experts_used`` of them per token (``ffn`` is still
+    stated: feed_forward_length, which llama.cpp and our loader read)."""
 
     name: str  # registry key and file-name stem, e.g. "llama-3.1-8b"
     arch: str  # GGUF architecture: one of ARCHS
@@ -79,11 +97,17 @@ class Shape:
     rope_high_freq_factor: float = 4.0
     rope_theta_swa: float = 0.0  # gemma3: rope.freq_base_swa, the sliding layers' base
     sliding_window: int = 0  # gemma3, phi3: attention.sliding_window (0: none)
+    # qwen3moe (0 for the dense architectures): expert_count, expert_used_count and
+    # expert_feed_forward_length.
+    experts: int = 0
+    experts_used: int = 0
+    expert_ffn: int = 0
 
     def __post_init__(self) -> None:
         n = self.name
-        if not _NAME.match(n):
-            raise ValueError(f"shape name {n!r}: lower-case letters, digits, '.-_'")
+        if not (_NAME.match(n) or _REDUCED.match(n)):
+            raise ValueError(f"shape name {n!r}: lower-case letters, digits, '.-_' (and a "
+                             "reduced shape's -L<layers>)")
         if self.arch not in ARCHS:
             raise ValueError(f"{n}: arch must be one of {', '.join(ARCHS)}")
         sizes = ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn", "vocab", "context")
@@ -96,9 +120,11 @@ class Shape:
         if self.qkv_bias != (self.arch == "qwen2"):
             raise ValueError(f"{n}: qkv_bias must be set exactly for qwen2 (llama.cpp's "
                              "qwen2 requires the biases, the others have none)")
-        if self.qk_norm != (self.arch in ("qwen3", "gemma3")):
-            raise ValueError(f"{n}: qk_norm must be set exactly for qwen3 and gemma3 "
-                             "(llama.cpp requires their q/k norms, the others have none)")
+        if self.qk_norm != (self.arch in _QK_NORM_ARCHS):
+            raise ValueError(f"{n}: qk_norm must be set exactly for "
+                             f"{', '.join(_QK_NORM_ARCHS)} (llama.cpp requires their q/k "
+                             "norms, the others have none)")
+        self._check_experts()
         if self.arch in ("qwen2", "phi3") and self.heads * self.head_dim != self.hidden:
             raise ValueError(f"{n}: llama.cpp's {self.arch} needs heads * head_dim == hidden")
         self._check_rope()
@@ -109,6 +135,17 @@ class Shape:
         if (self.rope_theta_swa != 0) != swa or self.rope_theta_swa < 0:
             raise ValueError(f"{n}: rope_theta_swa (> 0, the sliding layers' RoPE base) must "
                              "be given exactly for gemma3 with a sliding_window")
+
+    def _check_experts(self) -> None:
+        n, sizes = self.name, [getattr(self, f) for f in _MOE_FIELDS]
+        if self.arch not in _MOE_ARCHS:
+            if any(sizes):
+                raise ValueError(f"{n}: experts, experts_used and expert_ffn are "
+                                 f"{', '.join(_MOE_ARCHS)}'s (0 for a dense {self.arch})")
+        elif min(sizes) < 1 or self.experts_used > self.experts:
+            # (llama.cpp's qwen3moe refuses n_expert or n_expert_used 0)
+            raise ValueError(f"{n}: a {self.arch} needs experts, experts_used and expert_ffn "
+                             "positive, experts_used <= experts")
 
     def _check_rope(self) -> None:
         n, kind = self.name, self.rope_scaling
@@ -146,11 +183,27 @@ class Shape:
 
     def parameters(self) -> int:
         """Parameters of the model (a tied head counted once), from its tensors (the
-        RoPE factor tensors, computed from the config, are none)."""
+        RoPE factor tensors, computed from the config, are none); every expert's."""
         return sum(t.numel for t in tensor_plan(self) if t.kind != FACTORS)
 
+    def active_parameters(self) -> int:
+        """Parameters one token reads: ``parameters()`` with each layer's stacked experts
+        counted at ``experts_used`` of ``experts`` (the dense shapes: all of them). Every
+        other tensor counts whole, token_embd too (a token reads one row of it, the head
+        all of it): the convention of a published "activated" count (Qwen3-30B-A3B's
+        3.3B)."""
+        return sum(t.numel // t.shape[0] * self.experts_used if len(t.shape) == 3 else t.numel
+                   for t in tensor_plan(self) if t.kind != FACTORS)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields by name; a dense shape's MoE fields (all 0) are left out, so its
+        dict, and with it its cached files' manifests, is what it was before they
+        existed (``Shape(**d)`` gives the same shape either way)."""
+        d = asdict(self)
+        if not self.experts:
+            for f in _MOE_FIELDS:
+                del d[f]
+        return d
 
 
 def _tiny(name: str, arch: str, **kw: Any) -> Shape:
@@ -208,6 +261,12 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("llama-3.1-8b", "llama", hidden=4096, layers=32, heads=32, kv_heads=8,
           head_dim=128, ffn=14336, vocab=128256, tied=False, rope_theta=5e5, context=131072,
           rope_factor=8.0, **_LLAMA3),
+    # Qwen/Qwen3-30B-A3B: 128 experts of moe_intermediate_size 768, 8 per token
+    # (norm_topk_prob true, every layer sparse); intermediate_size 6144 (no dense layer
+    # uses it; the converter writes it as feed_forward_length).
+    Shape("qwen3-30b-a3b", "qwen3moe", hidden=2048, layers=48, heads=32, kv_heads=4,
+          head_dim=128, ffn=6144, vocab=151936, tied=False, rope_theta=1e6, context=40960,
+          qk_norm=True, rms_eps=1e-6, experts=128, experts_used=8, expert_ffn=768),
     # Tests: one per architecture (and per RoPE scaling); the qwen ones pad the vocabulary
     # (to a multiple of 256 and to a round number), tiny-qwen3 has heads * head_dim !=
     # hidden and an untied head; tiny-gemma3 (6 layers: 5 sliding ones, then a global one)
@@ -223,14 +282,54 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
           rope_dim=96, rope_scaling="longrope", rope_factor=4.0, rope_original_context=512,
           sliding_window=4096),
     _tiny("tiny-smollm3", "smollm3", layers=4, rope_theta=5e6),
+    # Qwen3-30B-A3B's layout at width 256: 8 experts of 256, 2 per token, an untied head,
+    # heads * head_dim != hidden and a padded vocabulary.
+    _tiny("tiny-qwen3moe", "qwen3moe", vocab=50000, head_dim=128, tied=False, qk_norm=True,
+          experts=8, experts_used=2, expert_ffn=256),
 )}
 
 
+def with_layers(shape: Shape, layers: int) -> Shape:
+    """``shape`` with its first ``layers`` layers only (1 <= layers < its own): every
+    per-layer size, the embedding, head and config kept, so a layer costs what it costs
+    in the full model, on a machine that cannot hold the full file. It is labelled as
+    reduced: its name is the full shape's + ``-L<layers>`` (so are its files and their
+    manifests), ``reduced_from`` names the full one, and whatever is measured on it is
+    the reduced model's (per-token totals scale with the layers; the head does not). A
+    reduced shape reduced again is cut from the same full shape."""
+    full = reduced_from(shape) or shape
+    if not 1 <= layers < shape.layers:
+        raise ValueError(f"{shape.name}: a reduction keeps 1 to {shape.layers - 1} of its "
+                         f"{shape.layers} layers, not {layers}")
+    return dataclasses.replace(full, name=f"{full.name}-L{layers}", layers=layers)
+
+
+def reduced_from(shape: Shape) -> Shape | None:
+    """The registry's full shape that ``shape`` is a ``with_layers`` reduction of (None:
+    ``shape`` is not one)."""
+    m = _REDUCED.match(shape.name)
+    full = SHAPES.get(m["base"]) if m else None
+    if full is None or not shape.layers < full.layers or dataclasses.replace(
+            full, name=shape.name, layers=shape.layers) != shape:
+        return None
+    return full
+
+
 def get_shape(name: str) -> Shape:
+    """The registry's shape ``name``, or ``<name>-L<n>``: that shape with its first n
+    layers (``with_layers``, labelled as reduced by its name)."""
     s = SHAPES.get(name)
-    if s is None:
-        raise UnknownNameError(f"unknown shape {name!r} (known: {', '.join(SHAPES)})")
-    return s
+    if s is not None:
+        return s
+    m = _REDUCED.match(name)
+    full = SHAPES.get(m["base"]) if m else None
+    if m is None or full is None:
+        raise UnknownNameError(f"unknown shape {name!r} (known: {', '.join(SHAPES)}, each "
+                               "also as NAME-L<n>: its first n layers)")
+    try:
+        return with_layers(full, int(m["layers"]))
+    except ValueError as e:
+        raise UnknownNameError(f"shape {name!r}: {e}") from None
 
 
 def canonical_quant(quant: str) -> str:
@@ -245,8 +344,10 @@ class TensorSpec:
     """One tensor of the file."""
 
     name: str  # llama.cpp's name, e.g. "blk.3.attn_q.weight"
-    shape: tuple[int, ...]  # numpy order: (rows = outputs, cols = inputs) or (n,)
-    kind: str  # MATRIX (F16, random) | BIAS (F32, random) | NORM (F32, ones) |
+    # numpy order: (rows = outputs, cols = inputs), (n,), or a stack of experts'
+    # matrices, (experts, rows, cols): the only 3-D tensors.
+    shape: tuple[int, ...]
+    kind: str  # MATRIX (F16, random) | BIAS, ROUTER (F32, random) | NORM (F32, ones) |
     #            FACTORS (F32, ``values``: RoPE factors computed from the shape)
     values: tuple[float, ...] = ()
 
@@ -327,6 +428,18 @@ def _rope_tensors(shape: Shape) -> tuple[TensorSpec, ...]:
     return ()
 
 
+def _expert_tensors(shape: Shape, b: str) -> list[TensorSpec]:
+    """A qwen3moe block's FFN (llama.cpp's src/models/qwen3moe.cpp; its ggml dims are
+    these reversed): the router ``{hidden, experts}``, F32; each expert's gate and up
+    ``{hidden, expert_ffn}`` and down ``{expert_ffn, hidden}``, stacked over the experts
+    (experts the outermost dim), F16."""
+    h, e, ef = shape.hidden, shape.experts, shape.expert_ffn
+    return [TensorSpec(b + "ffn_gate_inp.weight", (e, h), ROUTER),
+            TensorSpec(b + "ffn_gate_exps.weight", (e, ef, h), MATRIX),
+            TensorSpec(b + "ffn_up_exps.weight", (e, ef, h), MATRIX),
+            TensorSpec(b + "ffn_down_exps.weight", (e, h, ef), MATRIX)]
+
+
 def tensor_plan(shape: Shape) -> list[TensorSpec]:
     """Every tensor of ``shape``'s GGUF, in file order."""
     h, hd, ffn, arch = shape.hidden, shape.head_dim, shape.ffn, shape.arch
@@ -349,12 +462,15 @@ def tensor_plan(shape: Shape) -> list[TensorSpec]:
         if arch == "gemma3":
             plan.append(TensorSpec(b + "post_attention_norm.weight", (h,), NORM))
         plan.append(TensorSpec(b + "ffn_norm.weight", (h,), NORM))
-        if arch == "phi3":  # gate rows, then up rows, in one matrix
-            plan.append(TensorSpec(b + "ffn_up.weight", (2 * ffn, h), MATRIX))
+        if shape.experts:  # the router's logits, then each expert's gated MLP, stacked
+            plan.extend(_expert_tensors(shape, b))
         else:
-            plan.append(TensorSpec(b + "ffn_gate.weight", (ffn, h), MATRIX))
-            plan.append(TensorSpec(b + "ffn_up.weight", (ffn, h), MATRIX))
-        plan.append(TensorSpec(b + "ffn_down.weight", (h, ffn), MATRIX))
+            if arch == "phi3":  # gate rows, then up rows, in one matrix
+                plan.append(TensorSpec(b + "ffn_up.weight", (2 * ffn, h), MATRIX))
+            else:
+                plan.append(TensorSpec(b + "ffn_gate.weight", (ffn, h), MATRIX))
+                plan.append(TensorSpec(b + "ffn_up.weight", (ffn, h), MATRIX))
+            plan.append(TensorSpec(b + "ffn_down.weight", (h, ffn), MATRIX))
         if arch == "gemma3":
             plan.append(TensorSpec(b + "post_ffw_norm.weight", (h,), NORM))
     plan.append(TensorSpec("output_norm.weight", (h,), NORM))
@@ -363,6 +479,7 @@ def tensor_plan(shape: Shape) -> list[TensorSpec]:
     return plan
 
 
-__all__ = ["ARCHS", "BIAS", "FACTORS", "MATRIX", "NORM", "QUANTS", "ROPE_SCALINGS", "SHAPES",
-           "Shape", "TensorSpec", "canonical_quant", "get_shape", "llama3_rope_freqs",
-           "longrope_attn_factor", "longrope_factors", "tensor_plan"]
+__all__ = ["ARCHS", "BIAS", "FACTORS", "MATRIX", "NORM", "QUANTS", "ROPE_SCALINGS", "ROUTER",
+           "SHAPES", "Shape", "TensorSpec", "canonical_quant", "get_shape", "llama3_rope_freqs",
+           "longrope_attn_factor", "longrope_factors", "reduced_from", "tensor_plan",
+           "with_layers"]

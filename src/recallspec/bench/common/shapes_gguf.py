@@ -1,7 +1,8 @@
-"""Random-weight GGUFs at the published shapes of the models people run (1-8B), cached.
+"""Random-weight GGUFs at the published shapes of the models people run (1-8B dense, a
+30B mixture of experts), cached.
 
-What is random, and why the costs are still true: every matrix and bias is drawn from
-N(0, 0.02) (slices of one seeded pool of F16 values at seeded offsets), every norm weight
+What is random, and why the costs are still true: every matrix, bias and router is drawn
+from N(0, 0.02) (slices of one seeded pool of F16 values at seeded offsets), every norm weight
 is 1.0 as stored (Gemma's store 1 + w: a unit scale too), the RoPE factor tensors are
 computed from the config (Llama 3's rope_freqs as llama.cpp's converter computes them;
 LongRoPE's, trained in a real model, plausible stand-ins), and the tokenizer is the
@@ -12,27 +13,42 @@ runtime and in llama.cpp alike; the scale keeps activations finite through every
 (unit-RMS inputs give q/k/v of RMS 0.02*sqrt(hidden), about 1.3 at 4096), so no NaN/inf
 slow path is taken. What random weights do change is *which* tokens come out: benchmark
 with ``ignore_eos`` and fixed token counts, and take acceptance rates of speculation from
-real models (``bench/replay/``), never from these. The same (shape, seed, generator
-version) gives the same bytes.
+real models (``bench/replay/``), never from these. A mixture of experts adds one value
+that does matter: which experts a row reads follows the router's (random) values. A row
+reads ``experts_used`` of them per layer whatever they are, so one row's weight bytes are
+``Shape.active_parameters``' at any values; how many distinct experts a batch of rows
+reads (prefill, verification) follows the picks, which a trained router makes
+differently: take those costs from a real model where they matter. The same (shape,
+seed, generator version) gives the same bytes.
 
 Files: ``<cache>/shapes/<shape>-<quant>.gguf`` (``<cache>``: ``RECALLSPEC_CACHE_DIR`` or
 platformdirs' user cache dir of recallspec), each with a JSON manifest beside it
 (``<shape>-<quant>.json``: the shape, seed, generator version, file size, sha256 for files
 up to 1 GiB) that is written last and must match for a file to be reused. Quantized files
 are made from the F16 one by llama.cpp's own ``llama-quantize``; the F16 intermediate is
-deleted afterwards unless it was cached already. Everything is written to a temporary name
+deleted afterwards unless it was cached already. A mixture of experts is written in Q8_0
+blocks instead (``source_quant``: no 61 GB F16 file for Qwen3-30B-A3B) and requantized
+(``--allow-requantize``): its Q4_K_M is then two roundings from the random values, which
+changes no cost. Everything is written to a temporary name
 and renamed, so an interrupted run never leaves a file that looks complete.
 
-Each file holds the tensors of ``shapes.tensor_plan`` (matrices F16, 1-D tensors F32).
-Metadata: the ``<arch>.*`` keys llama.cpp reads (``attention.key_length`` too, so a
-head_dim other than hidden/heads, as Qwen3-4B's, is stated; the RoPE scaling's and
-sliding window's keys), and the default model's (SmolLM2) tokenizer copied whole, its
-vocabulary padded to the shape's size with ``[PAD<id>]`` tokens of type UNUSED, exactly
-as ``convert_hf_to_gguf.py`` pads a config whose ``vocab_size`` exceeds its tokenizer's.
+Each file holds the tensors of ``shapes.tensor_plan`` (matrices F16, the stacked experts'
+3-D ones too; 1-D tensors and the router F32). Metadata: the ``<arch>.*`` keys llama.cpp
+reads (``attention.key_length`` too, so a head_dim other than hidden/heads, as Qwen3-4B's,
+is stated; the RoPE scaling's and sliding window's keys; a mixture of experts'
+``expert_count``, ``expert_used_count`` and ``expert_feed_forward_length``), and the
+default model's (SmolLM2) tokenizer copied whole, its vocabulary padded to the shape's
+size with ``[PAD<id>]`` tokens of type UNUSED, exactly as ``convert_hf_to_gguf.py`` pads a
+config whose ``vocab_size`` exceeds its tokenizer's.
 
 Memory: the header is written first (``GGUFWriter``: key/values, then tensor infos), then
 each tensor's data in chunks sliced from one pool of random values, so a 16 GB file needs
-the pool (16 MiB) and one chunk, never a tensor.
+the pool (16 MiB) and one chunk, never a tensor (of any rank: a tensor's values are
+written flat, in numpy's C order of its shape, which GGUFWriter states reversed as ggml's
+dims).
+
+A reduced shape (``shapes.with_layers``, ``<shape>-L<n>``) is written like any other, under
+its own name; its description states the reduction.
 """
 
 from __future__ import annotations
@@ -57,11 +73,13 @@ from recallspec.bench.common.shapes import (
     FACTORS,
     MATRIX,
     NORM,
+    ROUTER,
     Shape,
     TensorSpec,
     canonical_quant,
     get_shape,
     longrope_attn_factor,
+    reduced_from,
     tensor_plan,
 )
 from recallspec.errors import ModelLoadError, RecallspecError, ResourceError
@@ -72,7 +90,7 @@ GENERATOR_VERSION = 2  # bump when the bytes written for a (shape, seed) change
 DEFAULT_SEED = 0
 POOL_SIZE = 1 << 23  # random F16 values drawn once per file (16 MiB)
 CHUNK = 1 << 20  # values per slice of the pool written at a time (2 MiB of F16)
-WEIGHT_STD = 0.02  # matrices and biases: N(0, 0.02), HF's initializer_range
+WEIGHT_STD = 0.02  # matrices, biases and routers: N(0, 0.02), HF's initializer_range
 UNUSED = 5  # llama.cpp's token type of padding ids (gguf.TokenType.UNUSED)
 METADATA_BYTES = 16 << 20  # bound on header + key/values + tensor infos (a 152k vocabulary)
 ALIGNMENT = 32  # GGUF's default data alignment (GGUFWriter's)
@@ -94,7 +112,34 @@ def _align(n: int) -> int:
 
 def f16_file_bytes(shape: Shape) -> int:
     """An upper bound of the F16 file's size (exact data, bounded metadata)."""
-    return sum(_align(t.nbytes) for t in tensor_plan(shape)) + METADATA_BYTES
+    return source_file_bytes(shape, "F16")
+
+
+# The format a shape's random weights are written in before llama-quantize makes the
+# other quantizations from it: F16, except a mixture of experts': Q8_0 blocks directly
+# (its F16 file, 61 GB at Qwen3-30B-A3B, fits few disks; Q8_0 is 32 GB), requantized
+# (``llama-quantize --allow-requantize``). Fixed per shape, so a (shape, seed, quant)
+# names one file's bytes.
+SOURCES = ("F16", "Q8_0")
+Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34  # ggml's block_q8_0: an f16 scale and 32 int8
+
+
+def source_quant(shape: Shape, quant: str) -> str:
+    """The format ``shape``'s file at ``quant`` is made from (itself when it is that)."""
+    return "F16" if quant == "F16" or not shape.experts else "Q8_0"
+
+
+def _data_bytes(spec: TensorSpec, source: str) -> int:
+    """A tensor's data in the file: a matrix's in ``source``'s format, the rest float32."""
+    if spec.kind == MATRIX and source == "Q8_0":
+        return spec.numel // Q8_BLOCK * Q8_BLOCK_BYTES
+    return spec.nbytes
+
+
+def source_file_bytes(shape: Shape, source: str) -> int:
+    """An upper bound of the size of the file ``write_shape_gguf`` writes in ``source``
+    (exact data, bounded metadata)."""
+    return sum(_align(_data_bytes(t, source)) for t in tensor_plan(shape)) + METADATA_BYTES
 
 
 # ---- the tokenizer -------------------------------------------------------------------
@@ -129,7 +174,7 @@ def tokenizer_fields(vocab: int, source: Path | None = None) -> list[tuple[str, 
 
 # ---- the file --------------------------------------------------------------------------
 def _metadata(writer: Any, shape: Shape, seed: int, tokenizer: list[tuple[str, Any, Any, Any]],
-              ) -> None:
+              source: str = "F16") -> None:
     w = writer
     w.add_type("model")
     # (No shape name in general.name: llama.cpp sets token attributes by the model name
@@ -137,10 +182,15 @@ def _metadata(writer: Any, shape: Shape, seed: int, tokenizer: list[tuple[str, A
     # which the default model's vocabulary lacks; the description names the shape.)
     w.add_name(NAME)
     # (The text is part of the file's bytes, fixed by GENERATOR_VERSION: it names the module
-    # that first wrote these files, and changes only with a version bump.)
-    w.add_description(f"random weights (seed {seed}) at the published shape of {shape.name}; "
+    # that first wrote these files, and changes only with a version bump. A reduced
+    # shape's says so, and of which published one.)
+    full = reduced_from(shape)
+    of = (shape.name if full is None else
+          f"{full.name} reduced to {shape.layers} of its {full.layers} layers ({shape.name})")
+    w.add_description(f"random weights (seed {seed}) at the published shape of {of}; "
                       "written by recallspec.bench.shapes for speed measurements only")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if source == "F16"
+                    else gguf.LlamaFileType.MOSTLY_Q8_0)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     # The <arch>.* sizes (their order is part of the file's bytes too).
     for add, value in ((w.add_context_length, shape.context),
@@ -152,6 +202,10 @@ def _metadata(writer: Any, shape: Shape, seed: int, tokenizer: list[tuple[str, A
                        (w.add_rope_freq_base, shape.rope_theta),
                        (w.add_layer_norm_rms_eps, shape.rms_eps), (w.add_vocab_size, shape.vocab)):
         add(value)
+    if shape.experts:  # (after the sizes: the dense shapes' bytes are unchanged)
+        w.add_expert_count(shape.experts)
+        w.add_expert_used_count(shape.experts_used)
+        w.add_expert_feed_forward_length(shape.expert_ffn)
     if shape.rope_scaling == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(shape.rope_factor)
@@ -174,13 +228,36 @@ def _progress_bar(total: int, label: str) -> Any:
 
 
 def _write_data(fout: IO[bytes], plan: list[TensorSpec], seed: int,
-                advance: Callable[[int], object], weights: bool = True) -> None:
-    """Each tensor's data, aligned as the tensor infos promised: matrices and biases
-    sliced from the pool at seeded random offsets (``weights`` False: skipped over, a
-    hole), norms ones, RoPE factors theirs."""
+                advance: Callable[[int], object], weights: bool = True,
+                source: str = "F16") -> None:
+    """Each tensor's data, aligned as the tensor infos promised: matrices, biases and
+    routers sliced from the pool at seeded random offsets (the F32 ones converted;
+    ``weights`` False: skipped over, a hole), norms ones, RoPE factors theirs. A tensor of
+    any rank is its numel values in C order, so chunks never see its shape. In ``source``
+    Q8_0, matrices are whole blocks sliced from the pool quantized once to Q8_0 (ggml's
+    reference rounding, ``gguf.quants``): the same values as an F16 file's up to Q8_0's
+    rounding, at seeded block offsets."""
     rng = np.random.default_rng(seed)
     pool = (rng.standard_normal(POOL_SIZE, dtype=np.float32) * WEIGHT_STD).astype(np.float16)
+    blocks = None
+    if source == "Q8_0":
+        blocks = np.asarray(gguf.quants.quantize(pool.astype(np.float32),
+                                                 gguf.GGMLQuantizationType.Q8_0))
+        blocks = blocks.reshape(-1, Q8_BLOCK_BYTES)
     for spec in plan:
+        if spec.kind == MATRIX and blocks is not None:
+            n, done = spec.numel // Q8_BLOCK, 0
+            if not weights:
+                fout.seek(n * Q8_BLOCK_BYTES, os.SEEK_CUR)
+            while weights and done < n:
+                k = min(CHUNK // Q8_BLOCK, n - done)
+                off = int(rng.integers(0, len(blocks) - k + 1))
+                fout.write(blocks[off:off + k].data)
+                done += k
+                advance(k * Q8_BLOCK_BYTES)
+            size = n * Q8_BLOCK_BYTES
+            fout.write(bytes(_align(size) - size))
+            continue
         if spec.kind == NORM:
             fout.write(np.ones(spec.numel, dtype=np.float32).data)
         elif spec.kind == FACTORS:
@@ -201,17 +278,27 @@ def _write_data(fout: IO[bytes], plan: list[TensorSpec], seed: int,
 
 
 def write_shape_gguf(shape: Shape, path: Path, *, seed: int,
-                     tokenizer_source: Path | None = None, weights: bool = True) -> int:
-    """Write ``shape``'s random F16 GGUF to ``path`` (the caller renames it into place);
-    returns its size in bytes. The same shape and seed give the same bytes.
+                     tokenizer_source: Path | None = None, weights: bool = True,
+                     source: str = "F16") -> int:
+    """Write ``shape``'s random GGUF, its matrices in ``source`` (``SOURCES``: F16 or Q8_0
+    blocks), to ``path`` (the caller renames it into place); returns its size in bytes.
+    The same shape, seed and source give the same bytes.
     ``weights`` False leaves the matrices and biases unwritten: a sparse file of the same
     size and header whose weights read as zeros, to check a shape's header, config and
     RoPE tensors in seconds (it is no model to run: never cache or time one)."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
     plan = tensor_plan(shape)
     writer = gguf.GGUFWriter(path, shape.arch)
-    _metadata(writer, shape, seed, tokenizer_fields(shape.vocab, tokenizer_source))
+    _metadata(writer, shape, seed, tokenizer_fields(shape.vocab, tokenizer_source), source)
     for spec in plan:
-        writer.add_tensor_info(spec.name, spec.shape, np.dtype(spec.dtype), spec.nbytes)
+        if spec.kind == MATRIX and source == "Q8_0":
+            # (element shape, not a uint8 byte shape: GGUFWriter then states it as is)
+            writer.add_tensor_info(spec.name, spec.shape, np.dtype(np.float32),
+                                   _data_bytes(spec, source),
+                                   raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor_info(spec.name, spec.shape, np.dtype(spec.dtype), spec.nbytes)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -219,11 +306,12 @@ def write_shape_gguf(shape: Shape, path: Path, *, seed: int,
     assert writer.data_alignment == ALIGNMENT
     fout = writer.fout[0]
     fout.write(bytes(_align(fout.tell()) - fout.tell()))
-    bar = _progress_bar(sum(t.nbytes for t in plan if t.kind in (MATRIX, BIAS)),
-                        f"{shape.name} F16") if weights else None
+    bar = _progress_bar(sum(_data_bytes(t, source) for t in plan
+                            if t.kind in (MATRIX, BIAS, ROUTER)),
+                        f"{shape.name} {source}") if weights else None
     try:
         _write_data(fout, plan, seed, bar.update if bar is not None else lambda _n: None,
-                    weights)
+                    weights, source)
         fout.flush()
         os.fsync(fout.fileno())
     finally:
@@ -262,11 +350,12 @@ def _check_executable(binary: Path) -> None:
 
 
 def quantize_gguf(src: Path, dst: Path, quant: str, *, quantize_bin: Path,
-                  threads: int | None = None) -> None:
-    """``llama-quantize SRC DST TYPE THREADS``; a failure raises with its output's tail."""
+                  threads: int | None = None, requantize: bool = False) -> None:
+    """``llama-quantize [--allow-requantize] SRC DST TYPE THREADS`` (``requantize``: the
+    source is block-quantized); a failure raises with its output's tail."""
     _check_executable(quantize_bin)
-    cmd = [str(quantize_bin), str(src), str(dst), canonical_quant(quant),
-           str(threads or os.cpu_count() or 1)]
+    cmd = [str(quantize_bin), *(["--allow-requantize"] if requantize else []), str(src),
+           str(dst), canonical_quant(quant), str(threads or os.cpu_count() or 1)]
     r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=False)
     if r.returncode != 0 or not dst.is_file():
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-8:])
@@ -275,9 +364,11 @@ def quantize_gguf(src: Path, dst: Path, quant: str, *, quantize_bin: Path,
 
 # ---- the cache -----------------------------------------------------------------------
 def _identity(shape: Shape, quant: str, seed: int) -> dict[str, Any]:
-    """The manifest fields a cached file must match to be reused."""
+    """The manifest fields a cached file must match to be reused (``source``: the format
+    its random weights were written in, where not F16)."""
+    src = source_quant(shape, quant)
     return {"generator_version": GENERATOR_VERSION, "seed": seed, "quant": quant,
-            "shape": shape.to_dict()}
+            "shape": shape.to_dict(), **({"source": src} if src != "F16" else {})}
 
 
 def _manifest_path(gguf: Path) -> Path:
@@ -351,7 +442,8 @@ def ensure_shape_gguf(
     quantize_bin: Path | None = None, progress: Callable[[str], None] | None = None,
     seed: int = DEFAULT_SEED,
 ) -> Path:
-    """The cached GGUF of ``shape_name`` at ``quant`` (one of ``QUANTS``), written (and
+    """The cached GGUF of ``shape_name`` (``get_shape``'s: a registry name, or
+    ``<name>-L<n>``, its reduction to n layers) at ``quant`` (one of ``QUANTS``), written (and
     quantized by llama-quantize: ``find_quantize(quantize_bin)``) when missing or stale.
     ``progress`` receives one line per step (default: stderr)."""
     shape, q = get_shape(shape_name), canonical_quant(quant)
@@ -363,54 +455,57 @@ def ensure_shape_gguf(
     if _cached(final, identity):
         say(f"{shape.name} {q}: cached {final} ({final.stat().st_size / _GB:.2f} GB)")
         return final
-    f16 = directory / f"{shape.name}-F16.gguf"
-    reuse_f16 = q != "F16" and _cached(f16, _identity(shape, "F16", seed))
+    src = source_quant(shape, q)  # the intermediate's format
+    inter = directory / f"{shape.name}-{src}.gguf"
+    reuse = q != src and _cached(inter, _identity(shape, src, seed))
     binary = None
-    if q != "F16":  # before writing gigabytes
+    if q != src:  # before writing gigabytes
         binary = find_quantize(quantize_bin)
         if binary is None:
             raise RecallspecError(
                 f"{shape.name} {q}: llama-quantize not found: pass quantize_bin, set "
                 f"{QUANTIZE_ENV}, or build the native peer (make peers)")
         _check_executable(binary)
-    for p in (final, f16):
+    for p in (final, inter):
         _remove_stale(p)
-    f16_bytes = f16_file_bytes(shape)
+    inter_bytes = source_file_bytes(shape, src)
     quant_bytes = int(shape.parameters() * _BITS[q] / 8)
-    _check_disk(directory, (0 if q == "F16" or reuse_f16 else f16_bytes) + quant_bytes,
+    _check_disk(directory, (0 if q == src or reuse else inter_bytes) + quant_bytes,
                 f"{shape.name} {q}")
-    source = f16 if reuse_f16 else _temp(f16)
+    source = inter if reuse else _temp(inter)
     try:
-        if not reuse_f16:
-            say(f"{shape.name}: writing random F16 weights ({shape.parameters() / 1e9:.2f}B "
-                f"parameters, {f16_bytes / _GB:.2f} GB, seed {seed}) to {directory}")
-            write_shape_gguf(shape, source, seed=seed)
+        if not reuse:
+            say(f"{shape.name}: writing random {src} weights ({shape.parameters() / 1e9:.2f}B "
+                f"parameters, {inter_bytes / _GB:.2f} GB, seed {seed}) to {directory}")
+            write_shape_gguf(shape, source, seed=seed, source=src)
         if binary is None:
             _publish(source, final, identity, parameters=shape.parameters())
         else:
             say(f"{shape.name}: quantizing to {q} with {binary} "
                 f"(up to about {quant_bytes / _GB:.2f} GB)")
-            _quantize_into(source, final, identity, shape, binary)
+            _quantize_into(source, final, identity, shape, binary, requantize=src != "F16")
         say(f"{shape.name} {q}: wrote {final} ({final.stat().st_size / _GB:.2f} GB)")
     finally:
-        if source != f16 and source.exists():  # the F16 intermediate, or a partial file
+        if source != inter and source.exists():  # the intermediate, or a partial file
             size = source.stat().st_size
             source.unlink()
-            if q != "F16":
-                say(f"{shape.name}: deleted the F16 intermediate ({size / _GB:.2f} GB)")
+            if q != src:
+                say(f"{shape.name}: deleted the {src} intermediate ({size / _GB:.2f} GB)")
     return final
 
 
 def _quantize_into(source: Path, final: Path, identity: dict[str, Any], shape: Shape,
-                   binary: Path) -> None:
+                   binary: Path, requantize: bool = False) -> None:
     tmp = _temp(final)
     try:
-        quantize_gguf(source, tmp, str(identity["quant"]), quantize_bin=binary)
+        quantize_gguf(source, tmp, str(identity["quant"]), quantize_bin=binary,
+                      requantize=requantize)
         _publish(tmp, final, identity, parameters=shape.parameters(),
                  quantize_bin=str(binary))
     finally:
         tmp.unlink(missing_ok=True)
 
 
-__all__ = ["DEFAULT_SEED", "ensure_shape_gguf", "f16_file_bytes", "find_quantize", "quantize_gguf",
-           "shapes_dir", "tokenizer_fields", "write_shape_gguf"]
+__all__ = ["DEFAULT_SEED", "SOURCES", "ensure_shape_gguf", "f16_file_bytes", "find_quantize",
+           "quantize_gguf", "shapes_dir", "source_file_bytes", "source_quant",
+           "tokenizer_fields", "write_shape_gguf"]

@@ -24,7 +24,9 @@ def register(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "GGUFs): decode, prefill, verification curve, memory, predicted Spec-Bench speed")
     sc.add_argument("--shapes", default=None,
                     help="comma-separated shapes (default: the full matrix; see "
-                    "`recallspec.bench.common.shapes.SHAPES`)")
+                    "`recallspec.bench.common.shapes.SHAPES`); NAME-L<n>: that shape with "
+                    "its first n layers, labelled reduced by its name (e.g. "
+                    "qwen3-30b-a3b-L8)")
     sc.add_argument("--quants", default=None, help="comma-separated: Q4_K_M, Q4_0, Q8_0 "
                     "(with --shapes: their product; default Q4_K_M)")
     sc.add_argument("--repeats", type=int, default=d.repeats)

@@ -19,8 +19,12 @@ and reads one JSON object from stdout:
   position 0, as the engine prefills;
 * ``cost_ms``: one forward of a chain of k rows (every row's logits, as verification)
   after C cached tokens, for each k;
-* ``weight_bytes``/``achieved_gb_s``: the bytes of weights one decode step reads and
-  that over the decode time per token;
+* ``weight_bytes``/``achieved_gb_s``: the bytes of weights one decode step reads (a
+  mixture of experts': its routed experts' share) and that over the decode time per token;
+* ``experts_touched`` (a mixture of experts): for each k, the distinct experts one
+  forward of a chain of k rows woke per layer (the native forward's counters, the mean
+  over ``EXPERT_SAMPLES`` chains of random tokens), beside ``experts_uniform``, what
+  rows routed independently and uniformly would wake: E(1 - (1 - K/E)^k);
 * ``rss_mb``/``peak_rss_mb``: the process's resident and peak resident memory after
   all of it (the Python runtime and torch included: ``baseline_rss_mb`` is before load).
 
@@ -46,14 +50,47 @@ import torch
 from recallspec.bench.common.args import positive_ints
 from recallspec.bench.common.decode import engine_ar, prompt_ids, quantized_bytes_per_token
 from recallspec.bench.common.machine import status_mb
-from recallspec.cost.calibration import grid_times
+from recallspec.cost.calibration import fill_context, grid_times
 from recallspec.cost.curve import CostCurve, CostGrid
 from recallspec.engine import Engine
+from recallspec.runtime.batch import SequenceInput, build_batch
 
 # Prefill grid (chunk sizes 128 and --prefill x start positions): the span Spec-Bench
 # prompts (about 100-700 tokens) are priced over by the curve written with --curve-out.
 PREFILL_SMALL = 128
 PREFILL_STARTS = (0, 512)
+EXPERT_SAMPLES = 8  # chains per k whose woken experts are counted
+
+
+def experts_touched(model: Any, ks: tuple[int, ...], cached: int) -> dict[str, Any]:
+    """{"experts_touched": {k: mean distinct experts per layer}, "experts_uniform": {k:
+    the independent uniform routing's expectation}} of a mixture of experts: forwards of
+    chains of k random tokens after ``cached`` random ones, counted by the native
+    forward (``NativeModel.profile``: expert_runs per layer and forward)."""
+    c, native = model.config, model.native
+    if native is None:
+        raise ValueError("experts_touched: counted by the native forward; the model has none")
+    e, used = c.num_experts, c.experts_per_token
+    cache = model.new_cache(1, cached + max(ks) * EXPERT_SAMPLES + 2)
+    slot = cache.allocate()
+    touched: dict[str, float] = {}
+    try:
+        ids = fill_context(model, cache, slot, cached, max(ks) * EXPERT_SAMPLES, None)
+        native.set_profiling(True)
+        with torch.inference_mode():
+            for k in ks:
+                native.profile(reset=True)
+                for s in range(EXPERT_SAMPLES):
+                    chain = ids[cached + s * k: cached + (s + 1) * k]
+                    model(build_batch([SequenceInput(slot, cached, chain, logits="all")]), cache)
+                runs = native.profile(reset=True)["expert_runs"]
+                touched[str(k)] = runs / (c.num_layers * EXPERT_SAMPLES)
+    finally:
+        native.set_profiling(False)
+        cache.release(slot)
+    return {"experts_touched": touched,
+            "experts_uniform": {str(k): e * (1 - (1 - used / e) ** k) for k in ks},
+            "experts": e, "experts_used": used}
 
 
 def _status_mb(field: str) -> float:
@@ -98,6 +135,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     cache = model.new_cache(1, max(contexts) + max(args.ks) + 2)
     grid = grid_times(model, cache, threads, args.ks, contexts, repeats=args.repeats, warmup=2)
     out["cost_ms"] = {str(k): 1000 * grid[args.cached][k] for k in args.ks}
+    if model.config.moe:
+        out.update(experts_touched(model, tuple(args.ks), args.cached))
     wb = quantized_bytes_per_token(model)
     out["weight_bytes"] = wb
     out["resident_weight_mb"] = model.weight_bytes() / 1e6

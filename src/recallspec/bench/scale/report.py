@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from recallspec.bench.common.report import cmake_flags, num, pyplot
-from recallspec.bench.common.shapes import SHAPES
+from recallspec.bench.common.shapes import get_shape
+from recallspec.errors import UnknownNameError
 from recallspec.markdown import table_lines
 
 _HEADER = ("shape", "quant", "params", "file MB", "decode ours / llama.cpp tok/s", "ratio",
@@ -22,8 +23,10 @@ def _nan(vs: list[Any]) -> list[float]:
 
 
 def _params_b(entry: dict[str, Any]) -> float | None:
-    shape = SHAPES.get(entry["shape"])
-    return None if shape is None else shape.parameters() / 1e9
+    try:  # (a reduced shape, <name>-L<n>, too: its own parameters)
+        return get_shape(entry["shape"]).parameters() / 1e9
+    except UnknownNameError:
+        return None
 
 
 def _peer_line(peer: dict[str, Any]) -> str:
@@ -94,6 +97,7 @@ def render_scale_markdown(res: dict[str, Any]) -> str:
               f"at the end ({num(s.get('buffer_mib'), '.0f')} MiB buffer). RSS: the whole process "
               "(ours includes Python and torch: see baseline_rss_mb in scale.json)."]
     lines += _curve_table(res)
+    lines += _experts_table(res)
     lines += _prediction_table(res)
     return "\n".join(lines) + "\n"
 
@@ -121,6 +125,30 @@ def _curve_table(res: dict[str, Any]) -> list[str]:
                      *(f"{num(oc.get(k), '.1f')} | {num(lc.get(k), '.1f')}" for k in ks)])
     return ["", "Verification cost, ms (ours | llama.cpp):", "",
             *table_lines(["shape", "quant", *(f"k={k}" for k in ks)], rows)]
+
+
+def _experts_table(res: dict[str, Any]) -> list[str]:
+    """A mixture of experts' distinct experts woken per layer by a forward of k rows
+    (``ours.experts_touched``), and what one token reads."""
+    ks = [str(k) for k in res["config"]["ks"]]
+    rows = []
+    for e in res["entries"].values():
+        o = e.get("ours", {})
+        t, u = o.get("experts_touched"), o.get("experts_uniform", {})
+        if not t:
+            continue
+        wb = o.get("weight_bytes", {})
+        rows.append([e["shape"], e["quant"], f"{o.get('experts_used')} of {o.get('experts')}",
+                     f"{num(wb.get('experts_read', 0) / 1e6, ',.0f')} of "
+                     f"{num(wb.get('experts', 0) / 1e6, ',.0f')}",
+                     *(f"{num(t.get(k), '.1f')} ({num(u.get(k), '.1f')})" for k in ks)])
+    if not rows:
+        return []
+    return ["", "Experts a forward of k rows wakes, per layer (a chain of random tokens; in "
+            "brackets: independent uniform routing, E(1 - (1 - K/E)^k)); expert MB one token "
+            "reads of those resident:", "",
+            *table_lines(["shape", "quant", "experts used", "expert MB read",
+                          *(f"k={k}" for k in ks)], rows)]
 
 
 def _prediction_table(res: dict[str, Any]) -> list[str]:

@@ -2,7 +2,7 @@
 and tensor kind its files carry (as llama.cpp's converter, ``convert_hf_to_gguf.py``,
 writes them), mapped to a transformers ``config.json`` and tensor names, or ignored with a
 stated reason. A key or tensor outside these tables, or a value we do not compute (a RoPE
-scaling type, a mixture of experts), is a ``ModelLoadError`` naming the file, the
+scaling type, experts in an architecture we run dense), is a ``ModelLoadError`` naming the file, the
 architecture and the feature: nothing in a file is skipped silently (a Llama 3.x file's
 RoPE scaling lives in its ``rope_freqs`` tensor, which a silent skip had turned into
 plain RoPE).
@@ -55,6 +55,10 @@ HANDLED_KEYS = (
     "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_ext_factor", "rope.scale_linear",
     "expert_count", "expert_used_count",
 )
+# Per-layer tensor kinds of a mixture of experts that hold every expert's matrix in one
+# [experts, rows, cols] tensor: their transformers name has ``{e}`` for the expert
+# (``expert_names``), the checkpoints' own per-expert tensors.
+EXPERT_PLACEHOLDER = "{e}"
 # ``{arch}.`` keys that change nothing we compute, with the reason.
 IGNORED_KEYS: dict[str, str] = {
     "rope.scaling.finetuned": "a note on training; llama.cpp computes nothing from it",
@@ -84,6 +88,17 @@ _LLAMA_LAYER = {
     "ffn_down": "mlp.down_proj",
 }
 _QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+# Qwen3-MoE: the router (``ffn_gate_inp``, kept in float by llama-quantize) and the
+# experts' gate, up and down matrices, stacked.
+_QWEN3MOE_LAYER = {
+    **{k: v for k, v in _LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up",
+                                                                 "ffn_down"))},
+    **_QK_NORM,
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{e}.up_proj",
+    "ffn_down_exps": "mlp.experts.{e}.down_proj",
+}
 _GEMMA_LAYER = {
     **_LLAMA_LAYER,
     "ffn_norm": "pre_feedforward_layernorm",
@@ -117,6 +132,9 @@ class Arch:
     # Gemma's converter stores every norm weight as 1 + w; transformers stores w.
     norm_plus_one: bool = False
     keys: Mapping[str, str] = field(default_factory=dict)  # arch-specific: suffix -> HF key
+    # Whether its layers are mixtures of experts (expert_count and expert_used_count are
+    # refused in a file of any other architecture).
+    moe: bool = False
     # The arch's own derivations, after the common keys: (config, metadata by suffix).
     finish: Callable[[Config, Mapping[str, Any]], None] | None = None
 
@@ -131,6 +149,23 @@ class Arch:
                 "weight", "bias") or parts[2] not in self.layer:
             raise KeyError(gguf_name)
         return f"model.layers.{parts[1]}.{self.layer[parts[2]]}.{kind}"
+
+
+def expert_names(name: str, experts: int) -> list[str]:
+    """The per-expert transformers names of a stacked expert tensor's name (one with
+    ``EXPERT_PLACEHOLDER``)."""
+    return [name.replace(EXPERT_PLACEHOLDER, str(e)) for e in range(experts)]
+
+
+def _finish_qwen3moe(cfg: Config, meta: Mapping[str, Any]) -> None:
+    if "moe_intermediate_size" not in cfg:
+        raise ModelLoadError("qwen3moe file lacks qwen3moe.expert_feed_forward_length")
+    # llama.cpp renormalises the chosen experts' weights of every qwen3moe file
+    # (src/models/qwen3moe.cpp: build_moe_ffn(..., norm_w = true, ...)), and every layer
+    # is sparse.
+    cfg["norm_topk_prob"] = True
+    cfg["decoder_sparse_step"] = 1
+    cfg["mlp_only_layers"] = []
 
 
 def _finish_gemma2(cfg: Config, meta: Mapping[str, Any]) -> None:
@@ -210,6 +245,11 @@ ARCHS: dict[str, Arch] = {
                           "logit_scale": ""}, finish=_finish_granite),
     "qwen2": Arch("qwen2", "Qwen2ForCausalLM", _LLAMA_LAYER),
     "qwen3": Arch("qwen3", "Qwen3ForCausalLM", {**_LLAMA_LAYER, **_QK_NORM}),
+    "qwen3moe": Arch("qwen3_moe", "Qwen3MoeForCausalLM", _QWEN3MOE_LAYER, moe=True,
+                     keys={"expert_count": "num_experts",
+                           "expert_used_count": "num_experts_per_tok",
+                           "expert_feed_forward_length": "moe_intermediate_size"},
+                     finish=_finish_qwen3moe),
     "phi3": Arch("phi3", "Phi3ForCausalLM", _PHI3_LAYER,
                  keys={"attention.sliding_window": ""}, finish=_finish_phi3),
     "gemma2": Arch("gemma2", "Gemma2ForCausalLM", _GEMMA_LAYER, norm_plus_one=True,
@@ -292,7 +332,7 @@ def _config(name: str, arch: Arch, meta: Mapping[str, Any], header: Header,
         if key and suffix in meta:
             cfg[key] = meta[suffix]
     for k in ("expert_count", "expert_used_count"):
-        if int(meta.get(k, 0) or 0):
+        if int(meta.get(k, 0) or 0) and not arch.moe:
             raise ModelLoadError(f"a mixture of experts ({name}.{k} = {meta[k]}), which we "
                                  "do not run")
     tensors = {t.name: t for t in header.tensors}

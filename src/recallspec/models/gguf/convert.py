@@ -117,6 +117,10 @@ def dequantized_state_dict(reader: Any, cfg: dict[str, Any],
             kind = t.tensor_type.name
             raise ModelLoadError(f"cannot dequantize {t.name} ({kind}): {e}") from None
         arr = np.asarray(arr, dtype=np.float32).reshape(tuple(int(d) for d in reversed(t.shape)))
+        if gguf_arch.EXPERT_PLACEHOLDER in name:  # [experts, rows, cols]: one per expert
+            for x, ename in enumerate(gguf_arch.expert_names(name, arr.shape[0])):
+                out[ename] = torch.from_numpy(np.array(arr[x], dtype=np.float32, order="C"))
+            continue
         permute = qk_heads(arch, t.name, heads, kv_heads)
         if permute:
             arr = unpermute_qk(arr, permute)

@@ -40,9 +40,13 @@ from recallspec.kernels.qlinear import QuantizedWeight, default_bits
 from recallspec.models.config import ModelConfig
 from recallspec.models.gguf import arch as gguf_arch
 from recallspec.models.gguf.convert import norm_offset, qk_heads, tensor_target, unpermute_qk
-from recallspec.models.gguf.header import Header, read_header
+from recallspec.models.gguf.header import Header, TensorInfo, read_header
 
 QUANTIZED_WEIGHTS = "recallspec-quantized.safetensors"
+# A mixture of experts' router (HF name ``...mlp.gate.weight``): a float matrix stays
+# float (llama.cpp computes it so; rounding it to 8 bits would move which experts a row
+# chooses), the model's product is the dense fp32 kernel.
+ROUTER_SUFFIX = ".mlp.gate.weight"
 QUANT_FORMAT = 3  # bump when QuantizedWeight's state_dict layout changes (3: storage bits)
 # Float matrices (no block format of their own) are quantized to this at load.
 FLOAT_MATRIX_KIND = "Q8_0"
@@ -80,6 +84,9 @@ def _state_dict(header: Header, config: ModelConfig, fd: int, path: Path) -> Wei
             raise ModelLoadError(
                 f"{t.name}: block type {type_name(qtype)} is not supported by the quantized "
                 "path; load with dtype='float32'")
+        if gguf_arch.EXPERT_PLACEHOLDER in name:
+            out.update(_experts(t, name, qtype, fd, float_types, fused.get(t.name), arrays))
+            continue
         permute = qk_heads(arch, t.name, config.num_heads, config.num_kv_heads)
         rows = shape[0] if len(shape) == 2 else 1
         if len(shape) == 1 or qtype in float_types:
@@ -95,7 +102,7 @@ def _state_dict(header: Header, config: ModelConfig, fd: int, path: Path) -> Wei
                 arr = arr + norm_offset(arch, t.name)
             tensor = torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True))
             out[name] = (
-                tensor if tensor.ndim == 1
+                tensor if tensor.ndim == 1 or name.endswith(ROUTER_SUFFIX)
                 else QuantizedWeight.from_float(tensor, FLOAT_MATRIX_KIND)
             )
             continue
@@ -121,8 +128,52 @@ def _state_dict(header: Header, config: ModelConfig, fd: int, path: Path) -> Wei
     return out
 
 
-# The matrices a load fuses (``weights.internal_weights``: QKV, gate-up), in their order.
-_FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+def _experts(t: TensorInfo, name: str, qtype: GGMLType, fd: int,
+             float_types: set[GGMLType], fused: tuple[str, int, int] | None,
+             arrays: dict[str, qrepack.Packed]) -> Weights:
+    """A stacked [experts, rows, cols] tensor as one matrix per expert under its
+    per-expert name (``arch.expert_names``): the file's blocks of each expert's rows, or
+    a float tensor's rows quantized to ``FLOAT_MATRIX_KIND`` like any float matrix.
+    ``fused`` (``_fused_parts``): each expert's rows are repacked straight into its fused
+    gate-up arrays (``arrays``, keyed by the plan's key and the expert)."""
+    import gguf
+
+    if len(t.shape) != 3:
+        raise ModelLoadError(f"{t.name}: expert tensor of shape {t.shape}, expected "
+                             "[experts, rows, cols]")
+    experts, rows, cols = t.shape
+    names = gguf_arch.expert_names(name, experts)
+    row_bytes = t.n_bytes // (experts * rows)
+    out: Weights = {}
+    for e, ename in enumerate(names):
+        chunks = _row_chunks(fd, t.offset + e * rows * row_bytes, rows, row_bytes,
+                             0 if qtype in float_types else CHUNK_BYTES)
+        if qtype in float_types:
+            _, raw = next(chunks)
+            arr = np.asarray(gguf.quants.dequantize(raw, to_gguf(qtype)), dtype=np.float32)
+            dense = torch.from_numpy(np.array(arr.reshape(rows, cols), order="C", copy=True))
+            out[ename] = QuantizedWeight.from_float(dense, FLOAT_MATRIX_KIND)
+            continue
+        into = None
+        if fused is not None:
+            key, total, first = fused
+            key = f"{key}.{e}"
+            if key not in arrays:
+                arrays[key] = qrepack.allocate(qtype, total, cols, default_bits(qtype))
+            into = (arrays[key], total, first)
+        try:
+            out[ename] = QuantizedWeight.from_gguf_rows(qtype, rows, cols, chunks, into=into)
+        except (ValueError, NotImplementedError) as err:
+            raise ModelLoadError(
+                f"{t.name}: block type {qtype.name} is not supported by the quantized "
+                f"path ({err}); load with dtype='float32'") from None
+    return out
+
+
+# The matrices a load fuses (``weights.internal_weights``: QKV, gate-up, each expert's
+# gate-up), in their order.
+_FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"),
+          ("ffn_gate_exps", "ffn_up_exps"))
 
 
 def _fused_parts(header: Header) -> dict[str, tuple[str, int, int]]:
@@ -139,15 +190,17 @@ def _fused_parts(header: Header) -> dict[str, tuple[str, int, int]]:
     plan: dict[str, tuple[str, int, int]] = {}
     for layer, group in ((i, g) for i in layers for g in _FUSED):
         found = [by_name.get(f"blk.{layer}.{part}.weight") for part in group]
-        parts = [t for t in found if t is not None and len(t.shape) == 2]
+        dims = 3 if group[0].endswith("_exps") else 2
+        parts = [t for t in found if t is not None and len(t.shape) == dims]
         if (len(parts) < len(group) or parts[0].ggml_type not in qf.LAYOUTS
-                or len({(t.ggml_type, t.shape[1]) for t in parts}) > 1
-                or any(t.shape[0] % 16 for t in parts[:-1])):
+                or len({(t.ggml_type, t.shape[0] if dims == 3 else 0, t.shape[-1])
+                        for t in parts}) > 1
+                or any(t.shape[-2] % 16 for t in parts[:-1])):
             continue
-        key, total, first = f"blk.{layer}.{group[0]}", sum(t.shape[0] for t in parts), 0
+        key, total, first = f"blk.{layer}.{group[0]}", sum(t.shape[-2] for t in parts), 0
         for t in parts:
             plan[t.name] = (key, total, first)
-            first += t.shape[0]
+            first += t.shape[-2]
     return plan
 
 
@@ -184,7 +237,7 @@ def quantize_floats(weights: Mapping[str, torch.Tensor]) -> Weights:
     """Internal-layout fp32 weights (HF safetensors) -> matrices quantized to Q8_0."""
     return {
         k: QuantizedWeight.from_float(v.float().contiguous(), FLOAT_MATRIX_KIND)
-        if v.ndim == 2 else v.float()
+        if v.ndim == 2 and not k.endswith(".router_w") else v.float()
         for k, v in weights.items()
     }
 
