@@ -19,6 +19,7 @@ from recallspec.bench.replay.exact import ReplayConfig, load_ar_answers
 from recallspec.bench.scale.cold_start import ColdStartConfig, measure, summarize
 from recallspec.bench.scale.command import _derive, _ours, paired_rounds
 from recallspec.bench.scale.config import DEFAULT_MATRIX, ScaleConfig, parse_entries
+from recallspec.bench.scale.moe import BOUNDS, bound_curve
 from recallspec.bench.scale.predict import fitted_model, predict_at_curve
 from recallspec.bench.scale.report import _experts_table, render_scale_markdown
 from recallspec.cost.curve import CostCurve
@@ -97,6 +98,41 @@ def test_prediction_prices_the_recorded_answers_with_the_shapes_curve(tmp_path: 
     assert cheap["ar"]["tokens_per_s"] == pytest.approx(dear["ar"]["tokens_per_s"], rel=1e-4)
     slower = predict_at_curve(recs, cfg, grid_curve(step=2.0, per_row=0.005), ("ar",), fit)
     assert slower["ar"]["tokens_per_s"] < cheap["ar"]["tokens_per_s"]
+
+
+def test_a_mixtures_routing_bounds_order_the_prediction(tmp_path: Path) -> None:
+    """A mixture of experts re-priced at its routing bounds: where draft rows wake no
+    experts beyond one row's (full overlap) rows are cheaper than where they route
+    uniformly, so the sizing drafts no fewer rows and speculation gains no less; the
+    report labels every row."""
+    recs, cfg = _recorded_run(tmp_path)
+    methods = ("ar", "portfolio:mode=adaptive")
+    fit, _ = fitted_model(recs, cfg, grid_curve(), methods, tmp_path, lambda m: None)
+    measured = grid_curve(step=1.0, per_row=0.3)
+    # 4 layers, 2 of 64 experts a row; the random router woke 1 more a layer per row.
+    ks = measured.tokens
+    ours = {"experts": 64, "experts_used": 2,
+            "experts_touched": {str(k): 1.0 + k for k in ks},
+            "experts_uniform": {str(k): 64 * (1 - (1 - 2 / 64) ** k) for k in ks},
+            "weight_bytes": {"experts": 4 * 64 * 10**6}, "achieved_gb_s": 1e6 / 0.05 / 1e9}
+    curves = {b: bound_curve(measured, ours, 4, b) for b in BOUNDS}
+    assert curves["uniform"](8, context=100) > measured(8, context=100) > curves[
+        "full-overlap"](8, context=100)
+    pred = {b: predict_at_curve(recs, cfg, c, methods, fit) for b, c in curves.items()}
+    pf = "portfolio:mode=adaptive"
+    f, u = pred["full-overlap"][pf], pred["uniform"][pf]
+    assert f["drafted"] >= u["drafted"] and f["speedup_vs_ar"] >= u["speedup_vs_ar"]
+    res = _result({"shape": "qwen3-30b-a3b", "quant": "Q4_K_M", "file_bytes": 1})
+    key = "qwen3-30b-a3b:Q4_K_M"
+    res["entries"] = {key: res["entries"]["smollm2-1.7b:Q4_0"]}
+    res["config"]["methods"] = list(methods)
+    res["prediction"] = {"questions": len(recs), "model": "m", "answers": "a",
+                         "replay_error_on_real_run": {},
+                         "entries": {key: predict_at_curve(recs, cfg, measured, methods, fit)},
+                         "bounds": {b: {key: v} for b, v in pred.items()}}
+    md = render_scale_markdown(res)
+    for label in ("measured routing", "uniform, estimated", "full-overlap, estimated"):
+        assert f"| qwen3-30b-a3b ({label}) | Q4_K_M |" in md
 
 
 def _result(entry: dict[str, Any]) -> dict[str, Any]:

@@ -43,11 +43,13 @@ from typing import Any
 from recallspec.bench.common import llamacpp as lc
 from recallspec.bench.common.machine import busy_warning, machine_info, stream_bandwidth
 from recallspec.bench.common.method import recorded_sizing_default
+from recallspec.bench.common.shapes import get_shape
 from recallspec.bench.common.shapes_gguf import ensure_shape_gguf
 from recallspec.bench.replay.exact import ReplayConfig, load_ar_answers
 from recallspec.bench.scale import cold_start
 from recallspec.bench.scale.config import ScaleConfig
 from recallspec.bench.scale.llamacpp import llamacpp_side, one_rate, peer_description
+from recallspec.bench.scale.moe import BOUNDS, bound_curve
 from recallspec.bench.scale.predict import fitted_model, predict_at_curve
 from recallspec.bench.scale.report import plot_scale, render_scale_markdown
 from recallspec.cost.curve import CostCurve
@@ -160,6 +162,20 @@ def _derive(entry: dict[str, Any], stream: dict[str, float]) -> None:
     entry["derived"] = d
 
 
+def _bound_curves(entry: dict[str, Any], curve_file: Path) -> dict[str, str]:
+    """A mixture of experts' measured curve re-priced at each routing bound
+    (``bench/scale/moe.py``), written to ``<curve>-<bound>.json``: {bound: path}."""
+    ours, layers = entry["ours"], get_shape(entry["shape"]).layers
+    curve = CostCurve.from_json(json.loads(curve_file.read_text(encoding="utf-8")))
+    out = {}
+    for bound in BOUNDS:
+        path = curve_file.with_name(f"{curve_file.stem}-{bound}.json")
+        path.write_text(json.dumps(bound_curve(curve, ours, layers, bound).to_json(), indent=1),
+                        encoding="utf-8")
+        out[bound] = str(path)
+    return out
+
+
 def write_scale(res: dict[str, Any], out: Path) -> None:
     """scale.json, scale.md and scale.png in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -191,14 +207,22 @@ def add_predictions(res: dict[str, Any], answers_dir: str | Path, methods: Seque
     del engine
     res["prediction"] = {"answers": str(answers), "questions": len(recs),
                          "model": settings.get("model") or "default (SmolLM2-135M)",
-                         "fit": fit, "replay_error_on_real_run": check, "entries": {}}
+                         "fit": fit, "replay_error_on_real_run": check, "entries": {},
+                         "bounds": {}}
     for key, entry in res["entries"].items():
-        path = entry.get("curve_file")
-        if not path or not Path(path).is_file():
-            continue
-        say(f"prediction at {key}")
-        curve = CostCurve.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
-        res["prediction"]["entries"][key] = predict_at_curve(recs, rc, curve, methods, fit)
+        # (A mixture of experts: at its measured curve and at each routing bound's,
+        # ``bench/scale/moe.py``.)
+        for bound, path in (("", entry.get("curve_file")),
+                            *entry.get("bound_curve_files", {}).items()):
+            if not path or not Path(path).is_file():
+                continue
+            say(f"prediction at {key}" + (f" ({bound})" if bound else ""))
+            curve = CostCurve.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+            pred = predict_at_curve(recs, rc, curve, methods, fit)
+            if bound:
+                res["prediction"]["bounds"].setdefault(bound, {})[key] = pred
+            else:
+                res["prediction"]["entries"][key] = pred
 
 
 def run_scale(cfg: ScaleConfig, out: Path,
@@ -237,6 +261,8 @@ def run_scale(cfg: ScaleConfig, out: Path,
         entry["ours"] = _ours(gguf, cfg, curve_file, say)
         if "error" not in entry["ours"]:
             entry["curve_file"] = str(curve_file)
+            if "experts_touched" in entry["ours"]:
+                entry["bound_curve_files"] = _bound_curves(entry, curve_file)
         if cfg.llamacpp:
             say(f"[{key}] llama.cpp: llama-bench tg/pp, llama-server verification curve")
             entry["llamacpp"] = llamacpp_side(gguf, cfg, entry["ours"].get("threads"), say)

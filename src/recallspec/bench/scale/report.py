@@ -157,13 +157,19 @@ def _prediction_table(res: dict[str, Any]) -> list[str]:
         return []
     methods = [m for m in res["config"]["methods"] if m != "ar"]
     rows = []
-    for key, pred in p["entries"].items():
+    bounds = p.get("bounds", {})
+    moe = {k for by_key in bounds.values() for k in by_key}
+    for key, pred, label in (
+            *((k, v, " (measured routing)" if k in moe else "")
+              for k, v in p["entries"].items()),
+            *((k, v, f" ({bound}, estimated)") for bound, by_key in bounds.items()
+              for k, v in by_key.items())):
         e = res["entries"][key]
         tg = e.get("llamacpp", {}).get("tg_tok_s")
         best = max((pred[m]["tokens_per_s"] for m in pred), default=None)
         cells = [f"{pred[m]['tokens_per_s']:.1f} ({num(pred[m]['speedup_vs_ar'], '.2f', 'x')}, "
                  f"d {num(pred[m]['drafted'], '.1f')})" if m in pred else "" for m in methods]
-        rows.append([e["shape"], e["quant"], f"{pred['ar']['tokens_per_s']:.1f}", *cells,
+        rows.append([e["shape"] + label, e["quant"], f"{pred['ar']['tokens_per_s']:.1f}", *cells,
                      num(best / tg if best and tg else None, ".2f", "x")])
     errors = ", ".join(
         f"{m} {num(100 * c['error'] if c['error'] is not None else None, '+.1f', '%')}"
@@ -174,7 +180,12 @@ def _prediction_table(res: dict[str, Any]) -> list[str]:
             "that shape, and over llama.cpp's measured tg (its greedy decoding). The replay's "
             f"error on the real run: {errors}.", "",
             *table_lines(["shape", "quant", "ar tok/s", *methods, "best vs llama.cpp tg"], rows),
-            "", "d = draft rows per step the cost-aware sizing chose at that shape."]
+            "", "d = draft rows per step the cost-aware sizing chose at that shape."
+            + (" A mixture of experts at its measured curve (the experts a random router "
+               "woke for random tokens) and re-priced at two routing bounds "
+               "(`bench/scale/moe.py`): uniform (rows route independently and uniformly) "
+               "and full overlap (draft rows wake the experts of the row before), each "
+               "expert streamed at the run's decode bandwidth." if bounds else "")]
 
 
 def plot_scale(res: dict[str, Any], path: Path) -> None:
