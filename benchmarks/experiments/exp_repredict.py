@@ -41,6 +41,12 @@ def main() -> None:
             entry["curve_file"] = str(args.curves / Path(entry["curve_file"]).name)
             if not Path(entry["curve_file"]).is_file():
                 sys.exit(f"{key}: no curve file {entry['curve_file']}")
+        # (A mixture of experts' curves re-priced at its routing bounds, bench/scale/moe.py.)
+        bounds = entry.get("bound_curve_files", {})
+        for bound, path in bounds.items():
+            bounds[bound] = str(args.curves / Path(path).name)
+            if not Path(bounds[bound]).is_file():
+                sys.exit(f"{key}: no {bound} curve file {bounds[bound]}")
     methods = tuple(m for m in args.methods.split(",") if m)
     if "ar" not in methods:
         sys.exit("the predicted speedups need 'ar' among --methods")
