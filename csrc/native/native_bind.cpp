@@ -2,6 +2,7 @@
 // the weights handed over once (kept alive by references to their Python objects), and
 // the per-call marshalling of models/native.py.
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,6 +45,10 @@ NativeModel::NativeModel(const Config& cfg) : cfg_(cfg), layers_(size_t(std::max
   need(cfg.layers >= 0 && cfg.vocab > 0, "need layers >= 0 and vocab > 0");
   need(cfg.experts == 0 ? cfg.experts_used == 0 : cfg.experts_used > 0 && cfg.experts_used <= cfg.experts,
        "experts_used must be in [1, experts] for a mixture of experts (0 without)");
+  need(!(cfg.swiglu_oai && cfg.gelu), "one activation: gelu or swiglu_oai, not both");
+  need(!cfg.swiglu_oai || (cfg.swiglu_limit > 0.0f && std::isfinite(cfg.swiglu_limit) &&
+                           std::isfinite(cfg.swiglu_alpha)),
+       "swiglu_oai needs a finite positive limit and a finite slope");
 }
 
 Matrix NativeModel::matrix(nb::object w, int64_t n, int64_t k) {
@@ -92,7 +97,8 @@ void NativeModel::set_head(nb::object w, nb::object final_norm) {
 void NativeModel::set_layer(int64_t index, int32_t window, int32_t rope, nb::object qkv, nb::object o,
                             nb::object gate_up, nb::object down, nb::object qkv_b, nb::object o_b,
                             nb::object attn_norm, nb::object ffn_norm, nb::object q_norm,
-                            nb::object k_norm, nb::object post_attn, nb::object post_ffn) {
+                            nb::object k_norm, nb::object post_attn, nb::object post_ffn,
+                            nb::object sinks) {
   need(index >= 0 && index < cfg_.layers, "layer index out of range");
   need(window >= 0 && rope >= -1, "window must be >= 0 and rope >= -1 (-1: no RoPE)");
   Layer& l = layers_[size_t(index)];
@@ -114,12 +120,14 @@ void NativeModel::set_layer(int64_t index, int32_t window, int32_t rope, nb::obj
   need(!l.q_norm == !l.k_norm, "q_norm and k_norm come together");
   l.post_attn = vec(post_attn, hid, true);
   l.post_ffn = vec(post_ffn, hid, true);
+  l.sinks = vec(sinks, cfg_.heads, true);
   l.window = window;
   l.rope = rope;
   l.ready = cfg_.experts == 0;  // (a mixture of experts: once set_experts has run)
 }
 
-void NativeModel::set_experts(int64_t index, nb::object router, nb::list gate_ups, nb::list downs) {
+void NativeModel::set_experts(int64_t index, nb::object router, nb::list gate_ups, nb::list downs,
+                              nb::object router_b, nb::object gate_up_b, nb::object down_b) {
   need(cfg_.experts > 0 && index >= 0 && index < cfg_.layers, "set_experts: not a mixture of experts, or no such layer");
   need(int64_t(nb::len(gate_ups)) == cfg_.experts && int64_t(nb::len(downs)) == cfg_.experts,
        "set_experts needs one gate_up and one down matrix per expert");
@@ -132,6 +140,19 @@ void NativeModel::set_experts(int64_t index, nb::object router, nb::list gate_up
     l.expert_gate_up.push_back(matrix(gate_ups[size_t(e)], 2 * cfg_.inter, cfg_.hidden));
     l.expert_down.push_back(matrix(downs[size_t(e)], cfg_.hidden, cfg_.inter));
   }
+  l.router_b = vec(router_b, cfg_.experts, true);
+  // Per-expert biases: None, or a list of one float32 vector per expert.
+  auto biases = [&](nb::object list, int64_t n, const char* what) {
+    std::vector<const float*> out;
+    if (list.is_none()) return out;
+    nb::list items = nb::cast<nb::list>(list);
+    need(int64_t(nb::len(items)) == cfg_.experts,
+         std::string("set_experts needs one ") + what + " bias per expert (or None)");
+    for (nb::handle item : items) out.push_back(vec(nb::borrow<nb::object>(item), n, false));
+    return out;
+  };
+  l.expert_gate_up_b = biases(gate_up_b, 2 * cfg_.inter, "gate_up");
+  l.expert_down_b = biases(down_b, cfg_.hidden, "down");
   l.ready = true;
 }
 
@@ -253,20 +274,22 @@ void register_native(nb::module_& m) {
               int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, double eps,
               double embed_scale, double attn_scale, double softcap, double attn_softcap,
               double residual_scale, double logit_divisor, bool gelu, int64_t experts,
-              int64_t experts_used, bool norm_topk) {
+              int64_t experts_used, bool norm_topk, bool swiglu_oai, double swiglu_alpha,
+              double swiglu_limit) {
              // eps and the scales rounded to fp32, as the reference computes with them.
              new (self) NativeModel(nf::Config{
                  hidden, inter, vocab, layers, heads, kv_heads, head_dim, rotary_dim, float(eps),
                  float(embed_scale), float(attn_scale), float(softcap), float(attn_softcap),
                  float(residual_scale), float(logit_divisor), gelu, experts, experts_used,
-                 norm_topk});
+                 norm_topk, swiglu_oai, float(swiglu_alpha), float(swiglu_limit)});
            },
            nb::arg("hidden"), nb::arg("intermediate"), nb::arg("vocab"), nb::arg("layers"),
            nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("rotary_dim"),
            nb::arg("eps"), nb::arg("embed_scale"), nb::arg("attn_scale"), nb::arg("softcap"),
            nb::arg("attn_softcap"), nb::arg("residual_scale"), nb::arg("logit_divisor"),
            nb::arg("gelu"), nb::arg("experts") = 0, nb::arg("experts_used") = 0,
-           nb::arg("norm_topk") = true)
+           nb::arg("norm_topk") = true, nb::arg("swiglu_oai") = false,
+           nb::arg("swiglu_alpha") = 1.702, nb::arg("swiglu_limit") = 7.0)
       .def("set_embed", &NativeModel::set_embed, nb::arg("segs"))
       .def("set_head", &NativeModel::set_head, nb::arg("segs"), nb::arg("final_norm"))
       .def("set_layer", &NativeModel::set_layer, nb::arg("index"), nb::arg("window"),
@@ -274,9 +297,11 @@ void register_native(nb::module_& m) {
            nb::arg("down").none(),
            nb::arg("qkv_b").none(), nb::arg("o_b").none(), nb::arg("attn_norm"),
            nb::arg("ffn_norm"), nb::arg("q_norm").none(), nb::arg("k_norm").none(),
-           nb::arg("post_attn_norm").none(), nb::arg("post_ffn_norm").none())
+           nb::arg("post_attn_norm").none(), nb::arg("post_ffn_norm").none(),
+           nb::arg("sinks").none() = nb::none())
       .def("set_experts", &NativeModel::set_experts, nb::arg("index"), nb::arg("router"),
-           nb::arg("gate_ups"), nb::arg("downs"))
+           nb::arg("gate_ups"), nb::arg("downs"), nb::arg("router_b").none() = nb::none(),
+           nb::arg("gate_up_b").none() = nb::none(), nb::arg("down_b").none() = nb::none())
       .def("set_profiling", &NativeModel::set_profiling, nb::arg("on"))
       .def("profile", &nf::profile, nb::arg("reset") = false)
       .def("forward", &nf::forward_py, nb::arg("ids"), nb::arg("positions"), nb::arg("parents"),

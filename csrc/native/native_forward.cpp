@@ -139,14 +139,18 @@ void NativeModel::matmul(const Matrix& m, const float* x, int64_t M, float* out,
       for (int64_t j = 0; j < m.n; ++j) out[r * m.n + j] += bias[j];  // as `out += bias`
 }
 
+void NativeModel::activation(const float* gu, float* out) const {
+  if (cfg_.swiglu_oai) ops_->glu_oai(gu, out, cfg_.inter, cfg_.swiglu_alpha, cfg_.swiglu_limit);
+  else ops_->glu(gu, out, cfg_.inter, cfg_.gelu);
+}
+
 void NativeModel::experts(const Layer& l, const float* x, int64_t T, float* out) {
   const int64_t E = cfg_.experts, K = cfg_.experts_used, hid = cfg_.hidden, I = cfg_.inter;
-  const Ops& op = *ops_;
   route_.resize(size_t(T * E));
   chosen_.resize(size_t(T * K));
   weight_.resize(size_t(T * K));
   ys_.resize(size_t(T * K * hid));
-  matmul(l.router, x, T, route_.data(), nullptr);
+  matmul(l.router, x, T, route_.data(), l.router_b);
   // Each row's experts: K passes, each taking the largest logit not yet taken (a NaN is
   // never larger, so it is taken only after every number; ties: the lower expert).
   std::vector<uint8_t> taken(static_cast<size_t>(E), uint8_t(0));
@@ -195,9 +199,13 @@ void NativeModel::experts(const Layer& l, const float* x, int64_t T, float* out)
     ye_.resize(size_t(n * hid));
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(xe_.data() + i * hid, x + mem[i] / K * hid, size_t(hid) * sizeof(float));
-    matmul(l.expert_gate_up[size_t(e)], xe_.data(), n, gue_.data(), nullptr);
-    for (int64_t i = 0; i < n; ++i) op.glu(gue_.data() + i * 2 * I, acte_.data() + i * I, I, cfg_.gelu);
-    matmul(l.expert_down[size_t(e)], acte_.data(), n, ye_.data(), nullptr);
+    // (gpt-oss: each product's bias added to its output, the down's before the routing
+    // weight, as the reference's products do.)
+    const float* gu_b = l.expert_gate_up_b.empty() ? nullptr : l.expert_gate_up_b[size_t(e)];
+    const float* down_b = l.expert_down_b.empty() ? nullptr : l.expert_down_b[size_t(e)];
+    matmul(l.expert_gate_up[size_t(e)], xe_.data(), n, gue_.data(), gu_b);
+    for (int64_t i = 0; i < n; ++i) activation(gue_.data() + i * 2 * I, acte_.data() + i * I);
+    matmul(l.expert_down[size_t(e)], acte_.data(), n, ye_.data(), down_b);
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(ys_.data() + mem[i] * hid, ye_.data() + i * hid, size_t(hid) * sizeof(float));
   }
@@ -345,7 +353,7 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
         const AttnBlock ab{qkv + b.t * nqkv + h0 * D, nqkv, att + b.t * nq + h0 * D, nq, keys,
                            b.rows, hb, static_cast<const char*>(c.k) + base,
                            static_cast<const char*>(c.v) + base, D, cfg_.attn_scale,
-                           cfg_.attn_softcap, c.half};
+                           cfg_.attn_softcap, c.half, l.sinks ? l.sinks + h0 : nullptr};
         op.attend(ab, scratch.data());
       }
     };
@@ -371,7 +379,7 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     } else {
       matmul(l.gate_up, x, T, gu, nullptr);
       tick(kGemm, t0);
-      rows([&](int64_t t) { op.glu(gu + t * 2 * I, act + t * I, I, cfg_.gelu); });
+      rows([&](int64_t t) { activation(gu + t * 2 * I, act + t * I); });
       tick(kOther, t0);
       matmul(l.down, act, T, o, nullptr);
       tick(kGemm, t0);

@@ -47,6 +47,13 @@ struct Layer {
   // down (NativeModel::experts computes it).
   Matrix router;
   std::vector<Matrix> expert_gate_up, expert_down;
+  // gpt-oss: the router's logit biases [experts] (or null) and each expert's gate-up
+  // [2 inter] (gate rows first, as its matrix) and down [hidden] biases (empty: none),
+  // each added to its product's output as `out += bias` (the down's before the routing
+  // weight); the sink logit of every query head [heads] (or null: no sinks).
+  const float* router_b = nullptr;
+  std::vector<const float*> expert_gate_up_b, expert_down_b;
+  const float* sinks = nullptr;
   const float *qkv_b = nullptr, *o_b = nullptr, *attn_norm = nullptr, *ffn_norm = nullptr;
   const float *q_norm = nullptr, *k_norm = nullptr, *post_attn = nullptr, *post_ffn = nullptr;
   int32_t window = 0;  // 0: global attention
@@ -105,12 +112,16 @@ struct Config {
   float attn_softcap;                           // > 0: soft-capped attention scores (Gemma 2)
   float residual_scale;                         // each branch's output times this (Granite)
   float logit_div;                              // logits divided by this (Granite)
-  bool gelu;                                    // tanh GELU, else SiLU
+  bool gelu;                                    // tanh GELU, else SiLU (or swiglu_oai)
   // A mixture of experts in every layer (experts 0: a dense MLP; inter is then each
   // expert's size): each row's experts_used largest router logits, ties to the lower
   // expert; weights exp(l - l_max) / s, s over the chosen (norm_topk) or all experts.
   int64_t experts = 0, experts_used = 0;
   bool norm_topk = true;
+  // gpt-oss's clamped SwiGLU (Ops::glu_oai) in place of gelu / SiLU, with its slope and
+  // limit as fp32 (as the reference's float32 tensors compute with them).
+  bool swiglu_oai = false;
+  float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
 };
 
 class NativeModel {
@@ -125,7 +136,8 @@ class NativeModel {
                  nanobind::object o, nanobind::object gate_up, nanobind::object down,
                  nanobind::object qkv_b, nanobind::object o_b, nanobind::object attn_norm,
                  nanobind::object ffn_norm, nanobind::object q_norm, nanobind::object k_norm,
-                 nanobind::object post_attn, nanobind::object post_ffn);
+                 nanobind::object post_attn, nanobind::object post_ffn,
+                 nanobind::object sinks);
 
   // Runs the first n_layers layers, then the head for a.logits_rows into out [R, vocab]
   // and, unless argmax is null, each of those rows' argmax (Ops::argmax over the whole
@@ -135,9 +147,12 @@ class NativeModel {
                float* out, int64_t* argmax, unsigned threads, int isa);
 
   // A mixture of experts' weights of a layer (set_layer first, gate_up and down None):
-  // the router as a matrix, and lists of each expert's gate-up and down matrices.
+  // the router as a matrix, and lists of each expert's gate-up and down matrices; the
+  // router's bias (None: none) and lists of each expert's gate-up and down biases
+  // (None: none; gpt-oss).
   void set_experts(int64_t index, nanobind::object router, nanobind::list gate_ups,
-                   nanobind::list downs);
+                   nanobind::list downs, nanobind::object router_b,
+                   nanobind::object gate_up_b, nanobind::object down_b);
 
   // Seconds per counter since the last reset (a clock read between the parts of a
   // forward while profiling is on), and the number of calls.
@@ -163,6 +178,8 @@ class NativeModel {
   // row-local, so a row's result never depends on which rows share its experts); each
   // row's sum of its experts' outputs times their weights, in rank order.
   void experts(const Layer& l, const float* x, int64_t T, float* out);
+  // The gated activation of one row: gu [2 inter] (gate, then up) into out [inter].
+  void activation(const float* gu, float* out) const;
   // Adds the time since t0 to counter c and restarts t0; a product's quantization is
   // timed inside matmul and taken out of the gemm counter.
   void tick(Counter c, std::chrono::steady_clock::time_point& t0);

@@ -22,7 +22,12 @@
 //     out[d] = o[d] * (1 / l). Only visible keys enter (a masked key contributes
 //     nothing), so a row's result depends on its own keys only, never on the batch,
 //     the tree around it, the thread that runs it or the path.
+//     With a sink logit g for the head (gpt-oss): m = max(max s_j, g) (exact), and
+//     l = reduce16(...) + exp(g - m), the sink's term added last: it takes probability
+//     mass and adds no value (o[d] unchanged).
 //   silu(g) * u = (g / (1 + exp(-g))) * u;
+//   swiglu_oai (gpt-oss; alpha, limit L as fp32): g' = min(g, L), u' = min(max(u, -L), L)
+//     (a NaN stays NaN, as torch.clamp), (g' * (1 / (1 + exp(-(g' * alpha))))) * (u' + 1);
 //   gelu_tanh(g) * u = ((0.5 * g) * (1 + tanh(c * (g + 0.044715 * (g * g * g))))) * u,
 //     c = sqrt(2/pi) as fp32; tanh(a) = sign(a) * (1 - e) / (1 + e), e = exp(-2|a|).
 //   softcap: x = tanh(x / cap) * cap.
@@ -61,6 +66,9 @@ struct AttnBlock {
   float scale;
   float softcap;  // > 0: scores soft-capped, tanh(s / softcap) * softcap (Gemma 2)
   bool half;  // k and v hold IEEE binary16 bits (else float32)
+  // The sink logits of the block's heads (sinks[h] for head h of the block), or null:
+  // none. Each joins its head's softmax denominator (canonical arithmetic above).
+  const float* sinks = nullptr;
 };
 
 // Keys per block of attention's value pass: their values (<= 32 KB as floats) stay in L1
@@ -85,6 +93,9 @@ struct Ops {
   void (*attend)(const AttnBlock& block, float* scratch);
   // out[i] = act(gu[i]) * gu[n + i] for i < n (n % 16 == 0); gelu: tanh GELU, else SiLU.
   void (*glu)(const float* gu, float* out, int64_t n, bool gelu);
+  // out[i] = swiglu_oai(gu[i], gu[n + i]) for i < n (n % 16 == 0): gpt-oss's clamped
+  // SwiGLU with slope alpha and limit (canonical arithmetic above).
+  void (*glu_oai)(const float* gu, float* out, int64_t n, float alpha, float limit);
   // x = tanh(x / cap) * cap for n values (any n).
   void (*softcap)(float* x, int64_t n, float cap);
   // out[m * ldo + n] = dot(x[m], w[n]) for m < M and n in [n0, n1), x [M, k], w [N, k]

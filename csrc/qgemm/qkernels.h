@@ -8,13 +8,14 @@
 //         the 16 rows in its 32-bit lane r (the vpdpbusd operand order);
 //         u4 storage (SB = 32 only): [G][K/32][4][16][4] bytes, byte [g][b][v][r][j]
 //         holding chunk v (k = 4v+j) in its low nibble and chunk v+4 in its high nibble;
-//         6-bit storage (u < 64: Q5_K, Q6_K, where the Python side asks for it): per
+//         6-bit storage (u < 64: Q5_*, Q6_K, MXFP4, where the Python side asks): per
 //         (g, b) SB/8 pairs of chunks (2p, 2p+1), 96 bytes each, three 32-byte
 //         vectors A, B, C whose byte t = 4*(r%8)+j (row 16g+8h+r%8, h = r/8) holds in
 //         its bits 0-5 the u of (h 0, chunk 2p) in A, (h 0, chunk 2p+1) in B and (h 1,
 //         chunk 2p) in C; the u of (h 1, chunk 2p+1) is spread over their bits 6-7
 //         (bits 0-1 of it in A, 2-3 in B, 4-5 in C).
-//   scale [G][K/SB][16] fp16 or fp32 (s), mins the same or absent (m),
+//   scale [G][K/SB][16] fp16 or fp32 (s; fp32 for MXFP4's 2^(e-128), which fp16 cannot
+//         hold), mins the same or absent (m),
 //   zero  [G*16] int32 per row (z) or absent (all zero).
 // An element is w = s * (u - z) + m.
 // K-quant scales (SFmt kKS) keep GGUF's own factors instead of their fp32 products: per

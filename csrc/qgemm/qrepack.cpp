@@ -10,7 +10,9 @@
 // Values (qformats.py's table): legacy types keep their fp16 d (and m) bits as they are;
 // K-quants keep GGUF's factors in the kKS tiles of qkernels.h: d's fp16 bits and the
 // integer sc, and for mins dmin's bits with the sign flipped (-dmin, exact) and the 6-bit
-// min, whose products the kernels form exactly.
+// min, whose products the kernels form exactly. MXFP4 writes u = kvalue + 12 from its
+// codes through a 16-entry table and its E8M0 byte as the fp32 bits of 2^(e - 128)
+// (qformats.e8m0_half), one kF32 scale per sub-block of 32.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -27,26 +29,31 @@ namespace nb = nanobind;
 namespace {
 
 // GGML type ids (ggml.h's enum ggml_type; gguf.GGMLQuantizationType).
-enum Type : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum Type : int {
+  Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, MXFP4 = 39
+};
 
 // A type's block and its canonical layout (qformats.py's table).
 struct Format {
   int block, bytes;  // elements and bytes per GGUF block
   int sb;            // canonical sub-block length (32, or 16 for Q6_K)
-  bool u4, f16, mins;  // f16: fp16 scales (legacy types), else kKS tiles (K-quants)
+  bool u4;
+  int sfmt;          // qk::SFmt: kF16 (legacy types), kKS tiles (K-quants), kF32 (MXFP4)
+  bool mins;
   int32_t zero;      // z; 0 means no zero-point array
 };
 
 bool format_of(int t, Format& f) {
   switch (t) {
-    case Q4_0: f = {32, 18, 32, true, true, false, 8}; return true;
-    case Q4_1: f = {32, 20, 32, true, true, true, 0}; return true;
-    case Q5_0: f = {32, 22, 32, false, true, false, 16}; return true;
-    case Q5_1: f = {32, 24, 32, false, true, true, 0}; return true;
-    case Q8_0: f = {32, 34, 32, false, true, false, 128}; return true;
-    case Q4_K: f = {256, 144, 32, true, false, true, 0}; return true;
-    case Q5_K: f = {256, 176, 32, false, false, true, 0}; return true;
-    case Q6_K: f = {256, 210, 16, false, false, false, 32}; return true;
+    case Q4_0: f = {32, 18, 32, true, qk::kF16, false, 8}; return true;
+    case Q4_1: f = {32, 20, 32, true, qk::kF16, true, 0}; return true;
+    case Q5_0: f = {32, 22, 32, false, qk::kF16, false, 16}; return true;
+    case Q5_1: f = {32, 24, 32, false, qk::kF16, true, 0}; return true;
+    case Q8_0: f = {32, 34, 32, false, qk::kF16, false, 128}; return true;
+    case Q4_K: f = {256, 144, 32, true, qk::kKS, true, 0}; return true;
+    case Q5_K: f = {256, 176, 32, false, qk::kKS, true, 0}; return true;
+    case Q6_K: f = {256, 210, 16, false, qk::kKS, false, 32}; return true;
+    case MXFP4: f = {32, 17, 32, false, qk::kF32, false, 12}; return true;
     default: return false;
   }
 }
@@ -57,7 +64,7 @@ uint16_t le16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
 // group r / 16; sub-block b of that group starts at qs + (g * nsb + b) * sb_bytes.
 struct Out {
   uint8_t* qs;
-  uint8_t* scale;  // fp16 elements [G][nsb][16], or kKS tiles [G][K/256][tile]
+  uint8_t* scale;  // fp16 or fp32 elements [G][nsb][16], or kKS tiles [G][K/256][tile]
   uint8_t* mins;   // same, or nullptr
   int32_t* zero;   // [G * 16] or nullptr
   int64_t nsb, sb_bytes;
@@ -73,6 +80,7 @@ struct RowOut {
   int64_t at(int64_t b) const { return (g * o.nsb + b) * 16 + lane; }
   void scale16(int64_t b, const uint8_t* src) const { std::memcpy(o.scale + at(b) * 2, src, 2); }
   void mins16(int64_t b, const uint8_t* src) const { std::memcpy(o.mins + at(b) * 2, src, 2); }
+  void scale32(int64_t b, uint32_t bits) const { std::memcpy(o.scale + at(b) * 4, &bits, 4); }
   // kKS: this lane's fp16 d (bits) of super-block s, and its integer factor of sub-block
   // b, in the tiles at base (scale or mins).
   uint8_t* tile(uint8_t* base, int64_t s) const { return base + (g * o.nsup + s) * o.tile; }
@@ -160,6 +168,22 @@ void legacy_block(int t, const uint8_t* p, int64_t blk, const RowOut& r) {
       r.scale16(blk, p);
       r.u8(blk, u, 32);
       return;
+    case MXFP4: {
+      // u = kvalues_mxfp4[code] + 12 (ggml-common.h; qformats.MXFP4_KVALUES): all <= 24.
+      static constexpr uint8_t kU[16] = {12, 13, 14, 15, 16, 18, 20, 24,
+                                         12, 11, 10, 9, 8, 6, 4, 0};
+      const uint8_t* qs = p + 1;  // byte l: element l in the low nibble, l + 16 in the high
+      for (int l = 0; l < 16; ++l) {
+        u[l] = kU[qs[l] & 0x0f];
+        u[l + 16] = kU[qs[l] >> 4];
+      }
+      // 2^(e - 128), ggml's GGML_E8M0_TO_FP32_HALF: exponent field e - 1, or for e < 2
+      // the subnormals 2^-128, 2^-127 (mantissa bit 21 or 22); e = 255 is 2^127, not NaN.
+      const uint32_t e = p[0];
+      r.scale32(blk, e < 2 ? 0x00200000u << e : (e - 1) << 23);
+      r.u8(blk, u, 32);
+      return;
+    }
     default: throw std::logic_error("qrepack: not a legacy type");
   }
 }
@@ -231,13 +255,13 @@ using Raw = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cp
 // GGUF block bytes raw [rows, k / block * bytes], into the segment's arrays (sized for
 // n rows: qs, scale and mins as bytes, zero as int32; mins and zero empty when the type
 // has none). bits: the storage, the type's own (4 or 8) or 6 for the types whose values
-// are below 64 (Q5_*, Q6_K).
+// are below 64 (Q5_*, Q6_K, MXFP4).
 void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8_t> qs,
              Vec<uint8_t> scale, Vec<uint8_t> mins, Vec<int32_t> zero, int bits,
              unsigned threads) {
   Format f;
   if (!format_of(type, f)) throw std::invalid_argument("qrepack: unsupported GGML type");
-  const bool below64 = !f.u4 && type != Q8_0;
+  const bool below64 = !f.u4 && type != Q8_0;  // Q5_*, Q6_K, MXFP4 (qformats.BELOW_64)
   if (bits != (f.u4 ? 4 : 8) && !(bits == 6 && below64))
     throw std::invalid_argument("qrepack: this type cannot be stored in that many bits");
   const int64_t rows = int64_t(raw.shape(0));
@@ -248,7 +272,9 @@ void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8
     throw std::invalid_argument("qrepack: raw rows do not hold k / block blocks");
   const int64_t groups = (n + 15) / 16, nsb = k / f.sb;
   const int64_t sb_bytes = f.u4 ? 8 * f.sb : bits == 6 ? 12 * f.sb : 16 * f.sb;
-  const size_t scale_bytes = size_t(f.f16 ? groups * nsb * 16 * 2 : groups * (k / 256) * qk::ks_tile_bytes(f.sb));
+  const int64_t per_scale = f.sfmt == qk::kF32 ? 4 : 2;  // kF32 or kF16 elements
+  const size_t scale_bytes = size_t(f.sfmt == qk::kKS ? groups * (k / 256) * qk::ks_tile_bytes(f.sb)
+                                                      : groups * nsb * 16 * per_scale);
   if (qs.size() != size_t(groups * nsb * sb_bytes) || scale.size() != scale_bytes ||
       mins.size() != (f.mins ? scale_bytes : 0) || zero.size() != size_t(f.zero ? groups * 16 : 0))
     throw std::invalid_argument("qrepack: segment arrays do not match n, k and the type");

@@ -41,7 +41,8 @@ class NativeModel:
         kv_heads: int, head_dim: int, rotary_dim: int, eps: float, embed_scale: float,
         attn_scale: float, softcap: float, attn_softcap: float, residual_scale: float,
         logit_divisor: float, gelu: bool, experts: int = 0, experts_used: int = 0,
-        norm_topk: bool = True,
+        norm_topk: bool = True, swiglu_oai: bool = False, swiglu_alpha: float = 1.702,
+        swiglu_limit: float = 7.0,
     ) -> None: ...
     def set_embed(self, segs: Matrix) -> None: ...
     def set_head(self, segs: Matrix, final_norm: Any) -> None: ...
@@ -49,9 +50,15 @@ class NativeModel:
         self, index: int, window: int, rope: int, qkv: Matrix, o: Matrix,
         gate_up: Matrix | None, down: Matrix | None, qkv_b: Any, o_b: Any, attn_norm: Any,
         ffn_norm: Any, q_norm: Any, k_norm: Any, post_attn_norm: Any, post_ffn_norm: Any,
+        sinks: Any = None,
     ) -> None: ...
-    def set_experts(self, index: int, router: Matrix, gate_ups: list[Matrix],
-                    downs: list[Matrix]) -> None: ...
+    # router_b: float32 [experts] or None; gate_up_b / down_b: one float32 vector per
+    # expert ([2 intermediate], [hidden]) or None (gpt-oss's biases).
+    def set_experts(
+        self, index: int, router: Matrix, gate_ups: list[Matrix], downs: list[Matrix],
+        router_b: Any = None, gate_up_b: list[Any] | None = None,
+        down_b: list[Any] | None = None,
+    ) -> None: ...
     def set_profiling(self, on: bool) -> None: ...
     def profile(self, reset: bool = False) -> dict[str, float]: ...
     def forward(

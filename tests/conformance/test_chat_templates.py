@@ -303,3 +303,61 @@ def test_environment_matches_transformers() -> None:
     sneaky = Tokenizer(backend, chat_template="{% set ns = namespace(_x=1) %}{{ ns._x }}")
     with pytest.raises(SecurityError):
         sneaky.apply_chat_template([USER])
+
+
+# ---- the harmony family's tokenizer files, without a GGUF ---------------------------------
+
+def test_harmony_family_tokenizer(tmp_path: Any) -> None:
+    """The gpt-oss variant's tokenizer files (before conversion): its harmony tokens are
+    single special tokens, BOS / EOS are gpt-oss's, its turns end on <|return|> and
+    <|call|> and not on <|end|> (which ends a message), and its template renders tools
+    as the "harmony" family with every grammar marker a token reference."""
+    from recallspec.conformance.checkpoints import llama_cpp_source
+    from recallspec.conformance.tokenizers import write_tokenizer
+    from recallspec.errors import RecallspecError
+    from recallspec.server.tool_grammar import FAMILY_MARKERS
+    from recallspec.server.tool_support import ToolSupport
+
+    variant = VARIANTS["gpt-oss"]
+    assert variant.template == "openai-gpt-oss-120b.jinja"
+    fam = family(variant)
+    assert fam is not None
+    try:
+        source = llama_cpp_source()
+    except RecallspecError as e:
+        unavailable(str(e))
+    ids = write_tokenizer(variant, tmp_path, source)
+    ours = Tokenizer.from_dir(tmp_path, extra_eos_ids=[ids["eos_id"]])
+    template = source / "models" / "templates" / variant.template
+    assert ours.chat_template == template.read_text(encoding="utf-8")
+    for token in ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
+                  "<|return|>", "<|call|>", "<|endoftext|>"):
+        assert token in fam.special
+        i = ours.special_token_id(token)
+        assert i is not None and ours.encode(token) == [i] and ours.decode([i]) == token
+    assert (ours.bos_token, ours.eos_token) == ("<|startoftext|>", "<|return|>")
+    assert ids["eos_id"] == ours.eos_token_id and ids["bos_id"] == ours.bos_token_id
+    assert {ours.id_to_token(i) for i in ours.eos_token_ids} == set(fam.turn_end) == {
+        "<|return|>", "<|call|>"}
+    support = ToolSupport.of(ours)
+    assert (support.origin, support.family) == ("model", "harmony")
+    assert set(support.special_tokens) == set(FAMILY_MARKERS["harmony"])
+    text = ours.apply_chat_template([USER])
+    assert text.endswith("<|start|>user<|message|>What is the capital of France?<|end|>"
+                         "<|start|>assistant")
+
+
+def test_harmony_gguf_turn_ends_and_tool_support() -> None:
+    """The same of the gpt-oss variant's GGUF, as our loader reads it: <|end|> is no end
+    of the turn, and the server reads its calls as harmony with token references."""
+    from recallspec.models import load_tokenizer
+    from recallspec.server.tool_grammar import FAMILY_MARKERS
+    from recallspec.server.tool_support import ToolSupport
+
+    _require_modules()
+    ours = load_tokenizer(str(built("gpt-oss").f32_gguf))
+    assert {ours.id_to_token(i) for i in ours.eos_token_ids} == {"<|return|>", "<|call|>"}
+    support = ToolSupport.of(ours)
+    assert (support.origin, support.family) == ("model", "harmony")
+    assert support.special_tokens == {m: ours.special_token_id(m)
+                                      for m in FAMILY_MARKERS["harmony"]}

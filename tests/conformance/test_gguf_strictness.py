@@ -43,6 +43,9 @@ KINDS = {
     "rope_factors_short.weight": "phi4-mini",
     "ffn_gate_inp.weight": "qwen3-moe", "ffn_gate_exps.weight": "qwen3-moe",
     "ffn_up_exps.weight": "qwen3-moe", "ffn_down_exps.weight": "qwen3-moe",
+    "attn_sinks.weight": "gpt-oss", "attn_output.bias": "gpt-oss",
+    "ffn_gate_inp.bias": "gpt-oss", "ffn_gate_exps.bias": "gpt-oss",
+    "ffn_up_exps.bias": "gpt-oss", "ffn_down_exps.bias": "gpt-oss",
 }
 
 
@@ -190,3 +193,28 @@ def test_hf_directory_unused_tensor_refused(isolated_cache: Path) -> None:
     save_file(tensors, str(f), metadata={"format": "pt"})
     with pytest.raises(ModelLoadError, match=r"gate_proj\.bias"):
         load_model(path, dtype="float32")
+
+
+def test_gptoss_yarn_is_not_truncated() -> None:
+    """gpt-oss's YaRN correction range as its config states it (truncate: false), which
+    no GGUF key carries and llama.cpp rounds: the fp32 check against transformers holds
+    only so (the same file with the range rounded, llama.cpp's way, is far off)."""
+    from recallspec.models.config import ModelConfig
+    from recallspec.models.gguf.arch import hf_config
+    from recallspec.models.gguf.header import read_header
+
+    path = built("gpt-oss").f32_gguf
+    cfg = ModelConfig.from_hf_dict(hf_config(read_header(path), path))
+    assert cfg.rope.type == "yarn" and not cfg.rope.truncate
+    ref = reference("gpt-oss")
+    rounded = checks.with_llamacpp_rope(checks.load_ours(path, "float32"))
+    assert rounded.config.rope.truncate
+    a = checks.agreement(ref.logits, checks.ours_logits(rounded, ref.ids, ref.variant.context))
+    assert a.max_rel > 10 * FP32_REL, a
+
+
+def test_gptoss_expert_size_other_than_the_ffn_refused(isolated_cache: Path) -> None:
+    path = rewrite_gguf(built("gpt-oss").f32_gguf, isolated_cache / "oss-size.gguf",
+                        keys={"gpt-oss.expert_feed_forward_length":
+                              (128, gguf.GGUFValueType.UINT32)})
+    _refused(path, "gpt-oss", "expert_feed_forward_length")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gguf
+import numpy as np
 import pytest
 from helpers.imports import loaded_after
 
@@ -43,3 +44,19 @@ def test_a_cached_load_does_not_import_gguf() -> None:
     code = ("import recallspec.models.gguf.quantized, recallspec.models.gguf.header\n"
             "import recallspec.kernels.qlinear, recallspec.engine")
     assert loaded_after(code, ("gguf",)) == []
+
+
+def test_mxfp4_tables_are_ggmls() -> None:
+    """MXFP4's code table and E8M0 scale as gguf-py (ggml's reference) has them: the
+    doubled e2m1 values, and 2^(e - 128) for every byte, bit for bit (e = 0, 1: the fp32
+    subnormals 2^-128, 2^-127; e = 255: 2^127, not NaN)."""
+    ref = gguf.quants.MXFP4
+    assert tuple(ref.kvalues) == qf.MXFP4_KVALUES
+    e = np.arange(256, dtype=np.uint8)
+    got = qf.e8m0_half(e)
+    assert got.dtype == np.float32
+    assert np.array_equal(got.view(np.uint32), ref.e8m0_to_fp32_half(e).view(np.uint32))
+    assert np.array_equal(got, np.ldexp(1.0, e.astype(np.int64) - 128).astype(np.float32))
+    assert got[0] == 2.0**-128 and got[1] == 2.0**-127 and got[255] == 2.0**127
+    assert qf.BLOCKS[gt.GGMLType.MXFP4] == (32, 17) and gt.GGMLType.MXFP4 in qf.LAYOUTS
+    assert gt.GGMLType.MXFP4 in qf.BELOW_64

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import subprocess
 import sys
+from fractions import Fraction
 
 import gguf
 import numpy as np
@@ -24,6 +26,21 @@ from recallspec.models.gguf.header import read_header
 VARIANTS = isa.variants()  # every path this CPU runs, incl. AVX-512 without VNNI
 N, K = 37, 512  # 37: a partial last group of 16; 512: two K-quant super-blocks
 U = 2.0**-24  # unit roundoff of fp32
+# MXFP4 beside the types of helpers.qweight, in its own storage and in 6 bits.
+ALL_TYPES = [*TYPES, T.MXFP4]
+ALL_STORAGES = [*STORAGES, (T.MXFP4, 8), (T.MXFP4, 6)]
+ALL_STORAGE_IDS = [*STORAGE_IDS, "MXFP4", "MXFP4-6bit"]
+SCALE_BYTES = {**FP16_BYTES, T.MXFP4: slice(0, 1)}  # a block's scale fields: kept by tests
+
+
+def raw_of(qtype: T, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """GGUF block bytes of ``qtype``: helpers.qweight's, or for MXFP4 ggml's own quantizer
+    (gguf-py) on blocks whose magnitudes span 2^-40..2^40."""
+    if qtype != T.MXFP4:
+        return random_raw(qtype, n, k, seed=seed)
+    rng = np.random.default_rng(seed)
+    mag = np.repeat(2.0 ** rng.integers(-40, 41, (n, k // 32)), 32, axis=1)
+    return gguf.quants.quantize((rng.standard_normal((n, k)) * mag).astype(np.float32), T.MXFP4)
 
 
 def bits(t: torch.Tensor) -> np.ndarray:
@@ -44,8 +61,8 @@ def activations(m: int, k: int, seed: int = 1) -> torch.Tensor:
 def weights() -> dict[tuple[T, int], tuple[np.ndarray, QuantizedWeight]]:
     """Per (type, storage bits) of ``STORAGES``: the GGUF bytes and the weight."""
     out = {}
-    for t, b in STORAGES:
-        raw = random_raw(t, N, K, seed=TYPES.index(t))
+    for t, b in ALL_STORAGES:
+        raw = raw_of(t, N, K, seed=ALL_TYPES.index(t))
         out[t, b] = (raw, QuantizedWeight.from_gguf_rows(t, N, K, [(0, raw)], bits=b))
     return out
 
@@ -98,7 +115,7 @@ def test_kernel_checks_its_arguments() -> None:
         _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 8, 2)
 
 
-@pytest.mark.parametrize(("qtype", "nbits"), STORAGES, ids=STORAGE_IDS)
+@pytest.mark.parametrize(("qtype", "nbits"), ALL_STORAGES, ids=ALL_STORAGE_IDS)
 def test_dequantize_matches_gguf(weights: dict, qtype: T, nbits: int) -> None:
     raw, w = weights[qtype, nbits]
     # Exact, bit for bit: s and m are gguf's own factors (fp16 fields, or d*sc which is
@@ -139,7 +156,7 @@ def test_activation_quantizer_is_exact_and_isa_free(blocks: int) -> None:
             assert np.array_equal(dxs.numpy(), (dsub * sums.astype(np.float32)).astype(np.float32))
 
 
-@pytest.mark.parametrize(("qtype", "nbits"), STORAGES, ids=STORAGE_IDS)
+@pytest.mark.parametrize(("qtype", "nbits"), ALL_STORAGES, ids=ALL_STORAGE_IDS)
 def test_batch_thread_and_isa_invariance(weights: dict, qtype: T, nbits: int) -> None:
     _, w = weights[qtype, nbits]
     x = activations(256, K)
@@ -160,12 +177,12 @@ def test_batch_thread_and_isa_invariance(weights: dict, qtype: T, nbits: int) ->
 
 
 def test_six_bit_segments_take_the_byte_product(weights: dict) -> None:
-    """QSeg finds u8 storage whose every u < 64 (Q5_*, Q6_K: the AVX2 path without VNNI
+    """QSeg finds u8 storage whose every u < 64 (Q5_*, Q6_K, MXFP4: the AVX2 path without VNNI
     multiplies it by vpmaddubsw, which the invariance tests above then run), as 6-bit
     storage is; Q8_0's q + 128 is not, and u4 storage has its own product."""
     for (qtype, nbits), (_, w) in weights.items():
         (seg,) = w.segments
-        six_bit = qtype in (T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K)
+        six_bit = qtype in (T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K, T.MXFP4)
         assert seg.handle.u6 == six_bit and seg.bits == nbits, qtype.name
     with pytest.raises(ValueError, match="zero points must fit int16"):
         seg = weights[T.Q8_0, 8][1].segments[0]
@@ -189,7 +206,7 @@ def test_six_bit_storage_is_the_same_weight(weights: dict) -> None:
                 assert np.array_equal(bits(got), bits(ref)), f"{qtype.name}, {v}, {rows} rows"
 
 
-@pytest.mark.parametrize(("qtype", "nbits"), STORAGES, ids=STORAGE_IDS)
+@pytest.mark.parametrize(("qtype", "nbits"), ALL_STORAGES, ids=ALL_STORAGE_IDS)
 @pytest.mark.parametrize("fill", [0xFF, 0x80, 0x7F, 0x00])
 def test_extreme_operands(qtype: T, nbits: int, fill: int) -> None:
     """Every value byte set to one pattern (nibbles all 15, bytes 128, 127 or 0) times
@@ -200,10 +217,10 @@ def test_extreme_operands(qtype: T, nbits: int, fill: int) -> None:
     points folded in, bytes 0: 8 * 32 * 127 = 32512, as close to 2^15 as they get). Any
     overflow or saturation would differ from the scalar path, which sums in int32."""
     bs, ts = gguf.GGML_QUANT_SIZES[qtype]
-    raw = random_raw(qtype, 16, K, seed=7).reshape(16, K // bs, ts).copy()
-    keep = raw[..., FP16_BYTES[qtype]].copy()
-    raw[...] = fill
-    raw[..., FP16_BYTES[qtype]] = keep
+    raw = raw_of(qtype, 16, K, seed=7).reshape(16, K // bs, ts).copy()
+    keep = raw[..., SCALE_BYTES[qtype]].copy()
+    raw[...] = fill  # MXFP4: codes 15 (-12, u = 0), 8 and 0 (both 0), 7 (12, u = 24)
+    raw[..., SCALE_BYTES[qtype]] = keep
     w = QuantizedWeight.from_gguf_rows(qtype, 16, K, [(0, raw.reshape(16, -1))], bits=nbits)
     x = torch.ones(4, K)
     x[1] = -1.0
@@ -257,6 +274,116 @@ def test_k_quant_tiles_keep_the_fp32_scale_bits(qtype: T, nbits: int) -> None:
     assert tiles.nbytes == n * (K // 256) * per_row_block + zero_bytes
 
 
+def round_f32(v: Fraction) -> float:
+    """The fp32 nearest the exact value v, ties to even (subnormals down to 2^-149; inf
+    from 2^128 on, where round to nearest overflows), as a Python float."""
+    if v == 0:
+        return 0.0
+    a = abs(v)
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # 2^(e-1) <= a < 2^(e+1)
+    if a < Fraction(2) ** e:
+        e -= 1  # now 2^e <= a < 2^(e+1)
+    quantum = Fraction(2) ** max(e - 23, -149)
+    r = round(a / quantum) * quantum  # Fraction.__round__: half to even
+    out = math.inf if r >= 2**128 else float(r)
+    return out if v > 0 else -out
+
+
+def fma32(a: float, b: float, c: float) -> float:
+    """fmaf(a, b, c) of fp32 operands: their exact a * b + c rounded once. a and b are
+    finite here (scales and products of sums), so an infinite c stays as it is."""
+    if not math.isfinite(c):
+        return c
+    return round_f32(Fraction(a) * Fraction(b) + Fraction(c))
+
+
+def kernel_formula(c: qf.Canon, x: torch.Tensor) -> np.ndarray:
+    """y = x @ W^T by qkernels.h's canonical arithmetic, from the canonical form c (the
+    numpy decode, not the packed arrays): per output and sub-block b in order, the exact
+    integer isum = sum u*q - z*xs, f = fp32(isum) * d rounded once, acc = fmaf(s, f, acc)
+    (and fmaf(m, dxs, acc) with mins), from acc = +0. The activations come from the
+    quantizer, whose exactness test_activation_quantizer_is_exact_and_isa_free checks."""
+    m, k = x.shape
+    n, sb = c.u.shape[0], c.sb
+    nsb = k // sb
+    q = torch.empty(m, k, dtype=torch.int8)
+    d, dxs = torch.empty(m, k // 32), torch.empty(m, nsb)
+    xs = torch.empty(m, nsb, dtype=torch.int32)
+    _kernels.qquantize(x, q, d, xs, dxs, sb, 0)
+    u = c.u.astype(np.int64).reshape(n, nsb, sb)
+    isum = np.einsum("nbs,mbs->mnb", u, q.numpy().astype(np.int64).reshape(m, nsb, sb))
+    if c.zero is not None:
+        isum -= c.zero.astype(np.int64)[None, :, None] * xs.numpy().astype(np.int64)[:, None, :]
+    assert np.abs(isum).max() < 2**24  # exact in int32 and as an fp32
+    dsub = np.repeat(d.numpy(), 32 // sb, axis=1)  # each sub-block's block d
+    f = (isum.astype(np.float32) * dsub[:, None, :]).astype(np.float32)
+    s = c.scale.astype(np.float32).tolist()  # fp16 fields and fp32 scales: exact
+    mins = None if c.mins is None else c.mins.astype(np.float32).tolist()
+    fl, dl = f.tolist(), dxs.numpy().tolist()
+    out = np.empty((m, n), np.float32)
+    for i in range(m):
+        for j in range(n):
+            acc = 0.0
+            for b in range(nsb):
+                acc = fma32(s[j][b], fl[i][j][b], acc)
+                if mins is not None:
+                    acc = fma32(mins[j][b], dl[i][b], acc)
+            out[i, j] = acc
+    return out
+
+
+@pytest.mark.parametrize(("qtype", "nbits"), ALL_STORAGES, ids=ALL_STORAGE_IDS)
+def test_products_equal_the_kernel_formula(weights: dict, qtype: T, nbits: int) -> None:
+    """Every path's product, bit for bit, is the canonical arithmetic computed exactly
+    (integer sums, then the fp32 steps with one rounding each, emulated with rationals)
+    on the numpy decode of the GGUF bytes: the kernels, the repack and the packed layout
+    against the format's definition."""
+    raw, w = weights[qtype, nbits]
+    x = activations(6, K, seed=9)
+    ref = kernel_formula(qf.decode(raw, qtype, N, K), x)
+    for v in VARIANTS:
+        for threads in (1, 2):
+            got = qlinear(x, w, threads=threads, isa=v)
+            assert np.array_equal(bits(got), ref.view(np.uint32)), f"{v}, {threads} threads"
+
+
+def mxfp4_edges(n: int, k: int) -> np.ndarray:
+    """MXFP4 bytes from gguf's quantizer with the E8M0 bytes set per band of 8 rows: the
+    subnormal scales (e = 0, 1) with a few e = 2, e = 127 (s = 1/2) and its neighbours,
+    the top (e = 253..255: products past the fp32 range, inf outputs), and every byte
+    0..255 in turn."""
+    raw = raw_of(T.MXFP4, n, k, seed=21).reshape(n, k // 32, 17).copy()
+    bands = [np.array([0, 1, 0, 1, 2]), np.array([126, 127, 128]), np.array([253, 254, 255]),
+             np.arange(256)]
+    for r in range(n):
+        band = bands[(r // 8) % len(bands)]
+        raw[r, :, 0] = band[(np.arange(k // 32) + 5 * r) % len(band)]
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("nbits", [8, 6])
+def test_mxfp4_edge_exponents(nbits: int) -> None:
+    """MXFP4 at its edge exponents (``mxfp4_edges``; activations down to 1e-3, so the
+    subnormal scales give subnormal products and sums, which every path rounds as IEEE
+    fmaf does, no flush to zero): gguf's values, the exact kernel formula on every path
+    and thread count, and the same bits for any number of rows."""
+    n = 32
+    raw = mxfp4_edges(n, K)
+    w = QuantizedWeight.from_gguf_rows(T.MXFP4, n, K, [(0, raw)], bits=nbits)
+    with np.errstate(over="ignore"):
+        deq = gguf.quants.dequantize(raw, T.MXFP4)
+    assert np.array_equal(bits(w.dequantize()), deq.view(np.uint32))
+    x = activations(40, K, seed=4)
+    ref = kernel_formula(qf.decode(raw, T.MXFP4, n, K), x)
+    tiny = ref[:, :8][ref[:, :8] != 0]
+    assert (np.abs(tiny) < 2.0**-126).any() and np.isinf(ref[:, 16:24]).any()
+    for v in VARIANTS:
+        assert np.array_equal(bits(qlinear(x, w, threads=2, isa=v)), ref.view(np.uint32)), v
+        for bs in (*range(1, 18), 33):
+            got = torch.cat([qlinear(x[i:i + bs], w, threads=1, isa=v) for i in range(0, 40, bs)])
+            assert np.array_equal(bits(got), ref.view(np.uint32)), f"{v}, batches of {bs}"
+
+
 def quantized_x(x: torch.Tensor) -> torch.Tensor:
     """The activations the kernel multiplies: q * d per block of 32, in float64."""
     m, k = x.shape
@@ -267,7 +394,7 @@ def quantized_x(x: torch.Tensor) -> torch.Tensor:
     return (q.double().reshape(m, -1, 32) * d.double().unsqueeze(2)).reshape(m, k)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_accuracy_against_float64(weights: dict, qtype: T) -> None:
     _, w = weights[qtype, qf.LAYOUTS[qtype].bits]
     x = activations(16, K)
@@ -294,31 +421,32 @@ def test_accuracy_against_float64(weights: dict, qtype: T) -> None:
 
 def test_concat_mixed_types(weights: dict) -> None:
     order = [(T.Q4_1, 4), (T.Q4_0, 4), (T.Q5_0, 8), (T.Q8_0, 8), (T.Q6_K, 8), (T.Q6_K, 6),
-             (T.Q4_K, 4), (T.Q5_K, 8), (T.Q5_1, 8)]
+             (T.Q4_K, 4), (T.Q5_K, 8), (T.Q5_1, 8), (T.MXFP4, 8), (T.MXFP4, 6)]
     parts = [weights[t][1] for t in order]
     cat = QuantizedWeight.concat(parts)
     assert cat.n == N * len(order) and cat.kind == "+".join(dict.fromkeys(t.name for t, _ in order))
     # Q4_1+Q4_0 (u4, fp16) merge; Q5_0+Q8_0 (u8, fp16) merge; the rest stand alone (Q6_K
-    # in 8 and in 6 bits too).
-    assert len(cat.segments) == 7
+    # and MXFP4 in 8 and in 6 bits too; MXFP4's fp32 scales apart from Q5_1's fp16).
+    assert len(cat.segments) == 9
     x = activations(9, K)
     for v in VARIANTS:
         sep = torch.cat([qlinear(x, p, isa=v) for p in parts], dim=1)
         assert np.array_equal(bits(qlinear(x, cat, isa=v)), bits(sep))
     deq = torch.cat([p.dequantize() for p in parts])
     assert np.array_equal(bits(cat.dequantize()), bits(deq))
-    ids = torch.tensor([0, 40, 290, 77, 100, cat.n - 1, 150])
+    ids = torch.tensor([0, 40, 290, 77, 100, cat.n - 1, 150, 9 * N + 3])
     assert np.array_equal(bits(cat.rows(ids)), bits(deq[ids]))
 
 
 def test_state_dict_roundtrip(weights: dict, tmp_path) -> None:
     cat = QuantizedWeight.concat([weights[T.Q4_1, 4][1], weights[T.Q5_0, 8][1],
-                                  weights[T.Q6_K, 6][1]])
+                                  weights[T.Q6_K, 6][1], weights[T.MXFP4, 6][1]])
     path = tmp_path / "w.safetensors"
     save_file(cat.state_dict("layer.w."), str(path))
     back = QuantizedWeight.from_state_dict(load_file(str(path)), "layer.w.")
     assert (back.n, back.k, back.kind, back.nbytes) == (cat.n, cat.k, cat.kind, cat.nbytes)
-    assert [s.bits for s in back.segments] == [s.bits for s in cat.segments] == [4, 8, 6]
+    assert [s.bits for s in back.segments] == [s.bits for s in cat.segments] == [4, 8, 6, 6]
+    assert back.segments[3].sfmt == qf.SFMT_F32  # MXFP4's scales come back as fp32
     x = activations(5, K)
     assert np.array_equal(bits(qlinear(x, back)), bits(qlinear(x, cat)))
 

@@ -18,6 +18,33 @@ from recallspec.kernels import qformats as qf
 from recallspec.kernels import qrepack
 from recallspec.kernels.qlinear import QuantizedWeight, Segment, default_bits
 
+# MXFP4 beside the types of helpers.qweight, in its own storage and in 6 bits.
+ALL_TYPES = [*TYPES, T.MXFP4]
+ALL_STORAGES = [*STORAGES, (T.MXFP4, 8), (T.MXFP4, 6)]
+ALL_STORAGE_IDS = [*STORAGE_IDS, "MXFP4", "MXFP4-6bit"]
+
+
+def mxfp4_raw(n: int, k: int, seed: int = 0) -> np.ndarray:
+    """MXFP4 block bytes from ggml's own quantizer (gguf-py), of blocks whose magnitudes
+    span 2^-40..2^40 (exponent bytes about 85..167)."""
+    rng = np.random.default_rng(seed)
+    mag = np.repeat(2.0 ** rng.integers(-40, 41, (n, k // 32)), 32, axis=1)
+    return gguf.quants.quantize((rng.standard_normal((n, k)) * mag).astype(np.float32), T.MXFP4)
+
+
+def raw_of(qtype: T, n: int, k: int, seed: int = 0) -> np.ndarray:
+    return mxfp4_raw(n, k, seed) if qtype == T.MXFP4 else random_raw(qtype, n, k, seed=seed)
+
+
+def edge_exponents(raw: np.ndarray) -> np.ndarray:
+    """MXFP4 bytes with every block's E8M0 byte replaced, block i of the tensor getting
+    (i * 37) % 256 (the 512 blocks of 32 rows of 512 take every byte twice: 0 and 1, the
+    subnormal scales, 127, 254 and 255, whose products leave the fp32 range)."""
+    out = raw.reshape(len(raw), -1, 17).copy()
+    count = out.shape[0] * out.shape[1]
+    out[..., 0] = ((np.arange(count) * 37) % 256).astype(np.uint8).reshape(out.shape[:2])
+    return out.reshape(len(raw), -1)
+
 
 def reference(raw: np.ndarray, qtype: T, n: int, k: int, bits: int) -> Segment:
     """The packed segment of the numpy path: pack(with_bits(decode(raw)))."""
@@ -58,23 +85,23 @@ def special_fields(raw: np.ndarray, qtype: T) -> np.ndarray:
     return out.reshape(len(raw), -1)
 
 
-@pytest.mark.parametrize(("qtype", "bits"), STORAGES, ids=STORAGE_IDS)
+@pytest.mark.parametrize(("qtype", "bits"), ALL_STORAGES, ids=ALL_STORAGE_IDS)
 @pytest.mark.parametrize("n", [1, 16, 37, 64])
 def test_repack_equals_reference(qtype: T, bits: int, n: int) -> None:
     k = 512  # two K-quant super-blocks, 16 legacy blocks
     for seed, edges in ((n, False), (n + 100, True)):
-        raw = random_raw(qtype, n, k, seed=seed)
+        raw = raw_of(qtype, n, k, seed=seed)
         if edges:
-            raw = special_fields(raw, qtype)
+            raw = edge_exponents(raw) if qtype == T.MXFP4 else special_fields(raw, qtype)
         w = QuantizedWeight.from_gguf_rows(qtype, n, k, [(0, raw)], bits=bits)
         assert w.kind == qtype.name and len(w.segments) == 1
         assert_same(w.segments[0], reference(raw, qtype, n, k, bits))
 
 
-@pytest.mark.parametrize(("qtype", "bits"), STORAGES, ids=STORAGE_IDS)
+@pytest.mark.parametrize(("qtype", "bits"), ALL_STORAGES, ids=ALL_STORAGE_IDS)
 def test_chunks_at_any_row_offset(qtype: T, bits: int) -> None:
     n, k = 45, 256
-    raw = random_raw(qtype, n, k, seed=5)
+    raw = raw_of(qtype, n, k, seed=5)
     bounds = [0, 5, 21, 32, 33, 45]  # chunks inside groups, across them, of one row
     chunks = [(a, raw[a:b]) for a, b in itertools.pairwise(bounds)]
     w = QuantizedWeight.from_gguf_rows(qtype, n, k, reversed(chunks), bits=bits)
@@ -88,14 +115,18 @@ def test_layout_table_matches_decode() -> None:
     """``decode`` takes sb, storage and z from ``qformats.LAYOUTS`` (their values are
     checked by the dequantization tests); the table's scale format and mins must match
     what its branches produce."""
-    for qtype in TYPES:
-        c = qf.decode(random_raw(qtype, 3, 256), qtype, 3, 256)
+    for qtype in ALL_TYPES:
+        c = qf.decode(raw_of(qtype, 3, 256), qtype, 3, 256)
         lay = qf.LAYOUTS[qtype]
         assert lay.mins == (c.mins is not None), qtype
-        want = qf.SFMT_KS if c.ks is not None else qf.SFMT_F16
-        assert c.scale.dtype == (np.float32 if c.ks is not None else np.float16), qtype
+        # K-quants: fp32 products of the KScales factors the tiles keep; else the dtype
+        # the segment stores (fp16 fields, MXFP4's fp32 powers of two)
+        want = qf.SFMT_KS if c.ks is not None else {np.float16: qf.SFMT_F16,
+                                                    np.float32: qf.SFMT_F32}[c.scale.dtype.type]
+        assert c.scale.dtype == (np.float32 if c.ks is not None else c.scale.dtype), qtype
         assert lay.sfmt == want, qtype
-    assert set(qf.LAYOUTS) == set(qf.BLOCKS)
+        assert (qtype in qf.BELOW_64) == (lay.bits == 8 and int(c.u.max()) < 64), qtype
+    assert set(qf.LAYOUTS) == set(qf.BLOCKS) == set(ALL_TYPES)
 
 
 def reference_concat(parts: list[tuple[np.ndarray, T, int]], k: int) -> list[Segment]:
@@ -128,13 +159,18 @@ FUSED = [
     ([T.Q4_1, T.Q4_0, T.Q4_1], [5, 16, 9]),
     ([T.Q6_K, T.Q6_K], [37, 40]),
     ([T.Q8_0, T.Q5_1, T.Q5_0], [16, 32, 3]),
+    # gpt-oss's gate-up experts, and MXFP4 (fp32 scales) beside fp16-scale parts of the
+    # same storage: separate segments
+    ([T.MXFP4, T.MXFP4], [48, 48]),
+    ([T.MXFP4, T.MXFP4], [21, 16]),
+    ([T.Q5_0, T.MXFP4, T.Q8_0], [16, 32, 5]),
 ]
 
 
 @pytest.mark.parametrize(("types", "rows"), FUSED)
 def test_concat_equals_reference(types: list[T], rows: list[int]) -> None:
     k = 256
-    parts = [(random_raw(t, n, k, seed=i), t, n)
+    parts = [(raw_of(t, n, k, seed=i), t, n)
              for i, (t, n) in enumerate(zip(types, rows, strict=True))]
     cat = QuantizedWeight.concat([QuantizedWeight.from_gguf(r, t, n, k) for r, t, n in parts])
     ref = reference_concat(parts, k)
@@ -144,14 +180,14 @@ def test_concat_equals_reference(types: list[T], rows: list[int]) -> None:
         assert_same(got, want)
 
 
-@pytest.mark.parametrize(("qtype", "bits"), STORAGES, ids=STORAGE_IDS)
+@pytest.mark.parametrize(("qtype", "bits"), ALL_STORAGES, ids=ALL_STORAGE_IDS)
 def test_parts_written_in_place_equal_the_copy(qtype: T, bits: int) -> None:
     """Parts repacked into one weight's arrays (``repack(into=)``, as a load writes QKV
     and gate-up): each part is a view of its groups there, equal to the part repacked on
     its own; ``concat`` joins them with no copy, into the arrays of the whole, which
     equal the stacked copy byte for byte."""
     k, rows = 256, [32, 16, 21]  # the last ends inside a group
-    raws = [random_raw(qtype, n, k, seed=i) for i, n in enumerate(rows)]
+    raws = [raw_of(qtype, n, k, seed=i) for i, n in enumerate(rows)]
     total = sum(rows)
     arrays = qrepack.allocate(qtype, total, k, bits)
     parts, first = [], 0
@@ -211,13 +247,63 @@ def test_errors() -> None:
         _kernels.qrepack(raw, int(T.F16), 4, 256, 0, out.qs, out.scale.view(torch.uint8),
                          mins, torch.empty(0, dtype=torch.int32), 8)
     # 6 bits only for values below 64 (Q8_0's q + 128 and 4-bit storage are not).
-    for qtype, bits in ((T.Q4_K, 6), (T.Q4_K, 8), (T.Q8_0, 6), (T.Q6_K, 4)):
+    for qtype, bits in ((T.Q4_K, 6), (T.Q4_K, 8), (T.Q8_0, 6), (T.Q6_K, 4), (T.MXFP4, 4)):
         with pytest.raises(ValueError, match=f"cannot be stored in {bits} bits"):
-            QuantizedWeight.from_gguf_rows(qtype, 4, 256, [(0, random_raw(qtype, 4, 256))],
+            QuantizedWeight.from_gguf_rows(qtype, 4, 256, [(0, raw_of(qtype, 4, 256))],
                                            bits=bits)
         with pytest.raises(ValueError, match="cannot be stored in that many bits"):
-            _kernels.qrepack(random_raw(qtype, 4, 256), int(qtype), 4, 256, 0, out.qs,
+            _kernels.qrepack(raw_of(qtype, 4, 256), int(qtype), 4, 256, 0, out.qs,
                              out.scale.view(torch.uint8), mins,
                              torch.empty(0, dtype=torch.int32), bits)
     with pytest.raises(ValueError, match="cannot become 6-bit"):
         qf.with_bits(qf.decode(random_raw(T.Q8_0, 4, 256), T.Q8_0, 4, 256), 6)
+    mx = qrepack.allocate(T.MXFP4, 4, 256, 6)
+    assert mx.scale.dtype == torch.float32 and mx.mins is None and mx.zero is not None
+    with pytest.raises(ValueError, match="do not match"):  # fp32 scales: 4 bytes each
+        _kernels.qrepack(raw_of(T.MXFP4, 4, 256), int(T.MXFP4), 4, 256, 0, mx.qs,
+                         mx.scale.view(torch.uint8)[: mx.scale.numel() * 2],
+                         torch.empty(0, dtype=torch.uint8), mx.zero, 6)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        QuantizedWeight.from_gguf_rows(T.MXFP4, 4, 48, [])
+
+
+def test_mxfp4_decodes_to_gguf_s_values() -> None:
+    """Every MXFP4 code under every E8M0 byte: the canonical form's s * (u - z) (the
+    numpy reference), the repacked weight's dequantized rows in both storages, and gguf's
+    dequantize agree bit for bit (the infinities where e >= 254 included), with
+    u - z = kvalues[code] and s = 2^(e - 128) exactly; and random data from gguf's own
+    quantizer decodes to its dequantized values."""
+    n, k = 32, 512  # 512 blocks: e = block index % 256, codes in all 16 x 16 nibble pairs
+    blocks = np.zeros((n * k // 32, 17), np.uint8)
+    blocks[:, 0] = np.arange(len(blocks)) % 256
+    pairs = np.arange(256, dtype=np.uint8)  # byte value = (high code, low code)
+    blocks[:, 1:] = pairs[(np.arange(len(blocks))[:, None] * 16 + np.arange(16)) % 256]
+    kv = np.array(qf.MXFP4_KVALUES)
+    for raw in (blocks.reshape(n, -1), mxfp4_raw(n, k, seed=3), edge_exponents(mxfp4_raw(n, k))):
+        with np.errstate(over="ignore"):  # 12 * 2^127 and the like are inf in both
+            ref = gguf.quants.dequantize(raw, T.MXFP4)
+            c = qf.decode(raw, T.MXFP4, n, k)
+            canon = np.repeat(c.scale, 32, axis=1) * (c.u.astype(np.float32) - qf.MXFP4_ZERO)
+        assert c.scale.dtype == np.float32 and c.mins is None and c.sb == 32
+        assert c.zero is not None and (c.zero == qf.MXFP4_ZERO).all() and int(c.u.max()) <= 24
+        b = raw.reshape(n, k // 32, 17)
+        assert np.array_equal(c.u.astype(int) - qf.MXFP4_ZERO,
+                              kv[qf._nibbles(b[..., 1:]).reshape(n, k)])
+        e = b[..., 0].astype(np.int64)
+        assert np.array_equal(c.scale, np.ldexp(1.0, e - 128).astype(np.float32))
+        assert np.array_equal(canon.view(np.uint32), ref.view(np.uint32))
+        for bits in (8, 6):
+            w = QuantizedWeight.from_gguf_rows(T.MXFP4, n, k, [(0, raw)], bits=bits)
+            assert w.kind == "MXFP4" and w.segments[0].sfmt == qf.SFMT_F32
+            assert np.array_equal(w.dequantize().numpy().view(np.uint32), ref.view(np.uint32))
+
+
+def test_mxfp4_resident_bytes() -> None:
+    """Per 32 weights of a row: 24 bytes of values in 6 bits (u8: 32) and a 4-byte fp32
+    scale, so 0.875 bytes per weight (u8: 1.125; GGUF's MXFP4 0.53), plus the int32 zero
+    point of each row."""
+    n, k = 48, 512
+    raw = mxfp4_raw(n, k)
+    for bits, per_block in ((6, 28), (8, 36)):
+        w = QuantizedWeight.from_gguf_rows(T.MXFP4, n, k, [(0, raw)], bits=bits)
+        assert w.nbytes == n * (k // 32) * per_block + 4 * n

@@ -69,7 +69,9 @@ def stream(family: ToolFamily, pieces: list[str]) -> tuple[ParsedOutput, ParsedO
                 assert e.to_openai() == {"index": e.index,
                                          "function": {"arguments": e.arguments}}
                 calls[-1][2] += e.arguments
-    added = ParsedOutput(content or None, tuple(ToolCall(*c) for c in calls))
+    # (harmony's reasoning is no stream event: the stream's own)
+    added = ParsedOutput(content or None, tuple(ToolCall(*c) for c in calls),
+                         s.result().reasoning)
     return s.result(), added
 
 
@@ -86,11 +88,14 @@ LLAMA31_LIKE = '{{- "<|python_tag|>" + tool_call.name }}<|eom_id|><|eot_id|>'
 LLAMA32_LIKE = ('Respond in the format {"name": function name, "parameters": dictionary}.'
                 '{{- "<|eot_id|>" }}')
 MISTRAL_LIKE = '{{- "[AVAILABLE_TOOLS]" }}{{- "[TOOL_CALLS]" }}'
+GPT_OSS_LIKE = ('{{- "<|start|>assistant to=functions." + tool_call.name + '
+                '"<|channel|>commentary json<|message|>" }}')
 
 
 @pytest.mark.parametrize("source, family", [
     (QWEN_LIKE, "hermes"), (LLAMA31_LIKE, "llama3"), (LLAMA32_LIKE, "llama3"),
-    (MISTRAL_LIKE, "mistral"), ("{{ messages }}", "generic"), (None, "generic"),
+    (MISTRAL_LIKE, "mistral"), (GPT_OSS_LIKE, "harmony"), ("{{ messages }}", "generic"),
+    (None, "generic"),
     ('"parameters" without the turn end', "generic"),
 ])
 def test_detect_family(source: str | None, family: str) -> None:
@@ -181,6 +186,14 @@ def test_parse(family: ToolFamily, text: str, content: str | None,
     ("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {"k" 1}}]'),
     ("generic", '{"tool_calls": [{"name": "a", "arguments": {,}}]}'),
     ("generic", '{"tool_calls": [{"name": "a"}]}'),
+    ("harmony", ' to=functions.a<|channel|>commentary json<|message|>{"k": tru}<|call|>'),
+    ("harmony", ' to=functions.a<|channel|>commentary json<|message|>[1]<|call|>'),
+    ("harmony", ' to=functions.a<|channel|>commentary json<|message|>{"k": 1'),  # cut off
+    ("harmony", ' to=functions.a<|channel|>commentary json<|message|>{"k": 1} x<|call|>'),
+    ("harmony", ' to=functions.a<|channel|>commentary json<|message|>'),  # no arguments
+    ("harmony", ' to=functions.<|channel|>commentary json<|message|>{}'),  # no name
+    ("harmony", ' to=functions.a<|channel|>final<|message|>{}'),  # not a call's channel
+    ("harmony", '<|channel|>commentary to=functions.a<|constrain|>json'),  # cut off
 ])
 def test_invalid_calls_stay_content(family: ToolFamily, text: str) -> None:
     assert parse(family, text) == ParsedOutput(text, ())
@@ -229,6 +242,11 @@ def test_stream_break_after_the_header() -> None:
     ("mistral", "[TOOL " * 1500 + '[TOOL_CALLS][{"name": "f", "arguments": {}}]'),
     ("generic", '{"response": "' + "line\\n\\u00e9 " * 2000 + '"}'),
     ("llama3", "plain " * 2000),
+    ("harmony", "<|channel|>analysis<|message|>" + "thinking <|en " * 900 + "<|end|>"
+     "<|start|>assistant<|channel|>commentary<|message|>" + "preamble <| " * 900 + "<|end|>"
+     '<|start|>assistant<|channel|>commentary to=functions.f json<|message|>{"a": "'
+     + "x" * 9000 + '"}<|call|><|start|>assistant to=functions.g<|channel|>analysis'
+     "<|message|>{}"),
 ])
 def test_long_outputs_stream_the_same(family: ToolFamily, text: str) -> None:
     """The stream drops the text it has decided (past a few KiB) and still adds up."""
@@ -271,6 +289,16 @@ def _render(family: str, content: str, calls: list[tuple[str, str]], variant: in
         key = "parameters" if variant % 2 else "arguments"
         items = [f'{{"name": {json.dumps(n)}, "{key}": {a}}}' for n, a in calls]
         return ("<|python_tag|>" if variant % 3 == 0 else "") + "; ".join(items)
+    if family == "harmony":  # content as a preamble before calls, else as the final message
+        if not calls:
+            return "<|channel|>final<|message|>" + content
+        heads = (" to=functions.{}<|channel|>commentary json<|message|>",  # the template's
+                 "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>",
+                 "<|channel|>analysis to=functions.{}<|message|>")
+        messages = ([f"<|channel|>commentary<|message|>{content}<|end|>"] if content else [])
+        messages += [heads[(variant + i) % 3].format(n) + a + "<|call|>"
+                     for i, (n, a) in enumerate(calls)]
+        return "<|start|>assistant".join(messages)
     items = [f'{{"name": {json.dumps(n)}, "arguments": {a}}}' for n, a in calls]
     return '{"tool_calls": [' + ", ".join(items) + "]}"
 
@@ -290,7 +318,10 @@ def test_stream_equals_whole_parse(family: ToolFamily, content: str,
     text = _render(family, content, written, variant)
     whole = parse(family, text)
     assert [(c.name, c.arguments) for c in whole.calls] == written
-    assert whole.content == ((content.rstrip(" \n") if written else content) or None)
+    if family == "harmony":  # a message's text, as written
+        assert whole.content == (content or None)
+    else:
+        assert whole.content == ((content.rstrip(" \n") if written else content) or None)
     got, added = stream(family, split(text, cuts))
     assert got == added == whole
 
@@ -311,6 +342,8 @@ PIECES = st.sampled_from([
     "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", '{"name": "f", ',
     '"arguments": ', '"parameters": ', '{"tool_calls": [', '{"response": "', "{", "}", "[",
     "]", ",", ";", '"', "\\", "\\u00", "\n", " ", "x", ":", '"id": "abcdefghi"',
+    "<|channel|>", "<|message|>", "<|end|>", "<|start|>assistant", "<|call|>", "<|constrain|>",
+    " to=functions.f", " to=python", "analysis", "commentary", "final", " json", "<|en",
 ])
 
 

@@ -103,6 +103,11 @@ def output(family: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
     if family == "llama3":
         assert len(objs) == 1
         return json.dumps(objs[0])
+    if family == "harmony":  # one call a turn (<|call|>, an EOS, ends it); as the template
+        assert len(calls) == 1
+        name, args = calls[0]
+        return (f" to=functions.{name}<|channel|>commentary json<|message|>"
+                + json.dumps(args))
     return json.dumps({"tool_calls": objs})
 
 
@@ -118,7 +123,7 @@ def test_grammar_accepts_valid_calls_and_parses_back(tok: Tokenizer, lltok: Any,
     assert grammar is not None
     cases: list[list[tuple[str, dict[str, Any]]]] = [[PARIS], [SUM], [("now", {})], [PARIS, SUM]]
     for calls in cases:
-        if family == "llama3" and len(calls) > 1:
+        if family in ("llama3", "harmony") and len(calls) > 1:
             continue  # one call a turn
         text = output(family, calls)
         assert rejected_at(tok, lltok, grammar, text) is None, text
@@ -137,7 +142,8 @@ def test_grammar_rejects_unknown_names_and_bad_arguments(tok: Tokenizer, lltok: 
     bad_name = good.replace("get_weather", "get_wether")
     prefix = rejected_at(tok, lltok, grammar, bad_name)
     assert prefix is not None and bad_name.startswith(prefix)
-    assert len(prefix) > good.index('"name"')  # refused within the name
+    name_at = good.index("get_weather" if family == "harmony" else '"name"')
+    assert len(prefix) > name_at  # refused within the name
     for bad in (good.replace('"Paris"', "7"),  # the schema's type
                 good.replace('"city": "Paris"', '"town": "Paris"'),  # an unknown property
                 good.replace('": "', '":"'),  # not compact as tojson writes it
@@ -195,7 +201,7 @@ def test_generic_auto_allows_a_response(tok: Tokenizer, lltok: Any) -> None:
 
 @pytest.mark.parametrize("family", TOOL_FAMILIES)
 def test_parallel_tool_calls(tok: Tokenizer, lltok: Any, family: ToolFamily) -> None:
-    if family == "llama3":
+    if family in ("llama3", "harmony"):
         return  # one call a turn whatever parallel_tool_calls says
     one = tool_grammar(TOOLS, ToolChoice("required"), family=family,
                        parallel_tool_calls=False)
@@ -257,6 +263,8 @@ def test_special_marker_ids() -> None:
     assert special_marker_ids("hermes", ids.get) == {"<tool_call>": 5}
     assert special_marker_ids("mistral", ids.get) == {"[TOOL_CALLS]": 6}
     assert special_marker_ids("generic", ids.get) == {}
+    assert special_marker_ids("harmony", {"<|channel|>": 7, "<|call|>": 8}.get) == {
+        "<|channel|>": 7}  # (<|call|> ends the turn: an EOS, never in the grammar)
     assert set(FAMILY_MARKERS) == set(TOOL_FAMILIES)
 
 

@@ -143,11 +143,13 @@ def _write_checkpoint(variant: Variant, out: Path) -> None:
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     gen = torch.Generator().manual_seed(variant.seed + 1)
     with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
-            if p.ndim == 1:
+        for name, p in sorted(model.named_parameters()):
+            # (gpt-oss's stacked expert biases are 2-D and initialised to zero.)
+            if p.ndim == 1 or name.endswith("bias"):
                 p.add_(torch.randn(p.shape, generator=gen) * 0.2)
             else:
-                p.mul_(variant.scale)
+                p.mul_(variant.scale * next(
+                    (f for k, f in variant.scales.items() if name.endswith(k)), 1.0))
     model.save_pretrained(out)
 
 

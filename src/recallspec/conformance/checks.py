@@ -62,6 +62,9 @@ LLAMACPP_BOUNDS: dict[str, QuantBound] = {
     "Q8_0": QuantBound(top1=0.80, mean_kl=3e-3),
     "Q4_0": QuantBound(top1=0.80, mean_kl=3e-3),
     "Q4_K_M": QuantBound(top1=0.70, mean_kl=1.2e-2),
+    # MXFP4 experts (their products exact integer sums on both sides, over the same 8-bit
+    # activations in blocks of 32) and Q8_0 elsewhere: Q8_0's bound.
+    "MXFP4_MOE": QuantBound(top1=0.80, mean_kl=3e-3),
 }
 # A mixture of experts against llama.cpp: each row's top-k experts are chosen by router
 # logits that carry the two engines' float-order noise, and where a row's k-th and
@@ -136,6 +139,32 @@ def hf_greedy(model: Any, prompt: list[int], n: int = GREEDY_TOKENS) -> list[int
 def load_ours(path: Path, dtype: str) -> CausalLM:
     model, _ = load_model(path, dtype=dtype, repack_cache=False)
     return model
+
+
+def with_llamacpp_rope(model: CausalLM) -> CausalLM:
+    """``model`` (weights shared) with RoPE as llama.cpp computes it where the two
+    differ: YaRN's correction range rounded to whole dims (llama.cpp rounds it always,
+    gpt-oss's own config does not). For the quantized check against llama.cpp, which is
+    of the file's blocks and kernels, not of RoPE (the fp32 check against transformers
+    is): a random model turns the few percent this moves some frequencies by into logits
+    that no longer agree at all. The model itself when nothing differs."""
+    import copy
+
+    c = model.config
+    specs = [s for s in (c.rope, c.rope_local) if s is not None]
+    if not any(s.type == "yarn" and not s.truncate for s in specs):
+        return model
+    from dataclasses import replace
+
+    from recallspec.models.rope import RopeTables
+
+    def rounded(s: Any) -> Any:
+        return None if s is None else replace(s, truncate=True)
+
+    other = copy.copy(model)  # (a shallow copy: its own config and tables, same weights)
+    other.config = replace(c, rope=rounded(c.rope), rope_local=rounded(c.rope_local))
+    other.rope = RopeTables(other.config, model.dtype)
+    return other
 
 
 @torch.inference_mode()

@@ -42,9 +42,11 @@ def measure(variants: Sequence[Variant], quants: Sequence[str] = QUANTS,
         rows.append({"variant": v.name, "follows": v.follows, "model_type": v.model_type,
                      "format": "F32", "truth": "transformers", **a.to_dict(),
                      "greedy_identical": same, "passes": a.max_rel <= checks.FP32_REL and same})
-        for q in quants if llamacpp else ():
+        for q in (*quants, *v.extra_quants) if llamacpp else ():
             gguf = quantized(b, q)
-            quant_model = checks.load_ours(gguf, "auto")
+            # (RoPE as llama.cpp computes it where the two differ: this row is of the
+            # file's blocks; checks.with_llamacpp_rope.)
+            quant_model = checks.with_llamacpp_rope(checks.load_ours(gguf, "auto"))
             ours = checks.ours_logits(quant_model, ids, v.context)
             theirs = checks.llamacpp_logits(gguf, ids, v.context)
             aq = checks.agreement(theirs, ours)
@@ -86,7 +88,11 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "Q4_K_M**: our quantized path against native llama.cpp on the same file (bounds: "
         + "; ".join(f"{q} top-1 >= {b.top1}, mean KL <= {b.mean_kl:g}"
                     for q, b in checks.LLAMACPP_BOUNDS.items())
-        + "). A mixture of experts (Qwen3-MoE): its few positions where the engines' "
+        + "). Where llama.cpp computes RoPE otherwise than the model's config says "
+        "(gpt-oss's YaRN correction range, which llama.cpp rounds), our side of a "
+        "quantized row computes it llama.cpp's way (`checks.with_llamacpp_rope`): those "
+        "rows are of the file's blocks, the F32 row of the maths. A mixture of experts "
+        "(Qwen3-MoE, gpt-oss): its few positions where the engines' "
         "noise flips a row's choice of experts dominate the mean KL, so its rows are held "
         "instead to the median KL within that bound and to a mean KL from transformers' "
         f"fp32 logits at most {checks.MOE_TRUTH_RATIO}x llama.cpp's own (both in the "

@@ -109,6 +109,16 @@ FAMILIES: dict[str, Family] = {
         ("<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"),
         config_bos="<|begin_of_text|>", eos="<|im_end|>", turn_end=("<|im_end|>",),
         plain=("<think>", "</think>")),
+    # gpt-oss (o200k_harmony): openai/gpt-oss-20b's tokenizer_config.json names
+    # <|startoftext|> BOS (not put first: the template starts with <|start|>system),
+    # <|return|> EOS and <|endoftext|> padding; its added tokens are all special, here in
+    # their published id order (199998-200018) less the <|reserved_*|> ones. A turn ends
+    # with <|return|> (the final message) or <|call|> (a tool call); <|end|> ends a
+    # message, not the turn.
+    "openai-gpt-oss-120b.jinja": Family(
+        ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",
+         "<|start|>", "<|end|>", "<|message|>", "<|call|>", "<|endofprompt|>"),
+        bos="<|startoftext|>", eos="<|return|>", turn_end=("<|return|>", "<|call|>")),
     # Granite 3.x: <|end_of_text|> is BOS, EOS and the end of every turn.
     "ibm-granite-granite-3.3-2B-Instruct.jinja": Family(
         ("<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>",

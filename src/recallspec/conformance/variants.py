@@ -59,6 +59,11 @@ class Variant:
     # activations and logits spread as a trained model's do; every 1-D tensor (norms,
     # biases) gets N(0, 0.2) noise so none is all ones or zeros and a misread one shows.
     scale: float = 4.0
+    # Parameters (by name suffix) scaled further: gpt-oss's experts, so that its clamps
+    # act (at the common scale no gate reaches the limit of 7).
+    scales: Mapping[str, float] = field(default_factory=dict)
+    # llama-quantize types the quantized checks run beside the common ones.
+    extra_quants: tuple[str, ...] = ()
     seed: int = 0
 
     def hf_config(self, vocab_size: int, bos: int, eos: int, pad: int) -> dict[str, Any]:
@@ -101,6 +106,19 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
              "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 256,
              "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []},
             template="Qwen-Qwen3-0.6B.jinja"),
+    Variant("gpt-oss", "gpt-oss-20b / 120b (32 / 128 experts, top-4, router and expert biases, "
+            "the clamped SwiGLU; attention sinks; window 128 on every other layer from the "
+            "first; YaRN factor 32 untruncated; q/k/v/o biases; untied head; MXFP4 "
+            "experts; here 16 experts, 4 layers)", "gpt_oss",
+            {"num_hidden_layers": 4, "intermediate_size": 256, "num_local_experts": 16,
+             "max_position_embeddings": 32 * ORIGINAL_CONTEXT,
+             "num_experts_per_tok": 4, "sliding_window": 256, "tie_word_embeddings": False,
+             "attention_bias": True,
+             "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                 "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                                 "original_max_position_embeddings": ORIGINAL_CONTEXT}},
+            template="openai-gpt-oss-120b.jinja",
+            scale=2.0, scales={"mlp.experts.gate_up_proj": 4.0}, extra_quants=("MXFP4_MOE",)),
     Variant("gemma3-1b", "Gemma 3 1B (sliding window 512, 5 local : 1 global, q/k norms)",
             "gemma3_text",
             {"num_hidden_layers": 6, "num_key_value_heads": 1, "sliding_window": 512,

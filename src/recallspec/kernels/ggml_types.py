@@ -35,6 +35,7 @@ class GGMLType(IntEnum):
     Q5_K = 13
     Q6_K = 14
     BF16 = 30
+    MXFP4 = 39
 
 
 # (elements per block, bytes per block), as gguf.GGML_QUANT_SIZES has them.
@@ -42,7 +43,7 @@ BLOCK_SIZES: dict[GGMLType, tuple[int, int]] = {
     GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.BF16: (1, 2),
     GGMLType.Q4_0: (32, 18), GGMLType.Q4_1: (32, 20), GGMLType.Q5_0: (32, 22),
     GGMLType.Q5_1: (32, 24), GGMLType.Q8_0: (32, 34), GGMLType.Q4_K: (256, 144),
-    GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210),
+    GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210), GGMLType.MXFP4: (32, 17),
 }
 
 _KNOWN = frozenset(int(t) for t in GGMLType)

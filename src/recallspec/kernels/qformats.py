@@ -16,9 +16,19 @@ Q8_0      u8       32    d                   -                      128    fp16
 Q4_K      u4       32    d * sc              -(dmin * mn)           0      fp32
 Q5_K      u8       32    d * sc              -(dmin * mn)           0      fp32
 Q6_K      u8       16    d * sc              -                      32     fp32
+MXFP4     u8       32    2^(e - 128)         -                      12     fp32
 ========  =======  ====  ==================  =====================  =====  ===========
 
 (Q8_0 stores q + 128.) d, dmin, m are the blocks' fp16 fields, kept as fp16 (exact).
+MXFP4 (gpt-oss) stores per block of 32 an E8M0 byte e and 4-bit codes c; its value is
+``kvalues[c] * 2^(e - 128)`` (ggml's ``GGML_E8M0_TO_FP32_HALF``: the e2m1 values doubled
+to the integers ``MXFP4_KVALUES``, the scale halved to match). So u = kvalues[c] + 12 in
+[0, 24] with z = 12 gives ``u - z = kvalues[c]`` exactly, and s is that power of two as
+an fp32 (fp16 cannot hold 2^-128..2^127; e = 0, 1 are the fp32 subnormals 2^-128,
+2^-127, and e = 255 is 2^127, not NaN, as ggml has it). The kvalues are not evenly
+spaced, so u needs 5 bits: u8 storage, or 6 bits (``BELOW_64``), not u4. A power of two
+times an integer of at most 4 bits is exact in fp32 down to 2^-149, so ``s * (u - z)`` is
+gguf's ``d * kvalue`` bit for bit (both the same inf where it leaves the fp32 range, e >= 254).
 For K-quants d * sc is a fp16 times a 6- or 8-bit integer, exact in fp32 (at most 19
 significant bits), and is what ``gguf.quants`` multiplies by; the kernels keep the
 factors (``KScales``: d and sc, and -dmin and mn) and form that product themselves. So
@@ -30,9 +40,9 @@ Packed layout (``pack``; the C++ side documents it in csrc/qgemm/qkernels.h): ro
 of 16 (zero rows pad the last group), for each group and sub-block the 16 rows' u in
 64-byte vectors of 4 consecutive k per row; u4 vectors carry chunk v in the low nibbles
 and chunk v+4 in the high nibbles; 6-bit storage (``with_bits``: the types whose u are
-below 64, Q5_* and Q6_K) keeps each pair of chunks (both halves of 8 rows: 4 vectors of
+below 64, Q5_*, Q6_K and MXFP4) keeps each pair of chunks (both halves of 8 rows: 4 vectors of
 32 bytes) in 3 vectors, three of them in bits 0-5 and the fourth spread over their bits
-6-7; scales and mins [G][k/sb][16], or for K-quants tiles
+6-7; scales and mins [G][k/sb][16] (fp16, MXFP4's fp32), or for K-quants tiles
 per (group, super-block of 256) of the 16 rows' fp16 d and then their int8 sc
 [256/sb][16] (bytes, ``SFMT_KS``); z [G*16] int32.
 """
@@ -48,7 +58,8 @@ from recallspec.kernels.ggml_types import GGMLType as T
 
 # block size in elements, bytes per block
 BLOCKS: dict[T, tuple[int, int]] = {
-    t: BLOCK_SIZES[t] for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+    t: BLOCK_SIZES[t]
+    for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4)
 }
 
 
@@ -60,8 +71,8 @@ SFMT_F32, SFMT_F16, SFMT_KS = 0, 1, 2
 @dataclass(frozen=True)
 class Layout:
     """A GGUF type's row of the module docstring's table: sub-block, storage bits (4 or 8),
-    how the packed segment stores its scales (``SFMT_F16`` or, for K-quants,
-    ``SFMT_KS``), whether it has mins, and its zero point (0: none)."""
+    how the packed segment stores its scales (``SFMT_F16``, for K-quants ``SFMT_KS``,
+    for MXFP4 ``SFMT_F32``), whether it has mins, and its zero point (0: none)."""
 
     sb: int
     bits: int
@@ -79,9 +90,25 @@ LAYOUTS: dict[T, Layout] = {
     T.Q8_0: Layout(32, 8, SFMT_F16, False, 128),
     T.Q4_K: Layout(32, 4, SFMT_KS, True, 0), T.Q5_K: Layout(32, 8, SFMT_KS, True, 0),
     T.Q6_K: Layout(16, 8, SFMT_KS, False, 32),
+    T.MXFP4: Layout(32, 8, SFMT_F32, False, 12),
 }
 # The types whose u are all below 64: 6-bit storage holds them (``with_bits``).
-BELOW_64 = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K})
+BELOW_64 = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K, T.MXFP4})
+
+# MXFP4's code table (ggml-common.h ``kvalues_mxfp4``: the e2m1 values doubled; bit 3 is
+# the sign, code 8 is -0 and so 0), and u = kvalue + 12 per code (the C++ repack's LUT).
+MXFP4_KVALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+MXFP4_ZERO = 12
+_MXFP4_U = np.array(MXFP4_KVALUES, dtype=np.int16) + MXFP4_ZERO
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """E8M0 bytes -> 2^(e - 128) as float32, bit for bit ggml's
+    ``GGML_E8M0_TO_FP32_HALF``: exponent field e - 1 for e >= 2, the subnormals 2^-128
+    (bits 0x00200000) and 2^-127 (0x00400000) for e = 0, 1; e = 255 is 2^127."""
+    e32 = np.asarray(e, dtype=np.uint8).astype(np.uint32)
+    bits = np.where(e32 < 2, np.uint32(0x00200000) << e32, (e32 - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
 
 
 def storage_bytes(bits: int, sb: int) -> int:
@@ -197,6 +224,9 @@ def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
         sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8)
         scale = _f16(b[..., 208:210]).astype(np.float32)[..., None] * sc.astype(np.float32)
         ks = KScales(_f16(b[..., 208:210]), sc.reshape(n, -1), None, None)
+    elif qtype == T.MXFP4:  # e, then 16 bytes: byte j holds element j (low), j + 16 (high)
+        u = _MXFP4_U[_nibbles(b[..., 1:17])].astype(np.uint8)
+        scale = e8m0_half(b[..., 0])
     else:
         raise ValueError(f"no canonical form for GGUF type {qtype.name}")
     sb = lay.sb

@@ -27,7 +27,7 @@ class Packed:
     """The flat arrays of one segment of n rows in the kernel layout (qkernels.h)."""
 
     qs: torch.Tensor  # uint8
-    scale: torch.Tensor  # float16, or uint8 K-quant tiles
+    scale: torch.Tensor  # float16, float32 (MXFP4), or uint8 K-quant tiles
     mins: torch.Tensor | None
     zero: torch.Tensor | None  # int32
 
@@ -60,8 +60,8 @@ def allocate(qtype: T, n: int, k: int, bits: int) -> Packed:
     g, nsb = (n + 15) // 16, k // lay.sb
     if lay.sfmt == qf.SFMT_KS:
         sdt, count = torch.uint8, g * (k // 256) * qf.ks_tile_bytes(lay.sb)
-    else:
-        sdt, count = torch.float16, g * nsb * 16
+    else:  # one scale per (row, sub-block); the dtype tells Segment.sfmt which format
+        sdt, count = (torch.float32 if lay.sfmt == qf.SFMT_F32 else torch.float16), g * nsb * 16
     return Packed(
         qs=zeros(g * nsb * qf.storage_bytes(bits, lay.sb), torch.uint8),
         scale=zeros(count, sdt),

@@ -35,10 +35,13 @@ ARCHITECTURES: dict[str, str] = {
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",
+    "gpt_oss": "gpt_oss",
 }
 GEMMA = ("gemma2", "gemma3")
 
-ACTIVATIONS = ("silu", "gelu_tanh")
+# "swiglu_oai": gpt-oss's clamped gate, min(g, L) * sigmoid(alpha * min(g, L)) *
+# (clamp(u, -L, L) + 1) (``ModelConfig.swiglu_alpha`` / ``swiglu_limit``).
+ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")
 _ACT_NAMES = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 # RoPE variants (``RopeSpec.type``): the transformers ``rope_type`` names we compute
@@ -121,7 +124,7 @@ class RopeSpec:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str  # family: "llama" | "qwen2" | "qwen3" | "phi3" | "gemma2" | "gemma3"
+    arch: str  # family: "llama" | "qwen2" | "qwen3" | "phi3" | "gemma2" | "gemma3" | "gpt_oss"
     # (Qwen3-MoE is the qwen3 family with experts: the switches below.)
     model_type: str  # HF model_type it was read from (e.g. "mistral", "gemma3_text")
     vocab_size: int
@@ -165,6 +168,14 @@ class ModelConfig:
     experts_per_token: int = 0
     expert_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    # gpt-oss: a learned logit per attention head that joins each softmax's denominator
+    # (the "sink": it takes probability mass and adds no value), and biases on the
+    # router's logits and on every expert's gate, up and down products.
+    attention_sinks: bool = False
+    expert_bias: bool = False
+    # The "swiglu_oai" activation's slope and clamp (gpt-oss: 1.702, 7).
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
     # Where the config was read (a file path), for error messages only.
     source: str = field(default="", compare=False)
 
@@ -205,6 +216,12 @@ class ModelConfig:
                 f"({self.expert_intermediate_size})")
         if not self.num_experts and (self.experts_per_token or self.expert_intermediate_size):
             raise ModelLoadError(f"{at}experts per token or an expert size without experts")
+        if self.expert_bias and not self.num_experts:
+            raise ModelLoadError(f"{at}expert biases without experts")
+        if self.activation == "swiglu_oai" and not (
+                self.swiglu_limit > 0 and math.isfinite(self.swiglu_alpha)):
+            raise ModelLoadError(f"{at}swiglu_oai needs a positive limit and a finite slope, "
+                                 f"got limit {self.swiglu_limit}, alpha {self.swiglu_alpha}")
 
     @property
     def moe(self) -> bool:
@@ -293,6 +310,11 @@ def _rope_dicts(hf: Mapping[str, Any], gemma3: bool) -> tuple[dict[str, Any], di
     else:
         full, local = rp, {}
     theta_default = 1e6 if gemma3 else 1e4
+    if hf.get("model_type") == "gpt_oss":
+        theta_default = 150000.0
+        if not rp:  # (GptOssConfig's default: YaRN over the 4k pretraining context)
+            full = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                    "truncate": False, "original_max_position_embeddings": 4096}
     full.setdefault("rope_theta", hf.get("rope_theta", theta_default))
     if gemma3:
         local.setdefault("rope_theta", hf.get("rope_local_base_freq", 1e4))
@@ -359,7 +381,7 @@ def _default_layer_types(model_type: str, hf: Mapping[str, Any], layers: int,
     if model_type in ("gemma3_text", "gemma3"):
         pattern = int(hf.get("sliding_window_pattern", 6))
         return [sliding if (i + 1) % pattern else full for i in range(layers)]
-    if model_type == "gemma2":
+    if model_type in ("gemma2", "gpt_oss"):
         return [sliding if (i + 1) % 2 else full for i in range(layers)]
     if window is None:
         return [full] * layers
@@ -399,7 +421,7 @@ def _from_hf(arch: str, model_type: str, hf: Mapping[str, Any], source: str) -> 
     if hf.get("use_bidirectional_attention"):
         raise ModelLoadError("unsupported feature use_bidirectional_attention=true")
     experts = _experts(model_type, hf)
-    raw_window = hf.get("sliding_window")
+    raw_window = hf.get("sliding_window", 128 if model_type == "gpt_oss" else None)
     if model_type in ("qwen2", "smollm3") and not hf.get("use_sliding_window"):
         raw_window = None
     window = int(raw_window) if raw_window else None
@@ -428,6 +450,9 @@ def _from_hf(arch: str, model_type: str, hf: Mapping[str, Any], source: str) -> 
     activation = _ACT_NAMES.get(act)
     if activation is None:
         raise ModelLoadError(f"unsupported activation {act!r}")
+    gpt_oss = model_type == "gpt_oss"
+    if gpt_oss:  # (its hidden_act says "silu"; GptOssExperts computes the clamped gate)
+        activation = "swiglu_oai"
     granite = model_type == "granite"
     embed_scale = (math.sqrt(hidden) if gemma
                    else float(hf.get("embedding_multiplier", 1.0)) if granite else 1.0)
@@ -450,7 +475,7 @@ def _from_hf(arch: str, model_type: str, hf: Mapping[str, Any], source: str) -> 
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         max_position=int(hf.get("max_position_embeddings", 8192)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
-        attention_bias=bool(hf.get("attention_bias", arch == "qwen2")),
+        attention_bias=bool(hf.get("attention_bias", arch in ("qwen2", "gpt_oss"))),
         qk_norm=arch in ("qwen3", "gemma3"),
         norm_offset_one=gemma,
         sandwich_norms=gemma,
@@ -469,14 +494,25 @@ def _from_hf(arch: str, model_type: str, hf: Mapping[str, Any], source: str) -> 
         bos_token_id=None if hf.get("bos_token_id") is None else int(hf["bos_token_id"]),
         eos_token_ids=_eos_ids(hf),
         **experts,
+        attention_sinks=gpt_oss,
+        expert_bias=gpt_oss,
+        swiglu_alpha=float(hf.get("swiglu_alpha", 1.702)) if gpt_oss else 1.702,
+        swiglu_limit=float(hf.get("swiglu_limit", 7.0)) if gpt_oss else 7.0,
         source=source,
     )
 
 
 def _experts(model_type: str, hf: Mapping[str, Any]) -> dict[str, Any]:
-    """A Qwen3-MoE config's experts as ``ModelConfig`` fields ({} for a dense model). Every
-    layer must be sparse (the published ones are: ``decoder_sparse_step`` 1, no
-    ``mlp_only_layers``); a dense layer among them is refused, not computed as sparse."""
+    """A Qwen3-MoE or gpt-oss config's experts as ``ModelConfig`` fields ({} for a dense
+    model). Every layer must be sparse (the published ones are: ``decoder_sparse_step`` 1,
+    no ``mlp_only_layers``); a dense layer among them is refused, not computed as sparse."""
+    if model_type == "gpt_oss":
+        # (GptOssTopKRouter: top-k of the raw logits, then a softmax over those k, which
+        # is the renormalised top-k softmax; every expert of intermediate_size.)
+        return {"num_experts": int(hf.get("num_local_experts") or hf["num_experts"]),
+                "experts_per_token": int(hf["num_experts_per_tok"]),
+                "expert_intermediate_size": int(hf["intermediate_size"]),
+                "norm_topk_prob": True}
     if model_type != "qwen3_moe":
         for key in ("num_experts", "num_local_experts", "num_experts_per_tok"):
             if hf.get(key):

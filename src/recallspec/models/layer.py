@@ -37,14 +37,25 @@ class DecoderLayer(nn.Module):
     router_w: Weight | None
     expert_gate_up: tuple[Weight, ...]
     expert_down: tuple[Weight, ...]
+    # gpt-oss (``ModelConfig.attention_sinks`` / ``expert_bias``; else None and empty):
+    # each head's sink logit [heads], the router's bias [experts], and each expert's
+    # gate-up bias [2 x expert size] (gate first, the rows of its gate-up matrix) and
+    # down bias [hidden]; all float32.
+    sinks: torch.Tensor | None
+    router_b: torch.Tensor | None
+    expert_gate_up_b: tuple[torch.Tensor, ...]
+    expert_down_b: tuple[torch.Tensor, ...]
 
     def __init__(self, tensors: Mapping[str, Weight | None],
-                 experts: tuple[tuple[Weight, Weight], ...] = ()) -> None:
-        """``experts``: (gate-up, down) of each expert, in order (empty: a dense MLP)."""
+                 experts: tuple[tuple[Weight, Weight], ...] = (),
+                 expert_biases: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()) -> None:
+        """``experts``: (gate-up, down) of each expert, in order (empty: a dense MLP);
+        ``expert_biases``: their (gate-up, down) biases, in the same order (or empty)."""
         super().__init__()
         for name in (
             "qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w", "attn_norm", "ffn_norm",
-            "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "router_w",
+            "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "router_w", "sinks",
+            "router_b",
         ):
             t = tensors.get(name)
             if isinstance(t, QuantizedWeight):
@@ -54,10 +65,16 @@ class DecoderLayer(nn.Module):
         # (Plain tuples: inference only, and a list of buffers would need a name each.)
         self.expert_gate_up = tuple(g for g, _ in experts)
         self.expert_down = tuple(d for _, d in experts)
+        if expert_biases and len(expert_biases) != len(experts):
+            raise ValueError(f"{len(expert_biases)} expert biases for {len(experts)} experts")
+        self.expert_gate_up_b = tuple(g for g, _ in expert_biases)
+        self.expert_down_b = tuple(d for _, d in expert_biases)
 
     def matrices(self) -> list[Weight]:
         """Every matrix and vector of the layer (None ones left out), experts included."""
         names = ("qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w", "attn_norm",
-                 "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "router_w")
+                 "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "router_w",
+                 "sinks", "router_b")
         own = [getattr(self, n) for n in names]
-        return [w for w in (*own, *self.expert_gate_up, *self.expert_down) if w is not None]
+        return [w for w in (*own, *self.expert_gate_up, *self.expert_down,
+                            *self.expert_gate_up_b, *self.expert_down_b) if w is not None]

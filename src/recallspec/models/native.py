@@ -19,6 +19,11 @@ activations follow one fixed float order per output (csrc/native/native_ops.h). 
 reference the logits differ only by that float order (and the activation roundings it
 moves), within the bound tests/models/test_native_forward.py states.
 
+gpt-oss's parts are computed too: each head's attention sink (in the softmax's
+denominator), the router's and experts' biases and the clamped SwiGLU (``swiglu_oai``);
+a layer without the tensors its config names is refused (``ModelLoadError``), as is an
+activation the C++ side does not have.
+
 ``RECALLSPEC_NATIVE=0`` makes quantized models use the Python forward (for debugging).
 """
 
@@ -70,6 +75,31 @@ class NativeSource(Protocol):
     def layers(self) -> torch.nn.ModuleList: ...
 
 
+def _vector(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A bias or sink vector as the C++ side reads it: float32, contiguous, 1-D (the
+    model's own tensor when it already is; the C++ side keeps a reference)."""
+    if t is None:
+        return None
+    return t.detach().to(torch.float32).contiguous().reshape(-1)
+
+
+def _check_gpt_oss_tensors(c: ModelConfig, layer: DecoderLayer, i: int) -> None:
+    """gpt-oss's per-layer tensors are there when the config says: the sinks with
+    ``attention_sinks``, the router's and every expert's biases with ``expert_bias``
+    (the native forward computes with the tensors the layer holds, as the reference
+    does, so a missing one would silently be another model)."""
+    if c.attention_sinks and (layer.sinks is None or layer.sinks.numel() != c.num_heads):
+        raise ModelLoadError(f"layer {i}: attention_sinks needs one sink logit per head "
+                             f"({c.num_heads})")
+    n = c.num_experts
+    if c.expert_bias and not (layer.router_b is not None and len(layer.expert_gate_up_b) == n
+                              and len(layer.expert_down_b) == n):
+        raise ModelLoadError(
+            f"layer {i}: expert_bias needs the router's bias and each of the {n} experts' "
+            f"gate-up and down biases (router bias: {layer.router_b is not None}, "
+            f"{len(layer.expert_gate_up_b)} gate-up, {len(layer.expert_down_b)} down)")
+
+
 def enabled_by_default() -> bool:
     """Whether quantized models use the native forward unless told otherwise (read at
     model construction): yes, unless ``RECALLSPEC_NATIVE`` is 0 / false / no / off."""
@@ -92,6 +122,10 @@ class NativeModel:
                 f"the native forward rotates multiples of 32 dims of a head; this model "
                 f"rotates {c.rotary_dims} (load with RECALLSPEC_NATIVE=0 for the Python "
                 "forward)")
+        if c.activation not in ("silu", "gelu_tanh", "swiglu_oai"):
+            raise ModelLoadError(
+                f"the native forward has no {c.activation!r} activation (load with "
+                "RECALLSPEC_NATIVE=0 for the Python forward)")
         h = _kernels.NativeModel(
             hidden=c.hidden_size, intermediate=c.mlp_size, vocab=c.vocab_size,
             layers=c.num_layers, heads=c.num_heads, kv_heads=c.num_kv_heads,
@@ -101,6 +135,8 @@ class NativeModel:
             residual_scale=c.residual_scale, logit_divisor=c.logit_divisor,
             gelu=c.activation == "gelu_tanh", experts=c.num_experts,
             experts_used=c.experts_per_token, norm_topk=c.norm_topk_prob,
+            swiglu_oai=c.activation == "swiglu_oai", swiglu_alpha=c.swiglu_alpha,
+            swiglu_limit=c.swiglu_limit,
         )
 
         def segs(w: QuantizedWeight | torch.Tensor | None) -> _Matrix | None:
@@ -114,15 +150,21 @@ class NativeModel:
         h.set_head(segs(model.lm_head_w), model.final_norm)
         for i in range(c.num_layers):
             layer = cast(DecoderLayer, model.layers[i])
+            _check_gpt_oss_tensors(c, layer, i)
             h.set_layer(
                 i, c.window(i) or 0, model.rope.kind(i),
                 segs(layer.qkv_w), segs(layer.o_w), segs(layer.gate_up_w), segs(layer.down_w),
                 layer.qkv_b, layer.o_b, layer.attn_norm, layer.ffn_norm,
                 layer.q_norm, layer.k_norm, layer.post_attn_norm, layer.post_ffn_norm,
+                sinks=_vector(layer.sinks),
             )
             if c.moe:
-                h.set_experts(i, segs(layer.router_w), [segs(w) for w in layer.expert_gate_up],
-                              [segs(w) for w in layer.expert_down])
+                h.set_experts(
+                    i, segs(layer.router_w), [segs(w) for w in layer.expert_gate_up],
+                    [segs(w) for w in layer.expert_down], router_b=_vector(layer.router_b),
+                    gate_up_b=[_vector(b) for b in layer.expert_gate_up_b] or None,
+                    down_b=[_vector(b) for b in layer.expert_down_b] or None,
+                )
         self._h = h
 
     def forward(

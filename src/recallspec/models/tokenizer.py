@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import cache, cached_property
 from pathlib import Path
@@ -25,6 +25,34 @@ from recallspec.errors import ModelLoadError
 # ChatML's (Qwen, SmolLM), Gemma's, Llama 3's (<|eom_id|>: the end of a tool-call turn in
 # its ipython mode, which llama.cpp also stops at) and Phi-3's.
 TURN_END_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|end|>")
+# Harmony (gpt-oss, OpenAI's o200k_harmony vocabulary): <|end|> ends a message, not the
+# turn (the model goes on with "<|start|>assistant<|channel|>final..." after its analysis
+# message); <|return|> ends the turn after the final message, <|call|> after a tool call.
+HARMONY_TURN_END_TOKENS = ("<|return|>", "<|call|>")
+HARMONY_MESSAGE_END = "<|end|>"
+HARMONY_CHANNEL = "<|channel|>"
+
+
+def is_harmony(chat_template: str | None, has_token: Callable[[str], bool]) -> bool:
+    """Whether the chat format is harmony: the template writes ``<|channel|>`` (how
+    llama.cpp's common/chat.cpp tells gpt-oss's template), or the vocabulary holds both
+    ``<|return|>`` and ``<|call|>`` (how llama.cpp's src/llama-vocab.cpp tells it)."""
+    if chat_template is not None and HARMONY_CHANNEL in chat_template:
+        return True
+    return all(has_token(t) for t in HARMONY_TURN_END_TOKENS)
+
+
+def turn_end_tokens(chat_template: str | None,
+                    has_token: Callable[[str], bool]) -> tuple[str, ...]:
+    """The tokens that end an assistant turn, each an end-of-sequence id: in a harmony
+    format (``is_harmony``) <|return|> and <|call|> (those the vocabulary holds) and never
+    <|end|>; otherwise those of ``TURN_END_TOKENS`` the vocabulary holds and the chat
+    template uses (all of them with no template). ``has_token``: whether the vocabulary
+    holds a token (Phi-3's <|end|> ends its turns, gpt-oss's does not)."""
+    if is_harmony(chat_template, has_token):
+        return tuple(t for t in HARMONY_TURN_END_TOKENS if has_token(t))
+    return tuple(t for t in TURN_END_TOKENS
+                 if has_token(t) and (chat_template is None or t in chat_template))
 
 
 def _token_text(v: Any) -> str | None:
@@ -62,12 +90,18 @@ class Tokenizer:
         self.eos_token_id = self._id(eos_token)
         self._extra_eos_ids = frozenset(extra_eos_ids)
         eos = set(self._extra_eos_ids)
+        if is_harmony(chat_template, self._has_token):
+            # <|end|> is no end of sequence, whatever listed it (llama.cpp drops it from
+            # its end-of-generation ids too), unless it is the tokenizer's own EOS
+            end = self._id(HARMONY_MESSAGE_END)
+            if end is not None:
+                eos.discard(end)
         if self.eos_token_id is not None:
             eos.add(self.eos_token_id)
-        for t in TURN_END_TOKENS:
+        for t in turn_end_tokens(chat_template, self._has_token):
             tid = self._id(t)
-            if tid is not None and (chat_template is None or t in chat_template):
-                eos.add(tid)
+            assert tid is not None  # (turn_end_tokens gives only tokens it holds)
+            eos.add(tid)
         self.eos_token_ids: frozenset[int] = frozenset(eos)
         self.vocab_size: int = int(tokenizer.get_vocab_size(with_added_tokens=True))
 
@@ -83,6 +117,9 @@ class Tokenizer:
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
+
+    def _has_token(self, token: str) -> bool:
+        return self._tok.token_to_id(token) is not None
 
     @classmethod
     def from_dir(cls, directory: str | Path, extra_eos_ids: Iterable[int] = ()) -> Tokenizer:

@@ -65,6 +65,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rot * sin
 
 
+def _vector(t: Weight | None) -> torch.Tensor:
+    """A bias vector (never quantized)."""
+    if not isinstance(t, torch.Tensor) or t.ndim != 1:
+        raise ModelLoadError("a bias must be a float vector")
+    return t
+
+
 def _need(w: Weight | None) -> Weight:
     assert w is not None  # (get() raises for a missing required tensor)
     return w
@@ -148,6 +155,7 @@ class CausalLM(nn.Module):
                 k: get(p + k, optional=k.endswith("_b")) for k in ("qkv_w", "qkv_b", "o_w", "o_b")
             }
             experts: tuple[tuple[Weight, Weight], ...] = ()
+            biases: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
             if c.moe:
                 t["router_w"] = get(p + "router_w", router=True)
                 experts = tuple(
@@ -155,19 +163,28 @@ class CausalLM(nn.Module):
                     for e in range(c.num_experts))
             else:
                 t["gate_up_w"], t["down_w"] = get(p + "gate_up_w"), get(p + "down_w")
+            if c.expert_bias:
+                t["router_b"] = get(p + "router_b", norm=True)
+                biases = tuple(
+                    (_vector(get(f"{p}experts.{e}.gate_up_b", norm=True)),
+                     _vector(get(f"{p}experts.{e}.down_b", norm=True)))
+                    for e in range(c.num_experts))
+            if c.attention_sinks:
+                t["sinks"] = get(p + "sinks", norm=True)
             for k in ("attn_norm", "ffn_norm"):
                 t[k] = get(p + k, norm=True)
             for k in ("q_norm", "k_norm"):
                 t[k] = get(p + k, norm=True) if c.qk_norm else None
             for k in ("post_attn_norm", "post_ffn_norm"):
                 t[k] = get(p + k, norm=True) if c.sandwich_norms else None
-            layers.append(DecoderLayer(t, experts))
+            layers.append(DecoderLayer(t, experts, biases))
         self.layers = nn.ModuleList(layers)
         # sqrt(hidden) rounded to the weight dtype, as HF Gemma does.
         self._embed_scale = float(torch.tensor(c.embed_scale, dtype=dtype).item())
         self._act = F.silu if c.activation == "silu" else (
             lambda x: F.gelu(x, approximate="tanh")
         )
+        self._oai_glu = c.activation == "swiglu_oai"
         self._q_size = c.num_heads * c.head_dim
         self._kv_size = c.num_kv_heads * c.head_dim
         # RoPE cos/sin tables, one per distinct layer RoPE (models/rope.py).
@@ -284,11 +301,12 @@ class CausalLM(nn.Module):
             layer_masks = masks.for_layer(c.window(li))
             if single:
                 slot, kv_len, rows = seqs[0]
-                attn = self._attend(q, cache, li, slot, kv_len, layer_masks[0])
+                attn = self._attend(q, cache, li, slot, kv_len, layer_masks[0], layer.sinks)
             else:
                 attn = torch.empty(T, H * D, dtype=h.dtype)
                 for b, (slot, kv_len, rows) in enumerate(seqs):
-                    attn[rows] = self._attend(q[rows], cache, li, slot, kv_len, layer_masks[b])
+                    attn[rows] = self._attend(q[rows], cache, li, slot, kv_len, layer_masks[b],
+                                              layer.sinks)
             o = _matmul(attn, layer.o_w, layer.o_b)
             if layer.post_attn_norm is not None:
                 o = _rms_norm(o, layer.post_attn_norm, eps)
@@ -312,9 +330,18 @@ class CausalLM(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def _mlp(self, x: torch.Tensor, gate_up_w: Weight, down_w: Weight) -> torch.Tensor:
-        gate, up = _matmul(x, gate_up_w).chunk(2, dim=-1)
-        return _matmul(self._act(gate) * up, down_w)
+    def _mlp(self, x: torch.Tensor, gate_up_w: Weight, down_w: Weight,
+             gate_up_b: torch.Tensor | None = None,
+             down_b: torch.Tensor | None = None) -> torch.Tensor:
+        gate, up = _matmul(x, gate_up_w, gate_up_b).chunk(2, dim=-1)
+        if self._oai_glu:
+            # gpt-oss's clamped SwiGLU, in GptOssExperts._apply_gate's steps: the gate
+            # clamped from above only, the up branch both ways, and (up + 1).
+            lim, alpha = self.config.swiglu_limit, self.config.swiglu_alpha
+            gate = gate.clamp(max=lim)
+            up = up.clamp(min=-lim, max=lim)
+            return _matmul((up + 1) * (gate * torch.sigmoid(gate * alpha)), down_w, down_b)
+        return _matmul(self._act(gate) * up, down_w, down_b)
 
     def _experts(self, x: torch.Tensor, layer: DecoderLayer) -> torch.Tensor:
         """A mixture of experts over rows x [T, hidden] (the native forward's arithmetic,
@@ -326,7 +353,7 @@ class CausalLM(nn.Module):
         times their weights, in rank order."""
         c = self.config
         assert layer.router_w is not None
-        logits = _matmul(x, layer.router_w).float()  # [T, E]
+        logits = _matmul(x, layer.router_w, layer.router_b).float()  # [T, E]
         top, chosen = _top_experts(logits, c.experts_per_token)
         e_top = torch.exp(top - top[:, :1])
         if c.norm_topk_prob:
@@ -339,7 +366,9 @@ class CausalLM(nn.Module):
         for e in torch.unique(flat).tolist():
             hits = (flat == e).nonzero().squeeze(1)  # (row, rank) pairs in row order
             rows = hits // c.experts_per_token
-            y = self._mlp(x[rows], layer.expert_gate_up[e], layer.expert_down[e])
+            gu_b, d_b = ((layer.expert_gate_up_b[e], layer.expert_down_b[e])
+                         if layer.expert_gate_up_b else (None, None))
+            y = self._mlp(x[rows], layer.expert_gate_up[e], layer.expert_down[e], gu_b, d_b)
             out[rows, hits % c.experts_per_token] = y
         m = out[:, 0] * weights[:, :1]
         for r in range(1, c.experts_per_token):
@@ -348,17 +377,19 @@ class CausalLM(nn.Module):
 
     def _attend(
         self, q: torch.Tensor, cache: KVCache, layer: int, slot: int, kv_len: int,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q: [n, H, D] -> [n, H*D]. Keys/values are views of the slot (no copy)."""
+        """q: [n, H, D] -> [n, H*D]. Keys/values are views of the slot (no copy).
+        ``sinks``: each head's sink logit (gpt-oss)."""
         n = q.shape[0]
         k = cache.k[layer, slot, :, :kv_len]  # [Hkv, kv_len, D]
         v = cache.v[layer, slot, :, :kv_len]
         if k.dtype != q.dtype:  # a 16-bit cache: attend in the model's dtype
             k, v = k.to(q.dtype), v.to(q.dtype)
         cap = self.config.attn_logit_softcap
-        if cap is not None:  # Gemma 2: soft-capped scores, which SDPA does not compute
-            return self._attend_capped(q, k, v, mask, cap)
+        if cap is not None or sinks is not None:
+            # Gemma 2's soft-capped scores and gpt-oss's sinks: SDPA computes neither.
+            return self._attend_explicit(q, k, v, mask, cap, sinks)
         # Note: a hand-written bmm/softmax path for single-token decode was tried and dropped:
         # with real text, peaked softmax rows underflow to denormals and the probs @ V matmul
         # slowed by an order of magnitude and more; the SDPA kernel does not suffer from it.
@@ -368,17 +399,25 @@ class CausalLM(nn.Module):
         )  # [1, H, n, D]
         return out[0].transpose(0, 1).reshape(n, -1)
 
-    def _attend_capped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       mask: torch.Tensor | None, cap: float) -> torch.Tensor:
-        """Attention with soft-capped scores, as transformers' Gemma 2 computes it:
-        s = tanh((q k * scale) / cap) * cap, masked, softmax in float32, times v."""
+    def _attend_explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor | None, cap: float | None,
+                         sinks: torch.Tensor | None) -> torch.Tensor:
+        """Attention as transformers' eager Gemma 2 and gpt-oss compute it: scores
+        s = q k * scale (soft-capped, tanh(s / cap) * cap, with a cap), masked; with sinks,
+        each head's sink logit joins the scores as one more column, which the softmax (in
+        float32) counts and the product with v drops; times v."""
         n, heads = q.shape[0], q.shape[1]
         group = heads // k.shape[0]
         kk = k.repeat_interleave(group, dim=0)  # [H, kv_len, D]
         vv = v.repeat_interleave(group, dim=0)
         s = torch.matmul(q.transpose(0, 1), kk.transpose(1, 2)) * self.config.attn_scale
-        s = torch.tanh(s / cap) * cap  # [H, n, kv_len]
+        if cap is not None:
+            s = torch.tanh(s / cap) * cap  # [H, n, kv_len]
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
+        if sinks is not None:
+            sink = sinks.to(s.dtype)[:, None, None].expand(heads, n, 1)
+            p = torch.softmax(torch.cat([s, sink], dim=-1).float(), dim=-1)[..., :-1]
+            return torch.matmul(p.to(q.dtype), vv).transpose(0, 1).reshape(n, -1)
         p = torch.softmax(s.float(), dim=-1).to(q.dtype)
         return torch.matmul(p, vv).transpose(0, 1).reshape(n, -1)

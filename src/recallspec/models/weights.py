@@ -75,15 +75,26 @@ def internal_weights(config: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
         w[o + "o_w"] = take(a + "o_proj.weight")
         if f"{a}o_proj.bias" in hf:
             w[o + "o_b"] = take(a + "o_proj.bias")
-        if config.moe:
+        if config.attention_sinks:
+            w[o + "sinks"] = take(a + "sinks" if a + "sinks" in hf else a + "sinks.weight").float()
+        if config.moe and f"{p}mlp.experts.gate_up_proj" in hf:
+            w.update(_stacked_experts(config, hf, p, o, take))
+        elif config.moe:
             # The router stays as the checkpoint has it (float: a GGUF's ffn_gate_inp is
             # never block-quantized by llama-quantize); each expert's gate and up fused.
-            w[o + "router_w"] = take(p + "mlp.gate.weight")
+            router = p + ("mlp.router." if config.expert_bias else "mlp.gate.")
+            w[o + "router_w"] = take(router + "weight")
+            if config.expert_bias:
+                w[o + "router_b"] = take(router + "bias").float()
             for e in range(config.num_experts):
                 x = f"{p}mlp.experts.{e}."
                 w[f"{o}experts.{e}.gate_up_w"] = fused(x + "gate_up_proj.weight",
                                                        ("gate_proj", "up_proj"))
                 w[f"{o}experts.{e}.down_w"] = take(x + "down_proj.weight")
+                if config.expert_bias:
+                    w[f"{o}experts.{e}.gate_up_b"] = torch.cat(
+                        [take(x + "gate_proj.bias"), take(x + "up_proj.bias")]).float()
+                    w[f"{o}experts.{e}.down_b"] = take(x + "down_proj.bias").float()
         else:
             w[o + "gate_up_w"] = fused(p + "mlp.gate_up_proj.weight", ("gate_proj", "up_proj"))
             w[o + "down_w"] = take(p + "mlp.down_proj.weight")
@@ -105,6 +116,38 @@ def internal_weights(config: ModelConfig, hf: dict[str, Any]) -> dict[str, Any]:
         more = f" and {len(left) - 5} more" if len(left) > 5 else ""
         raise ModelLoadError(f"{at}checkpoint holds tensors {config.model_type} does not "
                              f"use: {', '.join(left[:5])}{more}")
+    return w
+
+
+def _stacked_experts(config: ModelConfig, hf: dict[str, Any], p: str, o: str,
+                     take: Any) -> dict[str, Any]:
+    """A gpt-oss checkpoint's experts as transformers stores them (GptOssExperts): one
+    [experts, hidden, 2 x size] gate-up tensor whose columns interleave gate and up
+    (gate the even ones), its [experts, 2 x size] bias alike, and [experts, size, hidden]
+    down and [experts, hidden] bias; split into each expert's [out, in] matrices, gate rows
+    first (the order every fused gate-up here has)."""
+    if not config.expert_bias:
+        raise ModelLoadError(f"{config.model_type} checkpoint with gpt-oss's stacked experts")
+    x = f"{p}mlp.experts."
+    if f"{x}gate_up_proj_blocks" in hf:
+        raise ModelLoadError("an MXFP4 safetensors checkpoint: convert it to GGUF with "
+                             "llama.cpp's convert_hf_to_gguf.py and load the GGUF")
+    gu, gu_b = take(x + "gate_up_proj"), take(x + "gate_up_proj_bias")
+    down, down_b = take(x + "down_proj"), take(x + "down_proj_bias")
+    n = config.num_experts
+    size, hidden = config.expert_intermediate_size, config.hidden_size
+    if (tuple(gu.shape) != (n, hidden, 2 * size) or tuple(gu_b.shape) != (n, 2 * size)
+            or tuple(down.shape) != (n, size, hidden) or tuple(down_b.shape) != (n, hidden)):
+        raise ModelLoadError(f"{x}: expert tensors of shapes {tuple(gu.shape)}, "
+                             f"{tuple(down.shape)} for {n} experts of {size} x {hidden}")
+    w: dict[str, Any] = {o + "router_w": take(p + "mlp.router.weight"),
+                         o + "router_b": take(p + "mlp.router.bias").float()}
+    for e in range(n):
+        t = gu[e].t()  # [2 x size, hidden], rows interleaved gate / up
+        w[f"{o}experts.{e}.gate_up_w"] = torch.cat([t[0::2], t[1::2]]).contiguous()
+        w[f"{o}experts.{e}.gate_up_b"] = torch.cat([gu_b[e, 0::2], gu_b[e, 1::2]]).float()
+        w[f"{o}experts.{e}.down_w"] = down[e].t().contiguous()
+        w[f"{o}experts.{e}.down_b"] = down_b[e].float().clone()
     return w
 
 

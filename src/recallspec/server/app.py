@@ -174,7 +174,10 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
         reply = _Reply(sub, streams, acc.num_prompt_tokens, isinstance(req, P.ChatRequest),
                        bool(req.recallspec and req.recallspec.return_token_ids),
                        engine.tokenizer.decode, loop,
-                       tool_support.family if sub.tools is not None and sub.tools.calls
+                       tool_support.family if (sub.tools is not None and sub.tools.calls) or (
+                           # (harmony's channels are markup in every chat reply: its final
+                           # message is the content, with tools or without)
+                           isinstance(req, P.ChatRequest) and tool_support.family == "harmony")
                        else None)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -22,6 +22,13 @@ llama3      the whole turn is ``{"name": N, "parameters": {...}}`` (``"arguments
 mistral     ``[TOOL_CALLS][{"name": N, "arguments": {...}, "id": ...}, ...]``
 generic     the whole turn is ``{"tool_calls": [{"name": N, "arguments": {...}}, ...]}``
             or ``{"response": "<the content as a JSON string>"}``
+harmony     gpt-oss's messages (the output follows the prompt's ``<|start|>assistant``;
+            each later message opens with ``<|start|>assistant``): ``<|channel|>analysis
+            <|message|>...<|end|>`` is reasoning, ``<|channel|>final<|message|>...`` and
+            ``<|channel|>commentary<|message|>...<|end|>`` (a preamble) are content, a
+            call is ``[ to=functions.N]<|channel|>commentary[ to=functions.N][ json|
+            <|constrain|>json]<|message|>{...}<|call|>`` (the recipient in the role or
+            the channel header; channel commentary or analysis), repeatable
 ==========  ===========================================================================
 
 Parsing rules, the same for both parsers: whitespace around a call is dropped (the
@@ -32,6 +39,16 @@ model-written ``id`` is read over, not used (a stream sends a call's id before t
 model writes it), so every id comes from the id factory. A trigger whose call does not
 parse (invalid JSON, a missing name, text cut off) stays content, text and all. Text
 after the calls (which no call grammar admits) is content too.
+
+Harmony (``_HarmonyScanner``, as llama.cpp's common/parsers/gpt-oss.cpp reads it): the
+reasoning is ``ParsedOutput.reasoning``, never content (the server's responses have no
+``reasoning_content`` field yet, so they drop it); the message end markers
+(``<|end|>``, ``<|call|>``, ``<|return|>``) and the headers are read over; a message
+addressed to a recipient outside ``functions.`` (a built-in tool the request did not
+offer: ``to=python``, ``to=browser.search``) is dropped, as llama.cpp drops it; a
+stray ``<|channel|>commentary[ to=assistant]`` before a channel header is read over.
+Output that does not follow the format (no header, an unknown channel, a call whose
+arguments do not parse) is content as written from there on.
 """
 
 from __future__ import annotations
@@ -47,8 +64,8 @@ from typing import Any, Literal
 
 from recallspec.errors import DataError
 
-ToolFamily = Literal["hermes", "llama3", "mistral", "generic"]
-TOOL_FAMILIES: tuple[ToolFamily, ...] = ("hermes", "llama3", "mistral", "generic")
+ToolFamily = Literal["hermes", "llama3", "mistral", "generic", "harmony"]
+TOOL_FAMILIES: tuple[ToolFamily, ...] = ("hermes", "llama3", "mistral", "generic", "harmony")
 
 MAX_TOOLS = 128  # tools in one request at most (vLLM and OpenAI allow as many)
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -83,9 +100,12 @@ def detect_family(template_source: str | None) -> ToolFamily:
     llama.cpp's common/chat.cpp tells its formats apart): ``<tool_call>`` is Hermes
     (Qwen2.5, Qwen3, Hermes 2/3, our ChatML template); ``[TOOL_CALLS]`` is Mistral;
     ``<|python_tag|>``, or ``"parameters"`` together with ``<|eot_id|>``, is Llama 3.x;
+    ``<|channel|>`` is harmony (gpt-oss; llama.cpp tests it first, as here);
     anything else (or no template) is "generic". The markers are looked for in this order;
     no template holds two of them."""
     src = template_source or ""
+    if "<|channel|>" in src:
+        return "harmony"
     if "<tool_call>" in src:
         return "hermes"
     if "[TOOL_CALLS]" in src:
@@ -303,10 +323,13 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ParsedOutput:
-    """An output split into its content (None where there is none) and its calls."""
+    """An output split into its content (None where there is none) and its calls;
+    ``reasoning``: harmony's analysis messages (None where there are none, and in every
+    other family), which are never content nor stream events."""
 
     content: str | None
     calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -341,7 +364,7 @@ def parse_tool_calls(family: ToolFamily, text: str, *,
                      new_id: IdFactory | None = None) -> ParsedOutput:
     """A finished output's content and calls (see the module's rules). A call counts only
     once it is complete: one that does not parse is content, as written."""
-    scanner = _Scanner(family, new_id or default_id_factory(family), eager=False)
+    scanner = _scanner(family, new_id or default_id_factory(family), eager=False)
     scanner.feed(text)
     scanner.finish()
     return scanner.result()
@@ -364,7 +387,7 @@ class ToolCallStream:
     ``parse_tool_calls`` has that call's text as content."""
 
     def __init__(self, family: ToolFamily, *, new_id: IdFactory | None = None) -> None:
-        self._scanner = _Scanner(family, new_id or default_id_factory(family), eager=True)
+        self._scanner = _scanner(family, new_id or default_id_factory(family), eager=True)
 
     def feed(self, delta: str) -> list[StreamEvent]:
         return self._scanner.feed(delta)
@@ -409,6 +432,17 @@ def _opt(*pattern: Any) -> _Alt:
     return _Alt((pattern, ()))
 
 
+_WORD_MAX = 128
+
+
+@dataclass(frozen=True)
+class _Word:
+    """1 to ``_WORD_MAX`` characters of ``chars``, captured as ``(tag, word)``."""
+
+    tag: str
+    chars: frozenset[str]
+
+
 _Match = int | None | _More
 
 
@@ -443,6 +477,18 @@ def _match_one(el: Any, buf: str, i: int, final: bool, caps: list[Any]) -> _Matc
         except ValueError:
             return None
         return j + 1
+    if isinstance(el, _Word):
+        j = i
+        while j < n and buf[j] in el.chars and j - i <= _WORD_MAX:
+            j += 1
+        if j - i > _WORD_MAX:
+            return None
+        if j == n and not final:
+            return _MORE
+        if j == i:
+            return None
+        caps.append((el.tag, buf[i:j]))
+        return j
     if isinstance(el, _Alt):
         for option in el.options:
             sub: list[Any] = []
@@ -527,26 +573,27 @@ class _Call:
     sent: int = 0  # the end of the arguments text sent so far
 
 
-class _Scanner:
-    """The parser. ``eager``: send a call's header and argument fragments as they are read
-    (the stream), or only once the call is complete (the whole-text parse)."""
+class _ScannerBase:
+    """What both parsers share: the text read so far, the events and results sent.
+    ``eager``: send a call's header and argument fragments as they are read (the
+    stream), or only once the call is complete (the whole-text parse). ``_COMPACT``: the
+    states that read nothing before the position."""
 
-    def __init__(self, family: ToolFamily, new_id: IdFactory, *, eager: bool) -> None:
-        if family not in _SYNTAX:
-            raise DataError(f"unknown tool family {family!r}: one of {', '.join(TOOL_FAMILIES)}")
-        self._syn = _SYNTAX[family]
+    _COMPACT: frozenset[str] = frozenset()
+
+    def __init__(self, new_id: IdFactory, *, eager: bool, state: str) -> None:
         self._new_id = new_id
         self._eager = eager
         self._buf = ""
         self._pos = 0
-        self._state = "content" if self._syn.trigger is not None else "start"
-        self._head_start = 0
-        self._restore = 0
+        self._state = state
         self._call: _Call | None = None
         self._finished = False
         self._out: list[StreamEvent] = []
         self._content: list[str] = []
+        self._reasoning: list[str] = []
         self._calls: list[list[str]] = []  # [id, name, arguments so far]
+        self._break_at = 0  # where the last arguments that did not parse stopped fitting
 
     # ---- public ----
     def feed(self, delta: str) -> list[StreamEvent]:
@@ -554,7 +601,7 @@ class _Scanner:
             raise ValueError("feed after finish")
         self._buf += delta
         self._advance(final=False)
-        if self._pos > _KEEP and self._state in _COMPACTABLE:
+        if self._pos > _KEEP and self._state in self._COMPACT:
             # nothing before the position is read again: drop it, so that a long output
             # does not make each delta copy all of it
             self._buf = self._buf[self._pos:]
@@ -570,8 +617,13 @@ class _Scanner:
 
     def result(self) -> ParsedOutput:
         content = "".join(self._content)
+        reasoning = "".join(self._reasoning)
         return ParsedOutput(content or None,
-                            tuple(ToolCall(i, n, a) for i, n, a in self._calls))
+                            tuple(ToolCall(i, n, a) for i, n, a in self._calls),
+                            reasoning or None)
+
+    def _advance(self, *, final: bool) -> None:
+        raise NotImplementedError
 
     # ---- output ----
     def _take(self) -> list[StreamEvent]:
@@ -605,6 +657,82 @@ class _Scanner:
             self._out[-1] = ToolCallDelta(call.index, last.arguments + fragment)
         else:
             self._out.append(ToolCallDelta(call.index, fragment))
+
+    def _read_args(self, final: bool) -> int | None:
+        """The current call's arguments read on (their fragments sent where eager): their
+        end once they close as a JSON object, -1 where more text is needed, None where
+        they do not parse (cut off at the end, not JSON, not an object), ``_break_at``
+        then being where their text stopped fitting."""
+        call = self._call
+        assert call is not None
+        buf, n = self._buf, len(self._buf)
+        end = _scan_json(call, buf)
+        if end < 0:
+            if self._eager:
+                self._emit_args(call, n)
+            self._break_at = n
+            return None if final else -1
+        try:
+            valid = isinstance(json.loads(buf[call.args_start:end]), dict)
+        except ValueError:
+            valid = False
+        if self._eager:
+            self._emit_args(call, end)
+        if not valid:
+            self._break_at = end
+            return None
+        return end
+
+
+def _scan_json(call: _Call, buf: str) -> int:
+    """Scan ``buf`` on from ``call.scan`` for the end of the JSON value that opened at
+    ``call.args_start`` (strings and nesting tracked in ``call``): the index just past it,
+    or -1 where it does not end in ``buf``."""
+    n = len(buf)
+    i, depth, in_string, escape = call.scan, call.depth, call.in_string, call.escape
+    end = -1
+    while i < n:
+        c = buf[i]
+        i += 1
+        if in_string:
+            if escape:
+                escape = False
+            elif c == "\\":
+                escape = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                end = i
+                break
+    call.scan, call.depth, call.in_string, call.escape = i, depth, in_string, escape
+    return end
+
+
+def _scanner(family: ToolFamily, new_id: IdFactory, *, eager: bool) -> _ScannerBase:
+    if family == "harmony":
+        return _HarmonyScanner(new_id, eager=eager)
+    return _Scanner(family, new_id, eager=eager)
+
+
+class _Scanner(_ScannerBase):
+    """The parser of the families of ``_SYNTAX``."""
+
+    _COMPACT = _COMPACTABLE
+
+    def __init__(self, family: ToolFamily, new_id: IdFactory, *, eager: bool) -> None:
+        if family not in _SYNTAX:
+            raise DataError(f"unknown tool family {family!r}: one of {', '.join(TOOL_FAMILIES)}")
+        self._syn = _SYNTAX[family]
+        super().__init__(new_id, eager=eager,
+                         state="content" if self._syn.trigger is not None else "start")
+        self._head_start = 0
+        self._restore = 0
 
     # ---- the state machine ----
     def _advance(self, *, final: bool) -> None:
@@ -703,43 +831,11 @@ class _Scanner:
         return self._fail_head(self._restore, resume)
 
     def _args(self, final: bool) -> bool:
-        call = self._call
-        assert call is not None
-        buf, n = self._buf, len(self._buf)
-        i, depth, in_string, escape = call.scan, call.depth, call.in_string, call.escape
-        end = -1
-        while i < n:
-            c = buf[i]
-            i += 1
-            if in_string:
-                if escape:
-                    escape = False
-                elif c == "\\":
-                    escape = True
-                elif c == '"':
-                    in_string = False
-            elif c == '"':
-                in_string = True
-            elif c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    end = i
-                    break
-        call.scan, call.depth, call.in_string, call.escape = i, depth, in_string, escape
+        end = self._read_args(final)
+        if end is None:
+            return self._break(self._break_at)
         if end < 0:
-            if self._eager:
-                self._emit_args(call, n)
-            return self._break(n) if final else False
-        try:
-            valid = isinstance(json.loads(buf[call.args_start:end]), dict)
-        except ValueError:
-            valid = False
-        if self._eager:
-            self._emit_args(call, end)
-        if not valid:
-            return self._break(end)
+            return False
         self._pos = end
         self._state = "tail"
         return True
@@ -846,6 +942,200 @@ class _Scanner:
             self._pos = r
         self._state = "after"
         return True
+
+
+# ---- harmony (gpt-oss) ------------------------------------------------------------------------
+# A message: its header (after ``<|start|>assistant``, or at the output's start: the prompt
+# ends with it), ``<|message|>``, its body up to an end marker. The header's recipient
+# ("to") is in the role part (before the channel) or after the channel's name.
+
+_RECIPIENT_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
+_TYPE_CHARS = frozenset(string.ascii_letters + string.digits + "_-")
+_H_CONSTRAINT = _opt(_WS, _opt("<|constrain|>"), _Word("type", _TYPE_CHARS))
+_H_CHANNEL = ("<|channel|>", _Word("channel", _TYPE_CHARS),
+              _opt(" to=", _Word("channel_to", _RECIPIENT_CHARS)))
+_HEADER = (_Alt((
+    # llama.cpp's stray "<|channel|>commentary[ to=assistant]" before the real channel
+    ("<|channel|>commentary", _opt(" to=assistant"), *_H_CHANNEL, _H_CONSTRAINT,
+     "<|message|>"),
+    (_opt(" to=", _Word("role_to", _RECIPIENT_CHARS)), _opt(*_H_CHANNEL), _H_CONSTRAINT,
+     "<|message|>"),
+)),)
+_NEXT_MESSAGE = ("<|start|>", "assistant")
+_END_MARKERS = ("<|end|>", "<|call|>", "<|return|>")
+_CALL_END = (_Alt((("<|call|>",), ("<|end|>",), ("<|return|>",))),)
+_FUNCTIONS = "functions."
+
+
+class _HarmonyScanner(_ScannerBase):
+    """The harmony parser (see the module's docstring). States: "header" (a message's
+    header at the position; ``_msg_start``: where the message's text began, content
+    from there if it breaks), "body" (a message's text, ``_kind`` "reasoning", "content"
+    or "skip"), "call" (after a call's header: its arguments' opening brace), "args",
+    "tail" (after the arguments: an end marker or the output's end), "next" (between
+    messages), "plain" (the rest is content)."""
+
+    _COMPACT = frozenset({"body", "plain"})
+
+    def __init__(self, new_id: IdFactory, *, eager: bool) -> None:
+        super().__init__(new_id, eager=eager, state="header")
+        self._msg_start = 0
+        self._kind = "content"
+        self._name = ""
+
+    def _advance(self, *, final: bool) -> None:
+        step = {"header": self._header, "body": self._body, "call": self._call_start,
+                "args": self._args, "tail": self._tail, "next": self._next,
+                "plain": self._plain}
+        while step[self._state](final):
+            pass
+
+    def _fail(self) -> bool:
+        """The message does not follow the format: its text and the rest are content."""
+        self._pos = self._msg_start
+        self._state = "plain"
+        return True
+
+    def _header(self, final: bool) -> bool:
+        caps: list[Any] = []
+        r = _match(_HEADER, self._buf, self._pos, final, caps)
+        if r is _MORE:
+            return False
+        if not isinstance(r, int):
+            return self._fail()
+        h: dict[str, str] = dict(caps)
+        channel = h.get("channel")
+        to = h.get("channel_to") or h.get("role_to")
+        if to == "assistant":  # addressed to the assistant itself: an ordinary message
+            to = None
+        self._pos = r
+        if to is not None:
+            name = to[len(_FUNCTIONS):] if to.startswith(_FUNCTIONS) else None
+            if name is None:  # a built-in tool not offered (python, browser): dropped
+                self._kind, self._state = "skip", "body"
+                return True
+            if channel not in ("commentary", "analysis") or not _NAME_RE.fullmatch(name):
+                return self._fail()
+            self._name, self._state = name, "call"
+            return True
+        if channel == "analysis":
+            self._kind = "reasoning"
+        elif channel in ("final", "commentary"):
+            self._kind = "content"
+        else:
+            return self._fail()
+        self._state = "body"
+        return True
+
+    def _body(self, final: bool) -> bool:
+        buf, pos = self._buf, self._pos
+        found = [(i, m) for m in _END_MARKERS if (i := buf.find(m, pos)) >= 0]
+        if found:
+            idx, marker = min(found)
+            self._emit_body(buf[pos:idx])
+            self._pos = idx + len(marker)
+            self._state = "next"
+            return True
+        end = len(buf)
+        if not final:  # hold back what may begin an end marker
+            for k in range(min(len("<|return|>") - 1, end - pos), 0, -1):
+                tail = buf[end - k:]
+                if any(m.startswith(tail) for m in _END_MARKERS):
+                    end -= k
+                    break
+        self._emit_body(buf[pos:end])
+        self._pos = end
+        return False
+
+    def _emit_body(self, text: str) -> None:
+        if not text:
+            return
+        if self._kind == "content":
+            self._emit_content(text)
+        elif self._kind == "reasoning":
+            self._reasoning.append(text)
+
+    def _call_start(self, final: bool) -> bool:
+        buf, i = self._buf, self._pos
+        while i < len(buf) and buf[i] in _WS_CHARS:
+            i += 1
+        if i == len(buf):
+            return self._fail() if final else False
+        if buf[i] != "{":
+            return self._fail()
+        call = _Call(self._name, i, self._msg_start, self._msg_start, scan=i, sent=i)
+        self._call = call
+        if self._eager:
+            self._emit_header(call)
+        self._pos = i
+        self._state = "args"
+        return True
+
+    def _break(self, at: int) -> bool:
+        call = self._call
+        assert call is not None
+        self._call = None
+        if call.index >= 0:  # its header went out: it stays, cut short
+            self._pos = at
+            self._state = "plain"
+            return True
+        return self._fail()
+
+    def _args(self, final: bool) -> bool:
+        end = self._read_args(final)
+        if end is None:
+            return self._break(self._break_at)
+        if end < 0:
+            return False
+        self._pos = end
+        self._state = "tail"
+        return True
+
+    def _tail(self, final: bool) -> bool:
+        call = self._call
+        assert call is not None
+        buf, i = self._buf, self._pos
+        while i < len(buf) and buf[i] in _WS_CHARS:
+            i += 1
+        if i == len(buf) and not final:
+            return False
+        end = i
+        if i < len(buf):
+            r = _match(_CALL_END, buf, i, final, [])
+            if r is _MORE:
+                return False
+            if not isinstance(r, int):
+                return self._break(self._pos)
+            end = r
+        if call.index < 0:
+            self._emit_header(call)
+            self._emit_args(call, self._pos)
+        self._call = None
+        self._pos = end
+        self._state = "next"
+        return True
+
+    def _next(self, final: bool) -> bool:
+        buf, i = self._buf, self._pos
+        while i < len(buf) and buf[i] in _WS_CHARS:
+            i += 1
+        if i == len(buf):
+            if final:
+                self._pos = i  # whitespace after the last message: dropped
+            return False
+        r = _match(_NEXT_MESSAGE, buf, i, final, [])
+        if r is _MORE:
+            return False
+        self._msg_start = self._pos
+        # (a header without "<|start|>assistant" before it is read as well)
+        self._pos = r if isinstance(r, int) else i
+        self._state = "header"
+        return True
+
+    def _plain(self, final: bool) -> bool:
+        self._emit_content(self._buf[self._pos:])
+        self._pos = len(self._buf)
+        return False
 
 
 def _is_hex4(s: str) -> bool:

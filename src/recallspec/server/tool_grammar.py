@@ -29,6 +29,19 @@ Families without a trigger inside text:
   ``{"tool_calls": [<calls>]}``, or under "auto" also to ``{"response": "<string>"}``,
   the content (llama.cpp's former GENERIC format).
 
+Harmony (gpt-oss) writes no JSON wrapper: a call is a message whose header names the
+tool, ``[ to=functions.NAME]<|channel|>commentary|analysis[ to=functions.NAME]``
+(the recipient in the role or in the channel header), then `` json`` / `` <|constrain|>
+json`` optionally, ``<|message|>`` and the arguments, that tool's parameters schema.
+The header's name settles the schema. The output follows the prompt's
+``<|start|>assistant``: any number of analysis or commentary (preamble) messages, each
+ending ``<|end|><|start|>assistant``, come first, then under "required" or a named
+function a call, and under "auto" a call or the final message
+(``<|channel|>final<|message|>`` and free text). A call ends the turn: ``<|call|>``, an
+end-of-sequence token, follows it, so there is one call a turn (``parallel_tool_calls``
+is not read), as llama.cpp's gpt-oss grammar has it. The message bodies are text up to
+``<|end|>`` (a token reference where it is a special token, else a lazy lexeme).
+
 Markers the tokenizer has as special tokens (Qwen's ``<tool_call>``, Mistral's
 ``[TOOL_CALLS]``, Llama's ``<|python_tag|>``) must be written as token references, since
 text never matches a special token: pass them in ``special_tokens`` (``special_marker_ids``
@@ -58,6 +71,7 @@ FAMILY_MARKERS: Mapping[ToolFamily, tuple[str, ...]] = {
     "mistral": ("[TOOL_CALLS]",),
     "llama3": ("<|python_tag|>",),
     "generic": (),
+    "harmony": ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>"),
 }
 
 # Text of any length, newlines included (StructTag's default text regex).
@@ -80,6 +94,13 @@ def special_marker_ids(family: ToolFamily,
     return out
 
 
+def _arguments_schema(tool: Tool) -> dict[str, Any]:
+    """A tool's parameters schema, of type object where it names no type (arguments are
+    an object whatever else the schema says)."""
+    params = tool.parameters
+    return params if "type" in params else {"type": "object", **params}
+
+
 def call_schema(tools: Sequence[Tool], *, arguments_key: str = "arguments",
                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON schema of one call of any of ``tools``: an ``anyOf`` of objects whose
@@ -90,10 +111,8 @@ def call_schema(tools: Sequence[Tool], *, arguments_key: str = "arguments",
         raise DataError("a call grammar needs at least one tool")
     options = []
     for tool in tools:
-        params = tool.parameters
-        if "type" not in params:  # arguments are an object whatever else the schema says
-            params = {"type": "object", **params}
-        properties: dict[str, Any] = {"name": {"const": tool.name}, arguments_key: params}
+        properties: dict[str, Any] = {"name": {"const": tool.name},
+                                      arguments_key: _arguments_schema(tool)}
         properties.update(extra or {})
         options.append({"type": "object", "properties": properties,
                         "required": list(properties), "additionalProperties": False})
@@ -169,9 +188,41 @@ def tool_grammar(tools: Sequence[Tool], choice: ToolChoice, *, family: ToolFamil
         if lazy:
             schema = {"anyOf": [schema, _object({"response": {"type": "string"}})]}
         rules = [f"start: {_json(schema)}"]
+    elif family == "harmony":
+        rules = _harmony_rules(tools, lazy, marker)
     else:
         raise DataError(f"unknown tool family {family!r}")
     return "%llguidance {}\n" + "\n".join(rules) + "\n"
+
+
+def _harmony_rules(tools: Sequence[Tool], lazy: bool,
+                   marker: Callable[[str], str]) -> list[str]:
+    """Harmony's rules (see the module's docstring); ``marker``: a marker as a token
+    reference or its text."""
+    channel, message, end = marker("<|channel|>"), marker("<|message|>"), marker("<|end|>")
+    constrain = marker("<|constrain|>")
+    # a message's body and its end: text up to <|end|>; where <|end|> is text, the first
+    # one ends the body (a lazy lexeme), as a special token it is one
+    body_end = (f"body_end: TEXT {end}" if end.startswith("<[") else
+                f"body_end[lazy]: TEXT {end}")
+    rules = [
+        f"start: pre* {'(final | call)' if lazy else 'call'}",
+        f'pre: {channel} ("analysis" | "commentary") {message} body_end '
+        f'{marker("<|start|>")} "assistant"',
+        body_end,
+        'chan: "commentary" | "analysis"',
+        f'con: " " {constrain} "json" | " json" | {constrain} "json"',
+        "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
+    ]
+    for i, tool in enumerate(tools):
+        to = json.dumps(f" to=functions.{tool.name}")
+        rules += [f"call_{i}: ({to} {channel} chan | {channel} chan {to}) con? {message} "
+                  f"args_{i}",
+                  f"args_{i}: {_json(_arguments_schema(tool))}"]
+    if lazy:
+        rules.append(f'final: {channel} "final" {message} TEXT')
+    rules.append(f"TEXT: {_TEXT}")
+    return rules
 
 
 def tool_guide(tools: Sequence[Tool], choice: ToolChoice, *, family: ToolFamily,

@@ -50,7 +50,9 @@ ROPE_SCALINGS = ("none", "linear", "llama3", "longrope")
 # 3's rope_freqs only in llama files, LongRoPE only in Phi-3's).
 _ARCH_SCALINGS = {"llama": ("none", "linear", "llama3"), "phi3": ("none", "longrope")}
 _SLIDING_ARCHS = ("gemma3", "phi3")  # attention.sliding_window is theirs (gguf_arch's keys)
-QUANTS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")  # llama-quantize's type names
+# llama-quantize's type names (MXFP4_MOE: a mixture's stacked experts in MXFP4, every
+# other matrix Q8_0, as gpt-oss is published).
+QUANTS = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "MXFP4_MOE")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # A reduced shape's name: the registry name, "-L", its layers (no leading zero, so one
 # name per reduction).

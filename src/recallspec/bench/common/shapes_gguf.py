@@ -99,7 +99,7 @@ NAME = "recallspec random weights"  # general.name of every file
 # Bits per parameter of a quantized file, for the disk check only: upper estimates
 # (llama-quantize keeps output.weight at Q6_K, and rows not a multiple of 256, as
 # SmolLM2-360M's 960, fall back to Q5_0/Q8_0).
-_BITS = {"F16": 16.0, "Q8_0": 8.6, "Q4_0": 5.5, "Q4_K_M": 6.5}
+_BITS = {"F16": 16.0, "Q8_0": 8.6, "Q4_0": 5.5, "Q4_K_M": 6.5, "MXFP4_MOE": 8.6}
 QUANTIZE_ENV = "RECALLSPEC_LLAMA_QUANTIZE"
 HASH_LIMIT = 1 << 30  # files up to this size get a sha256 in their manifest
 DISK_MARGIN = 256 << 20

@@ -11,7 +11,9 @@ Where llama.cpp derives a value the file does not state, we derive it as llama.c
 (named per case below: Gemma's attention scale, SmolLM3's layers without RoPE, Gemma 2's
 soft-cap defaults), so a file means the same model to both. Where llama.cpp leaves out a
 feature the file does state, we compute the feature as transformers does (Phi-3's
-sliding window, SmolLM3 with Llama 3 RoPE scaling), the model's own maths.
+sliding window, SmolLM3 with Llama 3 RoPE scaling), the model's own maths; and where the
+two compute a feature differently, as transformers does (gpt-oss's YaRN, whose correction
+range llama.cpp rounds and the model's config does not).
 """
 
 from __future__ import annotations
@@ -99,6 +101,19 @@ _QWEN3MOE_LAYER = {
     "ffn_up_exps": "mlp.experts.{e}.up_proj",
     "ffn_down_exps": "mlp.experts.{e}.down_proj",
 }
+# gpt-oss: q, k, v and o with biases, each head's sink logit, the pre-FFN norm under
+# the name of a post-attention norm (its converter maps HF's post_attention_layernorm so:
+# GPT_OSS has no FFN_NORM), a router with a bias, and stacked experts whose gate, up and
+# down matrices and biases are stored apart.
+_GPTOSS_LAYER = {
+    **{k: v for k, v in _LLAMA_LAYER.items() if not k.startswith(("ffn_", ))},
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_sinks": "self_attn.sinks",
+    "ffn_gate_inp": "mlp.router",
+    "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{e}.up_proj",
+    "ffn_down_exps": "mlp.experts.{e}.down_proj",
+}
 _GEMMA_LAYER = {
     **_LLAMA_LAYER,
     "ffn_norm": "pre_feedforward_layernorm",
@@ -166,6 +181,34 @@ def _finish_qwen3moe(cfg: Config, meta: Mapping[str, Any]) -> None:
     cfg["norm_topk_prob"] = True
     cfg["decoder_sparse_step"] = 1
     cfg["mlp_only_layers"] = []
+
+
+def _finish_gptoss(cfg: Config, meta: Mapping[str, Any]) -> None:
+    size = int(cfg.pop("moe_intermediate_size", None) or cfg["intermediate_size"])
+    if size != int(cfg["intermediate_size"]):
+        raise ModelLoadError("gpt-oss file whose expert_feed_forward_length differs from its "
+                             "feed_forward_length (GptOssConfig has one size)")
+    cfg["attention_bias"] = True
+    n = int(cfg["num_hidden_layers"])
+    # Every other layer slides, from the first (llama.cpp's load_swa_pattern(2), and
+    # GptOssConfig's default layer_types); the file states only the window.
+    if cfg.get("sliding_window"):
+        cfg["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                              for i in range(n)]
+    else:
+        cfg["layer_types"] = ["full_attention"] * n
+        cfg["sliding_window"] = None
+    # No file states the clamped SwiGLU's constants: llama.cpp fixes them at gpt-oss's
+    # (llama-graph.cpp: alpha 1.702, limit 7), which GptOssConfig's defaults are.
+    cfg["swiglu_alpha"], cfg["swiglu_limit"] = 1.702, 7.0
+    scaling = cfg.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling.get("rope_type") == "yarn":
+        # The model's own maths departs from llama.cpp here: gpt-oss's YaRN correction
+        # range is not rounded to whole dims (its config's truncate: false, the OpenAI
+        # reference, and vLLM's and SGLang's fixes), where llama.cpp always rounds it.
+        scaling["truncate"] = False
+    elif scaling is None:
+        cfg["rope_scaling"] = {"rope_type": "default"}
 
 
 def _finish_gemma2(cfg: Config, meta: Mapping[str, Any]) -> None:
@@ -250,6 +293,12 @@ ARCHS: dict[str, Arch] = {
                            "expert_used_count": "num_experts_per_tok",
                            "expert_feed_forward_length": "moe_intermediate_size"},
                      finish=_finish_qwen3moe),
+    "gpt-oss": Arch("gpt_oss", "GptOssForCausalLM", _GPTOSS_LAYER, moe=True,
+                    keys={"expert_count": "num_local_experts",
+                          "expert_used_count": "num_experts_per_tok",
+                          "expert_feed_forward_length": "moe_intermediate_size",
+                          "attention.sliding_window": "sliding_window"},
+                    finish=_finish_gptoss),
     "phi3": Arch("phi3", "Phi3ForCausalLM", _PHI3_LAYER,
                  keys={"attention.sliding_window": ""}, finish=_finish_phi3),
     "gemma2": Arch("gemma2", "Gemma2ForCausalLM", _GEMMA_LAYER, norm_plus_one=True,

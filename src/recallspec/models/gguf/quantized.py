@@ -46,7 +46,7 @@ QUANTIZED_WEIGHTS = "recallspec-quantized.safetensors"
 # A mixture of experts' router (HF name ``...mlp.gate.weight``): a float matrix stays
 # float (llama.cpp computes it so; rounding it to 8 bits would move which experts a row
 # chooses), the model's product is the dense fp32 kernel.
-ROUTER_SUFFIX = ".mlp.gate.weight"
+ROUTER_SUFFIX = (".mlp.gate.weight", ".mlp.router.weight")  # Qwen3-MoE, gpt-oss
 QUANT_FORMAT = 3  # bump when QuantizedWeight's state_dict layout changes (3: storage bits)
 # Float matrices (no block format of their own) are quantized to this at load.
 FLOAT_MATRIX_KIND = "Q8_0"
@@ -138,6 +138,13 @@ def _experts(t: TensorInfo, name: str, qtype: GGMLType, fd: int,
     gate-up arrays (``arrays``, keyed by the plan's key and the expert)."""
     import gguf
 
+    if len(t.shape) == 2 and name.endswith(".bias") and qtype in float_types:
+        # gpt-oss's stacked expert biases [experts, rows]: one float32 vector per expert.
+        _, raw = next(_row_chunks(fd, t.offset, 1, t.n_bytes, 0))
+        arr = np.asarray(gguf.quants.dequantize(raw, to_gguf(qtype)), dtype=np.float32)
+        arr = arr.reshape(t.shape)
+        return {ename: torch.from_numpy(np.array(arr[e], order="C", copy=True))
+                for e, ename in enumerate(gguf_arch.expert_names(name, t.shape[0]))}
     if len(t.shape) != 3:
         raise ModelLoadError(f"{t.name}: expert tensor of shape {t.shape}, expected "
                              "[experts, rows, cols]")
