@@ -8,13 +8,13 @@ ends of the turn), and what the parser reads back of what the template writes.""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from datetime import datetime
 from typing import Any
 
 import pytest
+from helpers import tool_stream
 from helpers.availability import unavailable
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,7 +29,6 @@ from recallspec.server.tool_calls import (
     ToolCallStream,
     ToolChoice,
     detect_family,
-    parse_tool_calls,
     supports_tools,
     validate_tools,
 )
@@ -77,38 +76,12 @@ def tid(tok: Tokenizer, token: str) -> int:
     return i
 
 
-def counter_ids() -> Any:
-    c = itertools.count()
-    return lambda: f"id{next(c)}"
-
-
 def parse(text: str) -> ParsedOutput:
-    return parse_tool_calls("harmony", text, new_id=counter_ids())
+    return tool_stream.parse("harmony", text)
 
 
 def stream(pieces: list[str]) -> tuple[ParsedOutput, ParsedOutput]:
-    """The stream's own result, and what its deltas add up to (checking the delta
-    protocol: a call's header with its id and name first, then argument fragments; the
-    reasoning is no event, so the stream's own)."""
-    s = ToolCallStream("harmony", new_id=counter_ids())
-    events = [e for p in pieces for e in s.feed(p)] + s.finish()
-    content = ""
-    calls: list[list[str]] = []
-    for e in events:
-        if isinstance(e, ContentDelta):
-            assert e.text
-            content += e.text
-        else:
-            assert isinstance(e, ToolCallDelta)
-            if e.id is not None:
-                assert e.index == len(calls) and e.arguments == "" and e.name
-                calls.append([e.id, e.name, ""])
-            else:
-                assert e.index == len(calls) - 1 and e.arguments
-                calls[-1][2] += e.arguments
-    added = ParsedOutput(content or None, tuple(ToolCall(*c) for c in calls),
-                         s.result().reasoning)
-    return s.result(), added
+    return tool_stream.stream("harmony", pieces)
 
 
 WEATHER_TOOL: dict[str, Any] = {"type": "function", "function": {
@@ -317,7 +290,7 @@ def test_malformed_output_is_content(text: str, content: str) -> None:
 
 
 def test_stream_deltas() -> None:
-    s = ToolCallStream("harmony", new_id=counter_ids())
+    s = ToolCallStream("harmony", new_id=tool_stream.counter_ids())
     assert s.feed("<|channel|>analysis<|message|>thinking") == []  # reasoning: no event
     assert s.feed("<|end|><|start|>assistant<|channel|>commentary<|message|>Hi <|e") == [
         ContentDelta("Hi ")]  # what may begin an end marker is held back
@@ -347,10 +320,8 @@ def test_any_text_parses_and_streams_the_same_however_split(pieces: list[str],
     text = "".join(pieces)
     whole = parse(text)
     assert all(isinstance(json.loads(c.arguments), dict) for c in whole.calls)
-    points = sorted({c % (len(text) + 1) for c in cuts})
-    split = [text[a:b] for a, b in itertools.pairwise([0, *points, len(text)])]
     one, one_added = stream([text])
-    many, many_added = stream(split)
+    many, many_added = stream(tool_stream.split(text, cuts))
     assert one == one_added == many == many_added
     if len(one.calls) == len(whole.calls):
         assert one.reasoning == whole.reasoning

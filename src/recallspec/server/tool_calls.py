@@ -625,6 +625,28 @@ class _ScannerBase:
     def _advance(self, *, final: bool) -> None:
         raise NotImplementedError
 
+    def _break(self, at: int) -> bool:
+        """The current call does not parse; ``at``: where its text stopped fitting."""
+        raise NotImplementedError
+
+    # ---- states both parsers have ----
+    def _args(self, final: bool) -> bool:
+        """A call's arguments, then its "tail" state."""
+        end = self._read_args(final)
+        if end is None:
+            return self._break(self._break_at)
+        if end < 0:
+            return False
+        self._pos = end
+        self._state = "tail"
+        return True
+
+    def _plain(self, final: bool) -> bool:
+        """The rest of the text is content."""
+        self._emit_content(self._buf[self._pos:])
+        self._pos = len(self._buf)
+        return False
+
     # ---- output ----
     def _take(self) -> list[StreamEvent]:
         out, self._out = self._out, []
@@ -830,16 +852,6 @@ class _Scanner(_ScannerBase):
             return self._begin(r, str(caps[0]), self._restore, resume)
         return self._fail_head(self._restore, resume)
 
-    def _args(self, final: bool) -> bool:
-        end = self._read_args(final)
-        if end is None:
-            return self._break(self._break_at)
-        if end < 0:
-            return False
-        self._pos = end
-        self._state = "tail"
-        return True
-
     def _tail(self, final: bool) -> bool:
         call = self._call
         assert call is not None
@@ -885,11 +897,6 @@ class _Scanner(_ScannerBase):
         self._pos = i
         self._state = self._text_state()
         return i < len(buf)
-
-    def _plain(self, final: bool) -> bool:
-        self._emit_content(self._buf[self._pos:])
-        self._pos = len(self._buf)
-        return False
 
     def _response(self, final: bool) -> bool:
         """Generic's ``{"response": "...`` string, decoded as it comes: a segment is decoded
@@ -1081,16 +1088,6 @@ class _HarmonyScanner(_ScannerBase):
             return True
         return self._fail()
 
-    def _args(self, final: bool) -> bool:
-        end = self._read_args(final)
-        if end is None:
-            return self._break(self._break_at)
-        if end < 0:
-            return False
-        self._pos = end
-        self._state = "tail"
-        return True
-
     def _tail(self, final: bool) -> bool:
         call = self._call
         assert call is not None
@@ -1131,11 +1128,6 @@ class _HarmonyScanner(_ScannerBase):
         self._pos = r if isinstance(r, int) else i
         self._state = "header"
         return True
-
-    def _plain(self, final: bool) -> bool:
-        self._emit_content(self._buf[self._pos:])
-        self._pos = len(self._buf)
-        return False
 
 
 def _is_hex4(s: str) -> bool:
