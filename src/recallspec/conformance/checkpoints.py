@@ -26,6 +26,7 @@ from pathlib import Path
 
 from recallspec.conformance.tokenizers import ConformanceSetupError, write_tokenizer
 from recallspec.conformance.variants import Variant
+from recallspec.models import cache_prune
 
 BUILD_FORMAT = 2  # bump when what is built (or how) changes (2: the families' tokens)
 SRC_ENV = "RECALLSPEC_LLAMA_CPP_SRC"
@@ -105,6 +106,7 @@ def build(variant: Variant, root: Path | None = None) -> Built:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    cache_prune.prune_builds(root.parent, root)  # one build per variant is kept
     return built
 
 

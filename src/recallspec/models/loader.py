@@ -9,7 +9,9 @@ A GGUF is converted once into a directory (HF-style config.json and tokenizer fi
 in our fused internal layout) in the cache
 (``$RECALLSPEC_CACHE_DIR`` or ``platformdirs.user_cache_dir("recallspec")``)/models/<key>,
 where key = sha256(size, mtime_ns, first MiB, last MiB) of the file. The directory is built
-in a temporary sibling and renamed into place, so a reader never sees a partial one.
+in a temporary sibling and renamed into place, so a reader never sees a partial one; making
+one removes the entries whose GGUF is gone or changed (``cache_prune``), so the cache holds
+about one entry per file still there.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 from recallspec.errors import ModelLoadError
 from recallspec.kernels.threads import decode_threads
+from recallspec.models import cache_prune
 from recallspec.models.config import ModelConfig
 from recallspec.models.gguf import convert as gguf_convert
 from recallspec.models.gguf import quantized as gguf_quantized
@@ -130,13 +133,16 @@ def _converted_dir(gguf: Path) -> Path:
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary user dir
     try:
         gguf_convert.convert_gguf(gguf, tmp)
+        cache_prune.record_source(tmp, gguf, file_key(gguf))
         try:
             os.rename(tmp, target)
         except OSError:
             if not (target / "config.json").is_file():  # lost a race: the winner's copy is fine
                 raise
+            return target  # the winner pruned
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    cache_prune.prune_models(target.parent, target, file_key)
     return target
 
 
