@@ -3,8 +3,9 @@
 the registry's numbers, the file llama.cpp's way (the tensors and keys its converter
 writes and its loader requires, against our loader's tables in ``models/gguf/arch.py``),
 our loader on a tiny shape of each architecture and on the header of every published
-shape, llama.cpp on the tiny ones, the mixture of experts (qwen3moe: its stacked 3-D
-expert matrices and F32 router), shapes reduced to fewer layers, the cache (reuse,
+shape, llama.cpp on the tiny ones, the mixtures of experts (qwen3moe: its stacked 3-D
+expert matrices and F32 router; gpt-oss: its biases, sinks, YaRN and window too), shapes
+reduced to fewer layers, the cache (reuse,
 interrupted writes, disk check) and quantization (a fake ``llama-quantize`` always; the
 real one when a binary is found).
 """
@@ -29,6 +30,7 @@ from helpers.availability import native_peer_or_unavailable, unavailable
 from recallspec.bench.common import shapes_gguf
 from recallspec.bench.common.shapes import (
     ARCHS,
+    BIAS,
     FACTORS,
     MATRIX,
     QUANTS,
@@ -59,12 +61,14 @@ PUBLISHED = {
     "smollm2-360m": 362e6, "smollm2-1.7b": 1.71e9, "llama-3.2-1b": 1.24e9,
     "llama-3.2-3b": 3.21e9, "qwen2.5-1.5b": 1.54e9, "qwen3-4b": 4.02e9,
     "llama-3.1-8b": 8.03e9, "smollm3-3b": 3.08e9, "phi-4-mini": 3.84e9,
-    "gemma-3-4b": 3.88e9, "qwen3-30b-a3b": 30.5e9,
+    "gemma-3-4b": 3.88e9, "qwen3-30b-a3b": 30.5e9, "gpt-oss-20b": 20.91e9,
 }
-# Published "activated" parameter counts of the mixtures of experts (model cards).
-PUBLISHED_ACTIVE = {"qwen3-30b-a3b": 3.3e9}
+# Published "activated" parameter counts of the mixtures of experts (model cards), with
+# the embedding, as ``active_parameters`` counts it: gpt-oss-20b's card states 3.61B
+# without it (201088 * 2880 = 0.58B more).
+PUBLISHED_ACTIVE = {"qwen3-30b-a3b": 3.3e9, "gpt-oss-20b": 3.61e9 + 201088 * 2880}
 TINY = ("tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-phi3",
-        "tiny-smollm3", "tiny-qwen3moe")
+        "tiny-smollm3", "tiny-qwen3moe", "tiny-gptoss")
 PUBLISHED_SHAPES = tuple(n for n in SHAPES if not n.startswith("tiny-"))
 # Per architecture, the tensor kinds of a block that llama.cpp's loader requires
 # (src/models/<arch>.cpp: create_tensor without TENSOR_NOT_REQUIRED), and every one the
@@ -85,11 +89,21 @@ BLOCK_KINDS = {
     "qwen3moe": (_LLAMA_BLOCK - {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"})
     | _QK_NORM | {"ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
                   "ffn_down_exps.weight"},
+    # (src/models/openai-moe.cpp: q/k/v biases (create_tensor_qkv), the output's bias, the
+    # sinks, post_attention_norm as the pre-FFN norm, the router's bias and the experts'
+    # stacked biases)
+    "gpt-oss": {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.weight",
+                "attn_output.bias", "attn_sinks.weight", "post_attention_norm.weight",
+                "ffn_gate_inp.weight", "ffn_gate_inp.bias", "ffn_gate_exps.weight",
+                "ffn_up_exps.weight", "ffn_down_exps.weight", "ffn_gate_exps.bias",
+                "ffn_up_exps.bias", "ffn_down_exps.bias"},
 }
 _MOE_KEYS = ("expert_count", "expert_used_count", "expert_feed_forward_length")
 # The RoPE tensors of each scaling (outside the blocks).
 ROPE_TENSORS = {"none": set(), "linear": set(), "llama3": {"rope_freqs.weight"},
-                "longrope": {"rope_factors_long.weight", "rope_factors_short.weight"}}
+                "longrope": {"rope_factors_long.weight", "rope_factors_short.weight"},
+                "yarn": set()}
 
 
 # ---- the registry --------------------------------------------------------------------
@@ -139,6 +153,20 @@ def test_registry_spot_checks() -> None:
     assert m.parameters() - m.active_parameters() == (m.experts - m.experts_used) * per_expert
     t = SHAPES["tiny-qwen3moe"]
     assert (t.experts, t.experts_used, t.expert_ffn, t.tied) == (8, 2, 256, False)
+    o = SHAPES["gpt-oss-20b"]  # openai/gpt-oss-20b's config.json
+    assert (o.hidden, o.layers, o.heads, o.kv_heads, o.head_dim, o.ffn, o.vocab) == (
+        2880, 24, 64, 8, 64, 2880, 201088)
+    assert (o.experts, o.experts_used, o.expert_ffn, o.sliding_window) == (32, 4, 2880, 128)
+    assert (o.tied, o.qkv_bias, o.qk_norm, o.rope_theta, o.context, o.rms_eps) == (
+        False, True, False, 150000.0, 131072, 1e-5)
+    assert (o.rope_scaling, o.rope_factor, o.rope_original_context) == ("yarn", 32.0, 4096)
+    # Active: the experts' matrices and stacked biases at 4 of 32, everything else whole.
+    per_expert = (3 * o.expert_ffn * o.hidden + 2 * o.expert_ffn + o.hidden) * o.layers
+    assert o.parameters() - o.active_parameters() == (o.experts - o.experts_used) * per_expert
+    assert o.active_parameters() - o.vocab * o.hidden == 3_608_307_264  # the card's 3.6B
+    t = SHAPES["tiny-gptoss"]
+    assert (t.experts, t.experts_used, t.expert_ffn, t.ffn, t.sliding_window, t.layers) == (
+        8, 2, 256, 256, 8, 4)
 
 
 def test_shape_validation() -> None:
@@ -147,6 +175,7 @@ def test_shape_validation() -> None:
     gemma: dict[str, Any] = SHAPES["tiny-gemma3"].to_dict()
     phi: dict[str, Any] = SHAPES["tiny-phi3"].to_dict()
     llama3: dict[str, Any] = SHAPES["tiny-llama3"].to_dict()
+    oss: dict[str, Any] = SHAPES["tiny-gptoss"].to_dict()
     bad: list[tuple[dict[str, Any], str]] = [
         ({**base, "arch": "qwen2"}, "qkv_bias"),  # llama.cpp's qwen2 needs the biases
         ({**SHAPES["tiny-qwen2"].to_dict(), "head_dim": 128}, "qwen2 needs"),
@@ -158,7 +187,9 @@ def test_shape_validation() -> None:
         ({**phi, "head_dim": 128 * 2}, "phi3 needs"),
         ({**base, "rope_dim": 32}, "partial rotary"),
         ({**phi, "rope_dim": 97}, "rope_dim must be even"),
-        ({**base, "rope_scaling": "yarn", "rope_factor": 4.0}, "rope_scaling must be"),
+        ({**base, "rope_scaling": "ntk", "rope_factor": 4.0}, "rope_scaling must be"),
+        ({**base, "rope_scaling": "yarn", "rope_factor": 4.0,
+          "rope_original_context": 512}, "llama file holds"),  # (gpt-oss's only)
         ({**base, "rope_scaling": "longrope"}, "llama file holds"),
         ({**phi, "rope_scaling": "linear"}, "phi3 file holds"),
         ({**SHAPES["tiny-smollm3"].to_dict(), "rope_scaling": "llama3", "rope_factor": 8.0,
@@ -182,11 +213,23 @@ def test_shape_validation() -> None:
         ({**base, "experts": 8, "experts_used": 2, "expert_ffn": 256}, "dense llama"),
         ({**base, "expert_ffn": 256}, "dense llama"),
         ({**base, "name": "tiny-llama-L02"}, "name"),  # (a reduction: -L<n>, no 0 first)
+        ({**oss, "qkv_bias": False}, "qkv_bias"),  # llama.cpp's gpt-oss has the biases
+        ({**oss, "sliding_window": 0}, "gpt-oss needs sliding_window > 0"),
+        ({**oss, "ffn": 512}, "ffn == expert_ffn"),
+        ({**oss, "expert_ffn": 512}, "ffn == expert_ffn"),
+        ({**oss, "rope_original_context": 0}, "rope_original_context"),  # yarn needs it
+        ({**oss, "rope_factor": 1.0}, "rope_factor > 1"),
+        ({**oss, "rope_scaling": "linear"}, "gpt-oss file holds"),
+        ({**oss, "experts_used": 9}, "experts_used <= experts"),
+        ({**oss, "qk_norm": True}, "qk_norm"),
     ]
     for kw, match in bad:
         with pytest.raises(ValueError, match=match):
             Shape(**kw)
     assert Shape(**{**gemma, "sliding_window": 0, "rope_theta_swa": 0.0}).sliding_window == 0
+    # (gpt-oss without YaRN: plain RoPE, which its file may hold)
+    assert Shape(**{**oss, "rope_scaling": "none", "rope_factor": 1.0,
+                    "rope_original_context": 0}).rope_scaling == "none"
     # A dense shape's dict (its files' manifest identity) has no MoE fields, as before
     # they existed; every dict gives its shape back.
     assert not {"experts", "experts_used", "expert_ffn"} & set(base)
@@ -246,12 +289,17 @@ def test_tensor_plan_is_llama_cpps(name: str) -> None:
     for t in plan:  # every tensor our loader knows for the architecture
         target = arch.tensor_name(t.name)
         assert (target is None) == (t.name in gguf_arch.CONFIG_TENSORS) == (t.kind == FACTORS)
-        # Matrices (2-D, or 3-D stacked experts) F16; 1-D tensors and the router F32.
+        # Matrices (2-D, or 3-D stacked experts) F16; 1-D tensors, the router and the
+        # experts' stacked biases (2-D, gpt-oss's) F32.
         assert (t.kind == ROUTER) == t.name.endswith("ffn_gate_inp.weight")
-        assert (t.kind == MATRIX) == (len(t.shape) >= 2 and t.kind != ROUTER)
+        assert (t.kind == MATRIX) == (len(t.shape) >= 2 and t.kind != ROUTER
+                                      and not t.name.endswith(".bias"))
         assert t.dtype == (np.float16 if t.kind == MATRIX else np.float32)
-        # (the stacked experts: the only 3-D tensors, and each of them 3-D)
+        # (the stacked experts: the only 3-D tensors, and each of them 3-D; their stacked
+        # biases the only 2-D biases)
         assert (len(t.shape) == 3) == t.name.endswith("_exps.weight")
+        assert (len(t.shape) == 2 and t.kind == BIAS) == t.name.endswith("_exps.bias")
+        assert t.stacked == t.name.endswith(("_exps.weight", "_exps.bias"))
     blocks = [{n.split(".", 2)[2] for n in names if n.startswith(f"blk.{i}.")}
               for i in range(shape.layers)]
     assert all(b == BLOCK_KINDS[shape.arch] for b in blocks)
@@ -276,6 +324,16 @@ def test_tensor_plan_is_llama_cpps(name: str) -> None:
         assert dims["blk.0.ffn_gate_exps.weight"] == dims["blk.0.ffn_up_exps.weight"] == (
             e, ef, h)
         assert dims["blk.0.ffn_down_exps.weight"] == (e, h, ef)  # ... {n_ff_exp, n_embd, ...}
+        if shape.arch == "gpt-oss":  # {n_embd}, {n_head}, {n_expert}, {n_ff_exp, n_expert} ...
+            assert dims["blk.0.attn_q.bias"] == (q,)
+            assert dims["blk.0.attn_k.bias"] == dims["blk.0.attn_v.bias"] == (kv,)
+            assert dims["blk.0.attn_output.bias"] == dims[
+                "blk.0.post_attention_norm.weight"] == (h,)
+            assert dims["blk.0.attn_sinks.weight"] == (shape.heads,)
+            assert dims["blk.0.ffn_gate_inp.bias"] == (e,)
+            assert dims["blk.0.ffn_gate_exps.bias"] == dims["blk.0.ffn_up_exps.bias"] == (
+                e, ef)
+            assert dims["blk.0.ffn_down_exps.bias"] == (e, h)  # ... {n_embd, n_expert}
     else:
         assert dims["blk.0.attn_k.weight"] == dims["blk.0.attn_v.weight"] == (kv, h)
         assert dims["blk.0.ffn_gate.weight"] == dims["blk.0.ffn_up.weight"] == (ffn, h)
@@ -333,6 +391,11 @@ def test_metadata_keys_are_in_our_loaders_tables(name: str, tmp_path: Path) -> N
         assert scaling == {
             "rope.scaling.original_context_length": shape.rope_original_context,
             "rope.scaling.attn_factor": pytest.approx(longrope_attn_factor(shape))}
+    elif shape.rope_scaling == "yarn":  # gpt-oss's converter: its config's five values
+        assert scaling == {
+            "rope.scaling.type": "yarn", "rope.scaling.factor": pytest.approx(shape.rope_factor),
+            "rope.scaling.original_context_length": shape.rope_original_context,
+            "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0}
     else:  # (llama3: the rope_freqs tensor alone)
         assert scaling == {}
     assert ours.get("attention.sliding_window", 0) == shape.sliding_window
@@ -381,7 +444,7 @@ def test_longrope_factors_and_attn_factor() -> None:
 
 # ---- the file ------------------------------------------------------------------------
 @needs_model
-@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen3moe"])
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen3moe", "tiny-gptoss"])
 def test_file_layout_metadata_and_determinism(name: str, tmp_path: Path) -> None:
     import gguf
 
@@ -400,7 +463,8 @@ def test_file_layout_metadata_and_determinism(name: str, tmp_path: Path) -> None
     arch = shape.arch
     f = {k: v.contents() for k, v in r.fields.items() if not k.startswith("tokenizer.ggml.")}
     assert f["general.architecture"] == arch
-    assert f[f"{arch}.attention.key_length"] == 128 and f[f"{arch}.embedding_length"] == 256
+    assert f[f"{arch}.attention.key_length"] == shape.head_dim
+    assert f[f"{arch}.embedding_length"] == 256
     assert f[f"{arch}.vocab_size"] == shape.vocab and f["general.file_type"] == 1
     tokens = r.fields["tokenizer.ggml.tokens"].contents()
     types = r.fields["tokenizer.ggml.token_type"].contents()
@@ -429,6 +493,13 @@ def test_file_layout_metadata_and_determinism(name: str, tmp_path: Path) -> None
             assert x.tensor_type.name == "F16" and [int(d) for d in x.shape] == ne
             ew = np.asarray(x.data, dtype=np.float32)
             assert 0.015 < float(ew.std()) < 0.025 and np.isfinite(ew).all()
+        if arch == "gpt-oss":  # the experts' stacked biases: F32, ggml's {rows, experts}
+            for kind, ne in (("gate", [ef, e]), ("up", [ef, e]), ("down", [h, e])):
+                x = t[f"blk.1.ffn_{kind}_exps.bias"]
+                assert x.tensor_type.name == "F32" and [int(d) for d in x.shape] == ne
+                bw = np.asarray(x.data)
+                assert bw.dtype == np.float32 and 0.015 < float(bw.std()) < 0.025
+            assert [int(d) for d in t["blk.0.attn_sinks.weight"].shape] == [shape.heads]
 
 
 def _check_config(c: Any, shape: Shape) -> None:
@@ -453,6 +524,10 @@ def _check_config(c: Any, shape: Shape) -> None:
     elif kind == "llama3":  # llama.cpp's divisors, read from the file
         assert r.type == "freq_factors"
         assert r.freq_factors == pytest.approx(llama3_rope_freqs(shape), rel=1e-7)
+    elif kind == "yarn":  # (gpt-oss's: the model's unrounded correction range)
+        assert (r.type, r.factor, r.original_context) == (
+            "yarn", shape.rope_factor, shape.rope_original_context)
+        assert (r.beta_fast, r.beta_slow, r.truncate) == (32.0, 1.0, False)
     else:
         factors = [t.values for t in tensor_plan(shape) if t.kind == FACTORS]
         assert (r.type, r.original_context) == ("longrope", shape.rope_original_context)
@@ -464,7 +539,13 @@ def _check_config(c: Any, shape: Shape) -> None:
     # SmolLM3: no RoPE in every 4th layer (llama.cpp's fixed step).
     assert c.nope_layers == (tuple(i for i in range(n) if (i + 1) % 4 == 0)
                              if shape.arch == "smollm3" else ())
-    if gemma:  # five sliding layers, then a global one; those slide on their own base
+    oss = shape.arch == "gpt-oss"
+    assert (c.attention_sinks, c.expert_bias) == (oss, oss)
+    if oss:  # every other layer slides, from the first (llama.cpp's pattern 2)
+        assert c.layer_windows == tuple(shape.sliding_window if i % 2 == 0 else None
+                                        for i in range(n))
+        assert c.rope_local is None
+    elif gemma:  # five sliding layers, then a global one; those slide on their own base
         assert c.layer_windows == tuple(None if (i + 1) % 6 == 0 else shape.sliding_window
                                         for i in range(n))
         assert c.rope_local is not None and c.rope_local.type == "default"
@@ -597,12 +678,34 @@ def test_disk_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ResourceError, match=r"llama-3.1-8b F16: needs about 16.1 GB"):
         ensure_shape_gguf("llama-3.1-8b", cache_dir=tmp_path, progress=lambda _m: None)
     assert list(tmp_path.iterdir()) == []
+    # gpt-oss-20b at MXFP4_MOE, tensor by tensor: the stacked experts at 17 bytes per 32
+    # weights (MXFP4), every other matrix at 34 (Q8_0: attention, embedding, head), the
+    # rest F32 (none of them needs padding), on top of its Q8_0 source's.
+    oss, meta = SHAPES["gpt-oss-20b"], shapes_gguf.METADATA_BYTES
+    h, n, q, kv = oss.hidden, oss.layers, oss.heads * oss.head_dim, oss.kv_heads * oss.head_dim
+    experts = n * 3 * oss.experts * oss.expert_ffn * h
+    q8 = 2 * oss.vocab * h + n * (2 * q * h + 2 * kv * h)
+    f32 = oss.parameters() - experts - q8
+    mxfp4 = experts * 17 // 32 + q8 * 34 // 32 + 4 * f32
+    assert shapes_gguf.quant_file_bytes(oss, "MXFP4_MOE") - meta == mxfp4 == 12_096_558_336
+    assert shapes_gguf.source_file_bytes(oss, "Q8_0") - meta == (
+        (experts + q8) * 34 // 32 + 4 * f32) == 22_248_903_936
+    assert shapes_gguf.quant_file_bytes(oss, "Q8_0") == shapes_gguf.source_file_bytes(oss, "Q8_0")
+    # (a dense shape's Q8_0 file: every matrix Q8_0, as its source's would be)
+    l8 = SHAPES["llama-3.1-8b"]
+    assert shapes_gguf.quant_file_bytes(l8, "Q8_0") == shapes_gguf.source_file_bytes(l8, "Q8_0")
+    exe, _ = _fake_quantize(tmp_path / "bin")  # (a binary is found before the check)
+    with pytest.raises(ResourceError, match=r"gpt-oss-20b MXFP4_MOE: needs about 34.4 GB"):
+        ensure_shape_gguf("gpt-oss-20b", "MXFP4_MOE", cache_dir=tmp_path / "cache",
+                          quantize_bin=exe, progress=lambda _m: None)
+    assert list((tmp_path / "cache").iterdir()) == []
 
 
 # ---- quantization ----------------------------------------------------------------------
 def _fake_quantize(tmp_path: Path) -> tuple[Path, Path]:
     """A stand-in for llama-quantize: logs its arguments and copies SRC to DST (after
     its options)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     log = tmp_path / "args.log"
     exe = tmp_path / "llama-quantize"
     exe.write_text(f'#!/bin/sh\necho "$@" >> {log}\n'
@@ -693,6 +796,24 @@ def test_experts_are_written_in_q8_0_and_requantized(tmp_path: Path) -> None:
 
 
 @needs_model
+def test_mxfp4_moe_is_requantized_from_q8_0(tmp_path: Path) -> None:
+    """gpt-oss's MXFP4_MOE (as it is published) is made from its Q8_0 source with
+    --allow-requantize, the intermediate deleted after."""
+    exe, log = _fake_quantize(tmp_path)
+    cache = tmp_path / "cache"
+    said: list[str] = []
+    p = ensure_shape_gguf("tiny-gptoss", "MXFP4_MOE", cache_dir=cache, quantize_bin=exe,
+                          progress=said.append)
+    args = log.read_text().split()
+    assert args[0] == "--allow-requantize" and args[3] == "MXFP4_MOE"
+    assert Path(args[1]).name.startswith("tiny-gptoss-Q8_0.tmp-")
+    assert any("deleted the Q8_0 intermediate" in m for m in said)
+    assert sorted(x.name for x in cache.iterdir()) == ["tiny-gptoss-MXFP4_MOE.gguf",
+                                                       "tiny-gptoss-MXFP4_MOE.json"]
+    assert json.loads(p.with_suffix(".json").read_text())["source"] == "Q8_0"
+
+
+@needs_model
 @pytest.mark.peer
 def test_quantize_with_llama_quantize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       ) -> None:
@@ -719,5 +840,28 @@ def test_quantize_with_llama_quantize(tmp_path: Path, monkeypatch: pytest.Monkey
                             progress=lambda _m: None)
     assert not (cache / "tiny-qwen3moe-Q8_0.gguf").exists()  # the intermediate, deleted
     eng = Engine.load(str(moe), max_batch_size=1)
+    out = eng.generate("Hello", SamplingParams(max_new_tokens=3, ignore_eos=True))
+    assert len(out.token_ids) == 3
+    # gpt-oss at MXFP4_MOE, as it is published: each tensor of the type (and bytes) the
+    # disk check counts, llama-quantize's choice: the stacked experts MXFP4, the other
+    # matrices Q8_0, the router, norms, sinks and biases (the 2-D ones too) F32.
+    import gguf
+
+    shape = SHAPES["tiny-gptoss"]
+    oss = ensure_shape_gguf(shape.name, "MXFP4_MOE", cache_dir=cache,
+                            progress=lambda _m: None)
+    assert not (cache / "tiny-gptoss-Q8_0.gguf").exists()
+    r = gguf.GGUFReader(oss)
+    plan = {t.name: t for t in tensor_plan(shape)}
+    assert sorted(t.name for t in r.tensors) == sorted(plan)  # (in llama.cpp's order)
+    for t in r.tensors:
+        spec = plan[t.name]
+        assert t.tensor_type.name == ("MXFP4" if len(spec.shape) == 3 else
+                                      "Q8_0" if spec.kind == MATRIX else "F32"), t.name
+        assert int(t.n_bytes) == shapes_gguf._quant_data_bytes(spec, "MXFP4_MOE"), t.name
+    assert r.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_MXFP4_MOE
+    assert oss.stat().st_size <= shapes_gguf.quant_file_bytes(shape, "MXFP4_MOE")
+    # (no repack cache: its background write would outlive the test's directory)
+    eng = Engine.load(str(oss), max_batch_size=1, repack_cache=False)
     out = eng.generate("Hello", SamplingParams(max_new_tokens=3, ignore_eos=True))
     assert len(out.token_ids) == 3

@@ -44,6 +44,13 @@ def test_matrix_and_config_are_checked() -> None:
         ScaleConfig(entries=(("gpt-9", "Q4_K_M"),))
     with pytest.raises(DataError, match="unknown quantization"):
         ScaleConfig(entries=(("smollm2-1.7b", "Q3_K"),))
+    # MXFP4_MOE (a mixture's experts in MXFP4, as gpt-oss is published): mixtures only.
+    assert ScaleConfig(entries=(("gpt-oss-20b", "MXFP4_MOE"), ("gpt-oss-20b-L4", "MXFP4_MOE"),
+                                ("qwen3-30b-a3b", "MXFP4_MOE"))).entries[0] == (
+        "gpt-oss-20b", "MXFP4_MOE")
+    with pytest.raises(DataError, match=r"MXFP4_MOE quantizes a mixture's experts; "
+                                        r"smollm2-1\.7b is a dense llama"):
+        ScaleConfig(entries=(("gpt-oss-20b", "MXFP4_MOE"), ("smollm2-1.7b", "MXFP4_MOE")))
     with pytest.raises(DataError, match="include 1"):
         ScaleConfig(ks=(2, 4))
     with pytest.raises(DataError, match="'ar'"):
@@ -146,6 +153,7 @@ def _result(entry: dict[str, Any]) -> dict[str, Any]:
 def test_ratios_and_report_of_one_entry() -> None:
     entry: dict[str, Any] = {
         "shape": "smollm2-1.7b", "quant": "Q4_0", "file_bytes": 1_000_000_000,
+        "token_bytes": 900_000_000,
         "ours": {"ar": {"decode_tok_s": 30.0}, "prefill_tok_s": 150.0, "achieved_gb_s": 30.0,
                  "cost_ms": {"1": 30.0, "8": 45.0, "16": 90.0}, "rss_mb": 1100.0,
                  "load_s": 2.0},
@@ -177,6 +185,7 @@ def test_ratios_and_report_of_one_entry() -> None:
     assert d["llamacpp_cost_ratio"]["8"] == pytest.approx(2.0)
     assert d["bandwidth_fraction"] == pytest.approx(0.75)
     assert d["rss_vs_file"] == pytest.approx(1.1)
+    assert d["llamacpp_gb_s"] == pytest.approx(0.9 * 25.0)  # the bytes a token reads
     md = render_scale_markdown(_result(entry))
     row = next(line for line in md.splitlines() if line.startswith("| smollm2-1.7b | Q4_0"))
     # TTFT: the medians (first run 5.0 s of 4, 5, 9) and their ratios to llama-server's
@@ -256,6 +265,34 @@ def test_our_side_counts_the_experts_a_mixture_wakes(tmp_path: Path) -> None:
         "x": {"shape": shape.name, "quant": "Q8_0", "ours": res}}}))
     assert f"| {shape.name} | Q8_0 | {used} of {e} |" in table
     assert f"{t[8]:.1f} ({res['experts_uniform']['8']:.1f})" in table
+
+
+@needs_model
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gptoss"])
+def test_token_bytes_are_what_a_token_reads_of_the_file(name: str, tmp_path: Path) -> None:
+    """llama.cpp's GB/s is priced at the bytes of the file a token reads, as ours is:
+    every tensor, a mixture's stacked experts (gpt-oss's stacked biases too) at
+    experts_used of experts, an untied embedding at one row; never the whole file (a
+    mixture's is far less; a sparse file: its header and tensor sizes are all it needs)."""
+    from recallspec.bench.common.shapes import tensor_plan
+    from recallspec.bench.common.shapes_gguf import _data_bytes, write_shape_gguf
+    from recallspec.bench.scale.command import token_bytes
+
+    shape = SHAPES[name]
+    src = "Q8_0" if shape.experts else "F16"
+    path = tmp_path / f"{name}.gguf"
+    size = write_shape_gguf(shape, path, seed=0, weights=False, source=src)
+    want = 0
+    for t in tensor_plan(shape):
+        b = _data_bytes(t, src)
+        if t.stacked:
+            b = b // shape.experts * shape.experts_used
+        elif t.name == "token_embd.weight" and not shape.tied:
+            b //= shape.vocab
+        want += b
+    assert token_bytes(path) == want < size
+    if shape.experts:
+        assert want < 0.5 * size
 
 
 @needs_model

@@ -1,6 +1,6 @@
-"""The shapes of the models people run (1-8B dense, and Qwen3-30B-A3B's mixture of
-experts; from each one's config.json) and the tensors llama.cpp builds for each: what
-``recallspec bench scale`` measures at.
+"""The shapes of the models people run (1-8B dense, and the mixtures of experts
+Qwen3-30B-A3B and gpt-oss-20b; from each one's config.json) and the tensors llama.cpp
+builds for each: what ``recallspec bench scale`` measures at.
 
 A ``Shape`` is what llama.cpp and our loader need to build a decoder-only model;
 ``tensor_plan`` lists its GGUF tensors in file order, as llama.cpp's
@@ -12,10 +12,15 @@ scaling; ``rope_factors_long/short.weight`` of Phi-3's LongRoPE), then
 ``post_attention_norm`` (gemma3), ``ffn_norm``, ``ffn_gate`` (not phi3's), ``ffn_up``
 (phi3's: gate and up rows), ``ffn_down``, ``post_ffw_norm`` (gemma3); qwen3moe's in place
 of the three FFN matrices: ``ffn_gate_inp`` (the router) and the experts' matrices stacked,
-``ffn_gate_exps``, ``ffn_up_exps``, ``ffn_down_exps``; ``output_norm.weight``;
+``ffn_gate_exps``, ``ffn_up_exps``, ``ffn_down_exps``; gpt-oss's block (llama.cpp's
+src/models/openai-moe.cpp): ``attn_norm``, ``attn_q/k/v`` and their biases,
+``attn_output`` and its bias, ``attn_sinks`` (one logit per head), ``post_attention_norm``
+(the pre-FFN norm, under that name), the router and its bias, the stacked experts'
+matrices, then their biases stacked over the experts (2-D); ``output_norm.weight``;
 ``output.weight`` when untied. Matrices are F16 (``llama-quantize``'s usual input), the
-stacked experts too; 1-D tensors F32, and the router F32 (llama-quantize never quantizes
-it, and the converter writes it F32).
+stacked experts too; 1-D tensors F32, the experts' stacked biases F32 (llama-quantize
+quantizes no bias), and the router F32 (llama-quantize never quantizes it, and the
+converter writes it F32).
 
 A published shape with fewer layers (``with_layers``; ``get_shape("<name>-L<n>")``) keeps
 every per-layer size: a 30B shape's F16 intermediate (61 GB) does not fit every machine,
@@ -39,17 +44,22 @@ import numpy as np
 
 from recallspec.errors import UnknownNameError
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "qwen3moe")
-_MOE_ARCHS = ("qwen3moe",)  # mixtures of experts: experts, experts_used, expert_ffn
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "qwen3moe", "gpt-oss")
+_MOE_ARCHS = ("qwen3moe", "gpt-oss")  # mixtures of experts: experts, experts_used, expert_ffn
+_QKV_BIAS_ARCHS = ("qwen2", "gpt-oss")  # llama.cpp builds them with q/k/v biases
 _QK_NORM_ARCHS = ("qwen3", "gemma3", "qwen3moe")  # llama.cpp requires their q/k norms
 # RoPE scalings a shape may state, as llama.cpp's converter writes them: "linear" as
 # rope.scaling.type/factor, "llama3" as the rope_freqs tensor (no type key), "longrope" as
-# rope_factors_long/short and rope.scaling.original_context_length/attn_factor.
-ROPE_SCALINGS = ("none", "linear", "llama3", "longrope")
+# rope_factors_long/short and rope.scaling.original_context_length/attn_factor, "yarn" as
+# rope.scaling.type/factor/original_context_length/yarn_beta_fast/yarn_beta_slow.
+ROPE_SCALINGS = ("none", "linear", "llama3", "longrope", "yarn")
 # The scalings each architecture's file may hold (the converter's and llama.cpp's: Llama
-# 3's rope_freqs only in llama files, LongRoPE only in Phi-3's).
-_ARCH_SCALINGS = {"llama": ("none", "linear", "llama3"), "phi3": ("none", "longrope")}
-_SLIDING_ARCHS = ("gemma3", "phi3")  # attention.sliding_window is theirs (gguf_arch's keys)
+# 3's rope_freqs only in llama files, LongRoPE only in Phi-3's, YaRN only in gpt-oss's).
+_ARCH_SCALINGS = {"llama": ("none", "linear", "llama3"), "phi3": ("none", "longrope"),
+                  "gpt-oss": ("none", "yarn")}
+# attention.sliding_window is theirs (gguf_arch's keys); gpt-oss's is required (llama.cpp's
+# openai-moe reads it without a default).
+_SLIDING_ARCHS = ("gemma3", "phi3", "gpt-oss")
 # llama-quantize's type names (MXFP4_MOE: a mixture's stacked experts in MXFP4, every
 # other matrix Q8_0, as gpt-oss is published).
 QUANTS = ("F16", "Q8_0", "Q4_0", "Q4_K_M", "MXFP4_MOE")
@@ -73,7 +83,10 @@ class Shape:
     llama's layout (llama.cpp leaves RoPE out of every 4th layer, which no key states);
     qwen3moe is qwen3's attention (q/k norms) with a mixture of ``experts`` gated MLPs of
     ``expert_ffn`` in every layer, ``experts_used`` of them per token (``ffn`` is still
-    stated: feed_forward_length, which llama.cpp and our loader read)."""
+    stated: feed_forward_length, which llama.cpp and our loader read); gpt-oss is a
+    mixture too, with q/k/v and output biases, a sink logit per head, a router bias and
+    the experts' biases, a ``sliding_window`` on every other layer (required) and
+    ``ffn == expert_ffn`` (its config has one size), YaRN its one RoPE scaling."""
 
     name: str  # registry key and file-name stem, e.g. "llama-3.1-8b"
     arch: str  # GGUF architecture: one of ARCHS
@@ -87,20 +100,22 @@ class Shape:
     tied: bool  # the head reuses token_embd (no output.weight)
     rope_theta: float
     context: int  # context_length (the published max_position_embeddings)
-    qkv_bias: bool = False  # qwen2: biases on q, k and v (llama.cpp requires them)
+    qkv_bias: bool = False  # qwen2, gpt-oss: biases on q, k and v (llama.cpp's qwen2
+    #                         requires them; gpt-oss's o, sink, router and expert
+    #                         biases follow from the arch)
     qk_norm: bool = False  # qwen3, gemma3: RMSNorm over head_dim on q and k
     rms_eps: float = 1e-5
     rope_dim: int = 0  # rope.dimension_count: rotated dims of a head (0: head_dim; phi3's
     #                    partial rotary: Phi-4-mini's 0.75 of 128 = 96)
     rope_scaling: str = "none"  # one of ROPE_SCALINGS
-    rope_factor: float = 1.0  # linear, llama3: the factor; longrope: context / original
-    rope_original_context: int = 0  # llama3, longrope: original_max_position_embeddings
+    rope_factor: float = 1.0  # linear, llama3, yarn: the factor; longrope: context / original
+    rope_original_context: int = 0  # llama3, longrope, yarn: original_max_position_embeddings
     rope_low_freq_factor: float = 1.0  # llama3 (the converter's defaults: 1 and 4)
     rope_high_freq_factor: float = 4.0
     rope_theta_swa: float = 0.0  # gemma3: rope.freq_base_swa, the sliding layers' base
-    sliding_window: int = 0  # gemma3, phi3: attention.sliding_window (0: none)
-    # qwen3moe (0 for the dense architectures): expert_count, expert_used_count and
-    # expert_feed_forward_length.
+    sliding_window: int = 0  # gemma3, phi3, gpt-oss: attention.sliding_window (0: none)
+    # qwen3moe, gpt-oss (0 for the dense architectures): expert_count, expert_used_count
+    # and expert_feed_forward_length.
     experts: int = 0
     experts_used: int = 0
     expert_ffn: int = 0
@@ -119,9 +134,10 @@ class Shape:
             raise ValueError(f"{n}: heads must be a multiple of kv_heads and "
                              "head_dim even (RoPE rotates pairs)")
         # llama.cpp builds each architecture with exactly these tensors.
-        if self.qkv_bias != (self.arch == "qwen2"):
-            raise ValueError(f"{n}: qkv_bias must be set exactly for qwen2 (llama.cpp's "
-                             "qwen2 requires the biases, the others have none)")
+        if self.qkv_bias != (self.arch in _QKV_BIAS_ARCHS):
+            raise ValueError(f"{n}: qkv_bias must be set exactly for "
+                             f"{', '.join(_QKV_BIAS_ARCHS)} (llama.cpp builds them with the "
+                             "biases, the others have none)")
         if self.qk_norm != (self.arch in _QK_NORM_ARCHS):
             raise ValueError(f"{n}: qk_norm must be set exactly for "
                              f"{', '.join(_QK_NORM_ARCHS)} (llama.cpp requires their q/k "
@@ -132,7 +148,11 @@ class Shape:
         self._check_rope()
         if self.sliding_window < 0 or (self.sliding_window and
                                        self.arch not in _SLIDING_ARCHS):
-            raise ValueError(f"{n}: sliding_window is gemma3's and phi3's (>= 0)")
+            raise ValueError(f"{n}: sliding_window is gemma3's, phi3's and gpt-oss's "
+                             "(>= 0)")
+        if self.arch == "gpt-oss" and self.sliding_window < 1:
+            raise ValueError(f"{n}: a gpt-oss needs sliding_window > 0 (llama.cpp's "
+                             "openai-moe requires attention.sliding_window)")
         swa = self.arch == "gemma3" and self.sliding_window > 0
         if (self.rope_theta_swa != 0) != swa or self.rope_theta_swa < 0:
             raise ValueError(f"{n}: rope_theta_swa (> 0, the sliding layers' RoPE base) must "
@@ -148,6 +168,10 @@ class Shape:
             # (llama.cpp's qwen3moe refuses n_expert or n_expert_used 0)
             raise ValueError(f"{n}: a {self.arch} needs experts, experts_used and expert_ffn "
                              "positive, experts_used <= experts")
+        elif self.arch == "gpt-oss" and self.ffn != self.expert_ffn:
+            # (our loader refuses such a file: GptOssConfig has one intermediate_size)
+            raise ValueError(f"{n}: a gpt-oss needs ffn == expert_ffn (its config has one "
+                             f"intermediate size), not {self.ffn} and {self.expert_ffn}")
 
     def _check_rope(self) -> None:
         n, kind = self.name, self.rope_scaling
@@ -164,9 +188,10 @@ class Shape:
                              f"{' or '.join(allowed)}, not {kind!r}")
         if (kind == "none") != (self.rope_factor == 1.0) or self.rope_factor < 1.0:
             raise ValueError(f"{n}: rope_factor > 1 with a rope_scaling, 1.0 without")
-        needs_orig = kind in ("llama3", "longrope")
+        needs_orig = kind in ("llama3", "longrope", "yarn")
         if needs_orig != (self.rope_original_context > 0) or self.rope_original_context < 0:
-            raise ValueError(f"{n}: rope_original_context (> 0) is llama3's and longrope's")
+            raise ValueError(f"{n}: rope_original_context (> 0) is llama3's, longrope's and "
+                             "yarn's (and each of them needs it)")
         if kind == "longrope" and self.rope_factor != self.context / self.rope_original_context:
             raise ValueError(f"{n}: longrope's rope_factor must be context / "
                              f"rope_original_context = "
@@ -190,11 +215,12 @@ class Shape:
 
     def active_parameters(self) -> int:
         """Parameters one token reads: ``parameters()`` with each layer's stacked experts
-        counted at ``experts_used`` of ``experts`` (the dense shapes: all of them). Every
-        other tensor counts whole, token_embd too (a token reads one row of it, the head
-        all of it): the convention of a published "activated" count (Qwen3-30B-A3B's
-        3.3B)."""
-        return sum(t.numel // t.shape[0] * self.experts_used if len(t.shape) == 3 else t.numel
+        (their matrices, and gpt-oss's stacked biases) counted at ``experts_used`` of
+        ``experts`` (the dense shapes: all of them). Every other tensor counts whole,
+        token_embd too (a token reads one row of it, the head all of it): the convention
+        of a published "activated" count (Qwen3-30B-A3B's 3.3B; gpt-oss-20b's published
+        3.6B leaves the embedding out, which this counts: 4.19B)."""
+        return sum(t.numel // t.shape[0] * self.experts_used if t.stacked else t.numel
                    for t in tensor_plan(self) if t.kind != FACTORS)
 
     def to_dict(self) -> dict[str, Any]:
@@ -269,6 +295,15 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("qwen3-30b-a3b", "qwen3moe", hidden=2048, layers=48, heads=32, kv_heads=4,
           head_dim=128, ffn=6144, vocab=151936, tied=False, rope_theta=1e6, context=40960,
           qk_norm=True, rms_eps=1e-6, experts=128, experts_used=8, expert_ffn=768),
+    # openai/gpt-oss-20b: 32 experts of intermediate_size 2880, 4 per token (every layer
+    # sparse), sliding_window 128 on every other layer, rope_scaling yarn (factor 32,
+    # original_max_position_embeddings 4096, beta_fast 32, beta_slow 1: the writer's),
+    # attention_bias true, vocab_size 201088, an untied head.
+    Shape("gpt-oss-20b", "gpt-oss", hidden=2880, layers=24, heads=64, kv_heads=8,
+          head_dim=64, ffn=2880, vocab=201088, tied=False, rope_theta=150000.0,
+          context=131072, qkv_bias=True, rms_eps=1e-5, rope_scaling="yarn", rope_factor=32.0,
+          rope_original_context=4096, sliding_window=128, experts=32, experts_used=4,
+          expert_ffn=2880),
     # Tests: one per architecture (and per RoPE scaling); the qwen ones pad the vocabulary
     # (to a multiple of 256 and to a round number), tiny-qwen3 has heads * head_dim !=
     # hidden and an untied head; tiny-gemma3 (6 layers: 5 sliding ones, then a global one)
@@ -287,6 +322,13 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     # Qwen3-30B-A3B's layout at width 256: 8 experts of 256, 2 per token, an untied head,
     # heads * head_dim != hidden and a padded vocabulary.
     _tiny("tiny-qwen3moe", "qwen3moe", vocab=50000, head_dim=128, tied=False, qk_norm=True,
+          experts=8, experts_used=2, expert_ffn=256),
+    # gpt-oss-20b's layout at width 256: 8 experts of 256 (= ffn), 2 per token, 4 layers
+    # (two sliding ones, window 8, two global), YaRN, an untied head, heads * head_dim
+    # (8 * 64) != hidden and a padded vocabulary.
+    _tiny("tiny-gptoss", "gpt-oss", layers=4, heads=8, kv_heads=2, ffn=256, vocab=50000,
+          tied=False, rope_theta=150000.0, qkv_bias=True, rms_eps=1e-5,
+          rope_scaling="yarn", rope_factor=8.0, rope_original_context=256, sliding_window=8,
           experts=8, experts_used=2, expert_ffn=256),
 )}
 
@@ -346,12 +388,19 @@ class TensorSpec:
     """One tensor of the file."""
 
     name: str  # llama.cpp's name, e.g. "blk.3.attn_q.weight"
-    # numpy order: (rows = outputs, cols = inputs), (n,), or a stack of experts'
-    # matrices, (experts, rows, cols): the only 3-D tensors.
+    # numpy order: (rows = outputs, cols = inputs), (n,), a stack of experts'
+    # matrices, (experts, rows, cols): the only 3-D tensors, or (gpt-oss) a stack of
+    # experts' biases, (experts, rows): 2-D, a BIAS.
     shape: tuple[int, ...]
     kind: str  # MATRIX (F16, random) | BIAS, ROUTER (F32, random) | NORM (F32, ones) |
     #            FACTORS (F32, ``values``: RoPE factors computed from the shape)
     values: tuple[float, ...] = ()
+
+    @property
+    def stacked(self) -> bool:
+        """One tensor of every expert's (experts the outermost dim): a token reads
+        ``experts_used`` of its ``experts`` slices."""
+        return self.name.endswith(("_exps.weight", "_exps.bias"))
 
     @property
     def dtype(self) -> type[np.floating[Any]]:
@@ -431,15 +480,22 @@ def _rope_tensors(shape: Shape) -> tuple[TensorSpec, ...]:
 
 
 def _expert_tensors(shape: Shape, b: str) -> list[TensorSpec]:
-    """A qwen3moe block's FFN (llama.cpp's src/models/qwen3moe.cpp; its ggml dims are
-    these reversed): the router ``{hidden, experts}``, F32; each expert's gate and up
-    ``{hidden, expert_ffn}`` and down ``{expert_ffn, hidden}``, stacked over the experts
-    (experts the outermost dim), F16."""
+    """A mixture's block FFN (llama.cpp's src/models/qwen3moe.cpp and openai-moe.cpp; its
+    ggml dims are these reversed): the router ``{hidden, experts}``, F32 (gpt-oss's with
+    its bias ``{experts}``); each expert's gate and up ``{hidden, expert_ffn}`` and down
+    ``{expert_ffn, hidden}``, stacked over the experts (experts the outermost dim), F16;
+    gpt-oss's then their biases, stacked too: gate and up ``{expert_ffn, experts}``, down
+    ``{hidden, experts}``, F32."""
     h, e, ef = shape.hidden, shape.experts, shape.expert_ffn
+    oss = shape.arch == "gpt-oss"
     return [TensorSpec(b + "ffn_gate_inp.weight", (e, h), ROUTER),
+            *([TensorSpec(b + "ffn_gate_inp.bias", (e,), BIAS)] if oss else []),
             TensorSpec(b + "ffn_gate_exps.weight", (e, ef, h), MATRIX),
             TensorSpec(b + "ffn_up_exps.weight", (e, ef, h), MATRIX),
-            TensorSpec(b + "ffn_down_exps.weight", (e, h, ef), MATRIX)]
+            TensorSpec(b + "ffn_down_exps.weight", (e, h, ef), MATRIX),
+            *([TensorSpec(b + "ffn_gate_exps.bias", (e, ef), BIAS),
+               TensorSpec(b + "ffn_up_exps.bias", (e, ef), BIAS),
+               TensorSpec(b + "ffn_down_exps.bias", (e, h), BIAS)] if oss else [])]
 
 
 def tensor_plan(shape: Shape) -> list[TensorSpec]:
@@ -458,12 +514,18 @@ def tensor_plan(shape: Shape) -> list[TensorSpec]:
                 if shape.qkv_bias:
                     plan.append(TensorSpec(f"{b}attn_{part}.bias", (rows,), BIAS))
         plan.append(TensorSpec(b + "attn_output.weight", (h, q), MATRIX))
+        if arch == "gpt-oss":  # the output's bias; each head's sink logit
+            plan.append(TensorSpec(b + "attn_output.bias", (h,), BIAS))
+            plan.append(TensorSpec(b + "attn_sinks.weight", (shape.heads,), BIAS))
         if shape.qk_norm:
             plan.append(TensorSpec(b + "attn_q_norm.weight", (hd,), NORM))
             plan.append(TensorSpec(b + "attn_k_norm.weight", (hd,), NORM))
         if arch == "gemma3":
             plan.append(TensorSpec(b + "post_attention_norm.weight", (h,), NORM))
-        plan.append(TensorSpec(b + "ffn_norm.weight", (h,), NORM))
+        # (gpt-oss's pre-FFN norm is named post_attention_norm: its converter maps HF's
+        # post_attention_layernorm there, and llama.cpp's openai-moe reads no ffn_norm)
+        plan.append(TensorSpec(b + ("post_attention_norm.weight" if arch == "gpt-oss"
+                                    else "ffn_norm.weight"), (h,), NORM))
         if shape.experts:  # the router's logits, then each expert's gated MLP, stacked
             plan.extend(_expert_tensors(shape, b))
         else:

@@ -1,5 +1,5 @@
-"""Random-weight GGUFs at the published shapes of the models people run (1-8B dense, a
-30B mixture of experts), cached.
+"""Random-weight GGUFs at the published shapes of the models people run (1-8B dense, the
+20-30B mixtures of experts), cached.
 
 What is random, and why the costs are still true: every matrix, bias and router is drawn
 from N(0, 0.02) (slices of one seeded pool of F16 values at seeded offsets), every norm weight
@@ -28,14 +28,15 @@ up to 1 GiB) that is written last and must match for a file to be reused. Quanti
 are made from the F16 one by llama.cpp's own ``llama-quantize``; the F16 intermediate is
 deleted afterwards unless it was cached already. A mixture of experts is written in Q8_0
 blocks instead (``source_quant``: no 61 GB F16 file for Qwen3-30B-A3B) and requantized
-(``--allow-requantize``): its Q4_K_M is then two roundings from the random values, which
-changes no cost. Everything is written to a temporary name
+(``--allow-requantize``): its Q4_K_M or MXFP4_MOE is then two roundings from the random
+values, which changes no cost. Everything is written to a temporary name
 and renamed, so an interrupted run never leaves a file that looks complete.
 
 Each file holds the tensors of ``shapes.tensor_plan`` (matrices F16, the stacked experts'
-3-D ones too; 1-D tensors and the router F32). Metadata: the ``<arch>.*`` keys llama.cpp
-reads (``attention.key_length`` too, so a head_dim other than hidden/heads, as Qwen3-4B's,
-is stated; the RoPE scaling's and sliding window's keys; a mixture of experts'
+3-D ones too; 1-D tensors, gpt-oss's stacked 2-D expert biases and the router F32).
+Metadata: the ``<arch>.*`` keys llama.cpp reads (``attention.key_length`` too, so a
+head_dim other than hidden/heads, as Qwen3-4B's, is stated; the RoPE scaling's and sliding
+window's keys, YaRN's as gpt-oss's converter writes them; a mixture of experts'
 ``expert_count``, ``expert_used_count`` and ``expert_feed_forward_length``), and the
 default model's (SmolLM2) tokenizer copied whole, its vocabulary padded to the shape's
 size with ``[PAD<id>]`` tokens of type UNUSED, exactly as ``convert_hf_to_gguf.py`` pads a
@@ -96,10 +97,14 @@ METADATA_BYTES = 16 << 20  # bound on header + key/values + tensor infos (a 152k
 ALIGNMENT = 32  # GGUF's default data alignment (GGUFWriter's)
 NAME = "recallspec random weights"  # general.name of every file
 
-# Bits per parameter of a quantized file, for the disk check only: upper estimates
+# Bits per parameter of a Q4_0 or Q4_K_M file, for the disk check only: upper estimates
 # (llama-quantize keeps output.weight at Q6_K, and rows not a multiple of 256, as
-# SmolLM2-360M's 960, fall back to Q5_0/Q8_0).
-_BITS = {"F16": 16.0, "Q8_0": 8.6, "Q4_0": 5.5, "Q4_K_M": 6.5, "MXFP4_MOE": 8.6}
+# SmolLM2-360M's 960, fall back to Q5_0/Q8_0). F16, Q8_0 and MXFP4_MOE are counted per
+# tensor (``quant_file_bytes``).
+_BITS = {"Q4_0": 5.5, "Q4_K_M": 6.5}
+# YaRN's beta_fast and beta_slow, gpt-oss's (its config.json's rope_scaling), which its
+# converter copies into the file.
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
 QUANTIZE_ENV = "RECALLSPEC_LLAMA_QUANTIZE"
 HASH_LIMIT = 1 << 30  # files up to this size get a sha256 in their manifest
 DISK_MARGIN = 256 << 20
@@ -122,6 +127,7 @@ def f16_file_bytes(shape: Shape) -> int:
 # names one file's bytes.
 SOURCES = ("F16", "Q8_0")
 Q8_BLOCK, Q8_BLOCK_BYTES = 32, 34  # ggml's block_q8_0: an f16 scale and 32 int8
+MXFP4_BLOCK_BYTES = 17  # ggml's block_mxfp4 (of 32 weights): an E8M0 scale, 16 code bytes
 
 
 def source_quant(shape: Shape, quant: str) -> str:
@@ -140,6 +146,34 @@ def source_file_bytes(shape: Shape, source: str) -> int:
     """An upper bound of the size of the file ``write_shape_gguf`` writes in ``source``
     (exact data, bounded metadata)."""
     return sum(_align(_data_bytes(t, source)) for t in tensor_plan(shape)) + METADATA_BYTES
+
+
+def _quant_data_bytes(spec: TensorSpec, quant: str) -> int:
+    """A tensor's data in ``llama-quantize``'s ``quant`` (Q8_0 or MXFP4_MOE) output, by
+    its choice per tensor (src/llama-quant.cpp): only MATRIX tensors are quantized (the
+    router, norms, biases and 1-D tensors stay F32); MXFP4_MOE puts a stacked expert
+    tensor (3-D) in MXFP4 and every other matrix, the head and embedding too, in Q8_0;
+    Q8_0 every matrix. (A row not a multiple of 32 would fall back: counted at F16.)"""
+    if spec.kind != MATRIX:
+        return spec.nbytes
+    if spec.shape[-1] % Q8_BLOCK:
+        return spec.numel * 2
+    block = MXFP4_BLOCK_BYTES if quant == "MXFP4_MOE" and len(spec.shape) == 3 else (
+        Q8_BLOCK_BYTES)
+    return spec.numel // Q8_BLOCK * block
+
+
+def quant_file_bytes(shape: Shape, quant: str) -> int:
+    """An upper bound of the size of ``shape``'s file at ``quant`` (the disk check's):
+    F16, Q8_0 and MXFP4_MOE per tensor (exact data, bounded metadata); Q4_0 and Q4_K_M,
+    whose per-tensor types llama-quantize picks by layer and row size, from an upper
+    estimate of their bits per parameter (``_BITS``)."""
+    q = canonical_quant(quant)
+    if q == "F16":
+        return source_file_bytes(shape, "F16")
+    if q in _BITS:
+        return int(shape.parameters() * _BITS[q] / 8)
+    return sum(_align(_quant_data_bytes(t, q)) for t in tensor_plan(shape)) + METADATA_BYTES
 
 
 # ---- the tokenizer -------------------------------------------------------------------
@@ -212,6 +246,12 @@ def _metadata(writer: Any, shape: Shape, seed: int, tokenizer: list[tuple[str, A
     elif shape.rope_scaling == "longrope":  # (no type key: Phi-3's converter writes none)
         w.add_rope_scaling_orig_ctx_len(shape.rope_original_context)
         w.add_rope_scaling_attn_factors(longrope_attn_factor(shape))
+    elif shape.rope_scaling == "yarn":  # (conversion/base.py's yarn branch, its order)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(shape.rope_factor)
+        w.add_rope_scaling_orig_ctx_len(shape.rope_original_context)
+        w.add_rope_scaling_yarn_beta_fast(YARN_BETA_FAST)
+        w.add_rope_scaling_yarn_beta_slow(YARN_BETA_SLOW)
     # (llama3: its rope_freqs tensor only, no key, as the converter writes it)
     if shape.sliding_window:
         w.add_sliding_window(shape.sliding_window)
@@ -469,7 +509,7 @@ def ensure_shape_gguf(
     for p in (final, inter):
         _remove_stale(p)
     inter_bytes = source_file_bytes(shape, src)
-    quant_bytes = int(shape.parameters() * _BITS[q] / 8)
+    quant_bytes = quant_file_bytes(shape, q)
     _check_disk(directory, (0 if q == src or reuse else inter_bytes) + quant_bytes,
                 f"{shape.name} {q}")
     source = inter if reuse else _temp(inter)
@@ -507,5 +547,5 @@ def _quantize_into(source: Path, final: Path, identity: dict[str, Any], shape: S
 
 
 __all__ = ["DEFAULT_SEED", "SOURCES", "ensure_shape_gguf", "f16_file_bytes", "find_quantize",
-           "quantize_gguf", "shapes_dir", "source_file_bytes", "source_quant",
-           "tokenizer_fields", "write_shape_gguf"]
+           "quant_file_bytes", "quantize_gguf", "shapes_dir", "source_file_bytes",
+           "source_quant", "tokenizer_fields", "write_shape_gguf"]

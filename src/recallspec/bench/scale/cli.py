@@ -27,8 +27,9 @@ def register(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "`recallspec.bench.common.shapes.SHAPES`); NAME-L<n>: that shape with "
                     "its first n layers, labelled reduced by its name (e.g. "
                     "qwen3-30b-a3b-L8)")
-    sc.add_argument("--quants", default=None, help="comma-separated: Q4_K_M, Q4_0, Q8_0 "
-                    "(with --shapes: their product; default Q4_K_M)")
+    sc.add_argument("--quants", default=None, help="comma-separated: Q4_K_M, Q4_0, Q8_0, "
+                    "MXFP4_MOE (mixtures of experts only, e.g. gpt-oss-20b) (with --shapes: "
+                    "their product; default Q4_K_M)")
     sc.add_argument("--repeats", type=int, default=d.repeats)
     sc.add_argument("--new-tokens", type=int, default=d.new_tokens, help="decode tokens")
     sc.add_argument("--prefill", type=int, default=d.prefill, help="prompt tokens of prefill")

@@ -55,6 +55,7 @@ from recallspec.bench.scale.report import plot_scale, render_scale_markdown
 from recallspec.cost.curve import CostCurve
 from recallspec.engine import Engine
 from recallspec.errors import DataError
+from recallspec.models.gguf.header import read_header
 from recallspec.params import MAX_DRAFT_NODES
 
 
@@ -139,6 +140,30 @@ def _ttft(gguf: Path, cfg: ScaleConfig, threads: int, out: Path,
         return {"error": str(e)}
 
 
+def token_bytes(gguf: Path) -> int:
+    """The bytes of ``gguf``'s tensors one decode token reads, counted as ours counts its
+    own (``bench/common/decode.quantized_bytes_per_token``): every tensor whole, except a
+    mixture's stacked expert tensors (``*_exps.weight``, gpt-oss's ``*_exps.bias``) at
+    ``expert_used_count`` of ``expert_count`` and the embedding at one row (whole when it
+    is the head too: no ``output.weight``). A dense file's is its data less the
+    embedding's other rows; a mixture's is far less than the file (gpt-oss-20b MXFP4_MOE:
+    about 2.6 of 12.1 GB)."""
+    h = read_header(gguf)
+    arch = h.metadata.get("general.architecture")
+    experts = int(h.metadata.get(f"{arch}.expert_count", 0) or 0)
+    used = int(h.metadata.get(f"{arch}.expert_used_count", 0) or 0)
+    tied = not any(t.name == "output.weight" for t in h.tensors)
+    total = 0
+    for t in h.tensors:
+        if experts and t.name.endswith(("_exps.weight", "_exps.bias")):
+            total += t.n_bytes * used // experts
+        elif t.name == "token_embd.weight" and not tied:
+            total += t.n_bytes // t.shape[0]
+        else:
+            total += t.n_bytes
+    return total
+
+
 def _derive(entry: dict[str, Any], stream: dict[str, float]) -> None:
     """Ratios of one entry: ours over llama.cpp, k over k = 1, GB/s over the stream."""
     ours, lc = entry.get("ours", {}), entry.get("llamacpp", {})
@@ -154,7 +179,9 @@ def _derive(entry: dict[str, Any], stream: dict[str, float]) -> None:
     if lc.get("cost_ms", {}).get("1"):
         d["llamacpp_cost_ratio"] = {k: v / lc["cost_ms"]["1"] for k, v in lc["cost_ms"].items()}
     if lc.get("tg_tok_s"):
-        d["llamacpp_gb_s"] = entry["file_bytes"] * lc["tg_tok_s"] / 1e9  # ~ bytes read a token
+        # (the bytes of the file a token reads, as ours's achieved_gb_s counts its own: a
+        # mixture's routed experts only, not the whole file)
+        d["llamacpp_gb_s"] = entry["token_bytes"] * lc["tg_tok_s"] / 1e9
     for measure in ("decode", "prefill"):
         summary = paired_summary(entry.get(f"paired_{measure}", []))
         if summary:
@@ -252,6 +279,7 @@ def run_scale(cfg: ScaleConfig, out: Path,
         gguf = ensure_shape_gguf(shape, quant, progress=say)
         entry: dict[str, Any] = {"shape": shape, "quant": quant, "gguf": str(gguf),
                                  "file_bytes": gguf.stat().st_size,
+                                 "token_bytes": token_bytes(gguf),
                                  "loadavg_1m_before": machine_info()["loadavg_1m"],
                                  "stream": res["stream"]}
         curve_file = out / "curves" / f"{shape}-{quant}.json"

@@ -15,8 +15,10 @@ SHAPES_Q4KM = ("smollm2-360m", "qwen2.5-1.5b", "smollm2-1.7b", "llama-3.2-1b",
                "llama-3.2-3b", "smollm3-3b", "phi-4-mini", "gemma-3-4b", "qwen3-4b",
                "llama-3.1-8b")
 # Every dense shape at Q4_K_M (what most downloads are), two of them also at Q4_0 and Q8_0.
-# (Not qwen3-30b-a3b: its F16 intermediate, 61 GB, and Q4_K_M file, about 19 GB, fit few
-# machines; name it, or a reduction such as qwen3-30b-a3b-L8, with --shapes.)
+# (Not the mixtures of experts, qwen3-30b-a3b and gpt-oss-20b: their Q8_0 intermediates,
+# 32 and 22 GB, and quantized files, about 19 and 12 GB, fit few machines; name one, or a
+# reduction such as qwen3-30b-a3b-L8, with --shapes; gpt-oss-20b at MXFP4_MOE, as it is
+# published.)
 DEFAULT_MATRIX: tuple[tuple[str, str], ...] = (
     *((s, "Q4_K_M") for s in SHAPES_Q4KM),
     ("smollm2-1.7b", "Q4_0"), ("smollm2-1.7b", "Q8_0"),
@@ -52,11 +54,17 @@ class ScaleConfig:
             raise DataError("bench scale: no (shape, quantization) to measure")
         for shape, quant in self.entries:
             try:
-                get_shape(shape)
+                s = get_shape(shape)
             except UnknownNameError as e:
                 raise DataError(str(e)) from None
             if quant not in QUANTS:
                 raise DataError(f"unknown quantization {quant!r} (known: {', '.join(QUANTS)})")
+            if quant == "MXFP4_MOE" and not s.experts:
+                # (llama-quantize would write every matrix of a dense shape in Q8_0: a
+                # Q8_0 file under another name)
+                raise DataError(f"{shape}: MXFP4_MOE quantizes a mixture's experts; "
+                                f"{shape} is a dense {s.arch} (name a mixture of experts, "
+                                "e.g. gpt-oss-20b, or another quantization)")
         if self.repeats < 1 or self.new_tokens < 2 or self.prefill < 1 or self.cached < 1:
             raise DataError("need repeats >= 1, new_tokens >= 2, prefill >= 1, cached >= 1")
         if not self.ks or min(self.ks) < 1 or 1 not in self.ks:
