@@ -235,14 +235,15 @@ def test_our_side_measures_a_real_gguf_in_a_child(tmp_path: Path) -> None:
 
 
 @needs_model
-def test_our_side_counts_the_experts_a_mixture_wakes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["tiny-qwen3moe", "tiny-gptoss"])
+def test_our_side_counts_the_experts_a_mixture_wakes(name: str, tmp_path: Path) -> None:
     """A mixture of experts' child: the bytes a token reads count its routed experts'
-    share only, and the experts a chain of k rows wakes per layer are counted: exactly
-    experts_used for one row, never fewer for more rows, never more than k x experts_used
-    or all of them."""
+    share only (gpt-oss: their biases too, not every expert's), and the experts a chain
+    of k rows wakes per layer are counted: exactly experts_used for one row, never fewer
+    for more rows, never more than k x experts_used or all of them."""
     from recallspec.bench.common.shapes_gguf import ensure_shape_gguf
 
-    shape = SHAPES["tiny-qwen3moe"]
+    shape = SHAPES[name]
     gguf = ensure_shape_gguf(shape.name, "Q8_0", cache_dir=tmp_path, progress=lambda _m: None)
     env = {**os.environ, "RECALLSPEC_CACHE_DIR": str(tmp_path / "models")}
     proc = subprocess.run(

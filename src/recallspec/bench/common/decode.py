@@ -91,7 +91,7 @@ def weight_bytes_per_token(model: torch.nn.Module, vocab: int, hidden: int) -> d
 def quantized_bytes_per_token(model: Any) -> dict[str, int]:
     """``weight_bytes_per_token`` for a model whose matrices are ``QuantizedWeight``s. A
     mixture of experts' token reads ``experts_per_token`` of each layer's experts (every
-    expert of a layer is the same size): ``experts`` is all their resident bytes,
+    expert of a layer is the same size): ``experts`` is all their resident bytes (biases included),
     ``experts_read`` what one token reads of them, in ``total`` and ``other``."""
     resident = int(model.weight_bytes())
     embed, head = model.embed_w, model.lm_head_w
@@ -101,8 +101,11 @@ def quantized_bytes_per_token(model: Any) -> dict[str, int]:
     experts = read = 0
     c = model.config
     if c.moe:
+        # A token reads its experts' biases (gpt-oss) with their matrices, not all of them.
         experts = sum(w.nbytes for layer in model.layers
                       for w in (*layer.expert_gate_up, *layer.expert_down))
+        experts += sum(b.numel() * b.element_size() for layer in model.layers
+                       for b in (*layer.expert_gate_up_b, *layer.expert_down_b))
         read = experts * c.experts_per_token // c.num_experts
         other += read - experts
     out = {"total": other + head.nbytes + row, "lm_head": int(head.nbytes), "other": other,
