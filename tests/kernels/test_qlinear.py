@@ -92,6 +92,19 @@ def test_forced_isa_at_import() -> None:
     assert r.returncode != 0 and "KernelIsaError" in r.stderr
 
 
+def test_mxfp4_loads_in_six_bits_on_every_path() -> None:
+    """MXFP4 is stored in 6 bits whatever the path (u8 would be 1.125 bytes a weight
+    against the file's 0.53); Q8_0 and Q4_K keep their own storage."""
+    code = ("from gguf import GGMLQuantizationType as T; "
+            "from recallspec.kernels.qlinear import default_bits; "
+            "print(default_bits(T.MXFP4), default_bits(T.Q8_0), default_bits(T.Q4_K))")
+    for variant in isa.available_isas():
+        env = {**os.environ, "RECALLSPEC_KERNELS": variant}
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, check=True)
+        assert r.stdout.split() == ["6", "8", "4"], (variant, r.stdout)
+
+
 def test_kernel_checks_its_arguments() -> None:
     x, out = torch.zeros(1, 32), torch.zeros(1, 16)
     e8, e32 = torch.zeros(0, dtype=torch.uint8), torch.zeros(0, dtype=torch.int32)

@@ -163,15 +163,18 @@ def _adjacent(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
 # of their own. Q5_0/Q5_1 (a K-quant file's fallback where a row length is no multiple of
 # 256, as SmolLM2-360M's 960) too: in Gemma's QKV their q/k then form a 6-bit segment
 # beside the Q8_0 v (QuantizedWeight.concat keeps segments of different storage apart).
-# MXFP4 (u = kvalue + 12 <= 24) by the same rule: 0.875 bytes per weight in 6 bits
-# (0.75 of values, 0.125 of fp32 scales) against 1.125 in u8.
+# MXFP4 (u = kvalue + 12 <= 24) is stored in 6 bits on every path, the VNNI ones too:
+# 0.875 bytes per weight (0.75 of values, 0.125 of fp32 scales) against 1.125 in u8, the
+# file's 0.53; in u8 a gpt-oss-20b's experts alone would be 21.5 GB, more than a 24 GiB
+# machine holds beside its OS. The products, and so the bits, are the same either way.
 _SIX_BIT = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K, T.MXFP4})
+_SIX_BIT_EVERYWHERE = frozenset({T.MXFP4})
 _READS_SIX_BITS = (0, 1)  # the C++ codes (kernel_common.h) of scalar and AVX2 without VNNI
 
 
 def default_bits(qtype: T) -> int:
     """The storage a load gives ``qtype`` on this path (``_SIX_BIT``), else its own."""
-    if qtype in _SIX_BIT and _isa.code() in _READS_SIX_BITS:
+    if qtype in _SIX_BIT_EVERYWHERE or (qtype in _SIX_BIT and _isa.code() in _READS_SIX_BITS):
         return 6
     return qf.LAYOUTS[qtype].bits
 
