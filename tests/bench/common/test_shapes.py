@@ -714,6 +714,18 @@ def _fake_quantize(tmp_path: Path) -> tuple[Path, Path]:
     return exe, log
 
 
+def test_quantize_found_beside_the_named_peer(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """$RECALLSPEC_LLAMACPP_BIN names the native peer's directory: its llama-quantize is
+    used (no peer.json needed: a build of one's own); a directory without one gives None."""
+    monkeypatch.delenv(shapes_gguf.QUANTIZE_ENV, raising=False)
+    exe, _ = _fake_quantize(tmp_path / "bin")
+    monkeypatch.setenv(shapes_gguf.LLAMACPP_BIN_ENV, str(exe.parent))
+    assert find_quantize() == exe.resolve()
+    monkeypatch.setenv(shapes_gguf.LLAMACPP_BIN_ENV, str(tmp_path / "empty"))
+    assert find_quantize() is None
+
+
 def test_quantize_needs_a_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(shapes_gguf.QUANTIZE_ENV, raising=False)
     monkeypatch.setattr(shapes_gguf, "_peer_quantize",

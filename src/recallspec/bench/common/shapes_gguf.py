@@ -69,6 +69,8 @@ import gguf
 import numpy as np
 from tqdm import tqdm
 
+from recallspec.bench.common.llamacpp import BIN_ENV as LLAMACPP_BIN_ENV
+from recallspec.bench.common.llamacpp import candidate_dirs as llamacpp_dirs
 from recallspec.bench.common.shapes import (
     BIAS,
     FACTORS,
@@ -369,19 +371,24 @@ def shapes_dir(cache_dir: Path | None = None) -> Path:
 
 # ---- llama-quantize ------------------------------------------------------------------
 def _peer_quantize() -> Path:
-    """Where ``make peers`` puts llama-quantize (complete once its peer.json exists).
-    Until ``bench/common/llamacpp.py`` locates the native binaries, this is the only default."""
-    return Path(sys.prefix) / "peers" / "llama.cpp" / "bin" / "llama-quantize"
+    """The native peer's llama-quantize, beside its llama-server and llama-bench
+    (``llamacpp.candidate_dirs``: $RECALLSPEC_LLAMACPP_BIN alone when set, else where
+    ``make peers`` puts them): the first directory that has one, else the first's path."""
+    dirs = llamacpp_dirs()
+    return next((d / "llama-quantize" for d in dirs if (d / "llama-quantize").is_file()),
+                dirs[0] / "llama-quantize")
 
 
 def find_quantize(quantize_bin: Path | None = None) -> Path | None:
-    """``quantize_bin``, else $RECALLSPEC_LLAMA_QUANTIZE, else the built peer's; None
-    when none of them is given or built."""
+    """``quantize_bin``, else $RECALLSPEC_LLAMA_QUANTIZE, else the native peer's (a
+    ``make peers`` build once its peer.json exists, i.e. complete; any build named by
+    $RECALLSPEC_LLAMACPP_BIN); None when none of them is given or built."""
     env = os.environ.get(QUANTIZE_ENV)
     if quantize_bin is not None or env:
         return Path(quantize_bin or str(env)).expanduser()
     peer = _peer_quantize()
-    return peer if (peer.parent / "peer.json").is_file() and peer.is_file() else None
+    named = bool(os.environ.get(LLAMACPP_BIN_ENV))
+    return peer if peer.is_file() and (named or (peer.parent / "peer.json").is_file()) else None
 
 
 def _check_executable(binary: Path) -> None:
