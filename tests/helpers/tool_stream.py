@@ -1,5 +1,6 @@
 """The tool-call parsers' tests' common pieces: a parse with counted ids, and a stream
-whose deltas are checked against the delta protocol and added up."""
+whose deltas are checked against the delta protocol and added up (content, reasoning
+and calls each from their own deltas only)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from recallspec.server.tool_calls import (
     ContentDelta,
     ParsedOutput,
+    ReasoningDelta,
     ToolCall,
     ToolCallDelta,
     ToolCallStream,
@@ -31,12 +33,15 @@ def stream(family: ToolFamily, pieces: list[str]) -> tuple[ParsedOutput, ParsedO
     protocol: a header with an id, name and "" first, then fragments)."""
     s = ToolCallStream(family, new_id=counter_ids())
     events = [e for p in pieces for e in s.feed(p)] + s.finish()
-    content = ""
+    content = reasoning = ""
     calls: list[list[str]] = []
     for e in events:
         if isinstance(e, ContentDelta):
             assert e.text
             content += e.text
+        elif isinstance(e, ReasoningDelta):
+            assert e.text and family == "harmony"  # (the only family with reasoning)
+            reasoning += e.text
         else:
             assert isinstance(e, ToolCallDelta)
             if e.id is not None:
@@ -49,9 +54,8 @@ def stream(family: ToolFamily, pieces: list[str]) -> tuple[ParsedOutput, ParsedO
                 assert e.to_openai() == {"index": e.index,
                                          "function": {"arguments": e.arguments}}
                 calls[-1][2] += e.arguments
-    # (harmony's reasoning is no stream event: the stream's own)
     added = ParsedOutput(content or None, tuple(ToolCall(*c) for c in calls),
-                         s.result().reasoning)
+                         reasoning or None)
     return s.result(), added
 
 

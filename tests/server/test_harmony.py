@@ -4,7 +4,11 @@ result, the generation prompt), the "harmony" family's parser (whole and streame
 analysis, preambles, both recipient forms, constraints, several calls, malformed text),
 its call grammar on a vocabulary holding the harmony tokens as special tokens (the
 engine's compile and commit path, with <|end|> a token and <|call|> / <|return|> the
-ends of the turn), and what the parser reads back of what the template writes."""
+ends of the turn), what the parser reads back of what the template writes, a tool
+without a description (which the template cannot render as given), and the server's
+replies over a scripted stand-in engine through the ``openai`` client: the analysis
+channel as ``reasoning_content`` (the message's; streamed, deltas of their own before
+the content and the calls), never content."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from recallspec.models.tokenizer import Tokenizer
 from recallspec.server.tool_calls import (
     ContentDelta,
     ParsedOutput,
+    ReasoningDelta,
     ToolCall,
     ToolCallDelta,
     ToolCallStream,
@@ -291,8 +296,9 @@ def test_malformed_output_is_content(text: str, content: str) -> None:
 
 def test_stream_deltas() -> None:
     s = ToolCallStream("harmony", new_id=tool_stream.counter_ids())
-    assert s.feed("<|channel|>analysis<|message|>thinking") == []  # reasoning: no event
-    assert s.feed("<|end|><|start|>assistant<|channel|>commentary<|message|>Hi <|e") == [
+    assert s.feed("<|channel|>analysis<|message|>think") == [ReasoningDelta("think")]
+    assert s.feed("ing<|en") == [ReasoningDelta("ing")]  # (a marker's start held back)
+    assert s.feed("d|><|start|>assistant<|channel|>commentary<|message|>Hi <|e") == [
         ContentDelta("Hi ")]  # what may begin an end marker is held back
     assert s.feed("nd") == []
     assert s.feed("ed?<|end|><|start|>assistant<|channel|>commentary to=functions.f") == [
@@ -303,6 +309,32 @@ def test_stream_deltas() -> None:
     assert s.finish() == []
     assert s.result() == ParsedOutput("Hi <|ended?", (ToolCall("id0", "f", '{"a": [1]}'),),
                                       "thinking")
+
+
+REASONED = ("<|channel|>analysis<|message|>Final answer: use the tool.<|end|>"
+            "<|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>"
+            "<|start|>assistant<|channel|>analysis<|message|>Then answer.<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>It is sunny.")
+
+
+@pytest.mark.parametrize("split", ["chars", "whole"])
+def test_streamed_reasoning_adds_up_and_is_never_content(split: str) -> None:
+    """Each analysis message streams as reasoning deltas as it comes, in the output's
+    order with the content; they add up to the parse's reasoning and none of it is
+    content."""
+    s = ToolCallStream("harmony", new_id=tool_stream.counter_ids())
+    pieces = list(REASONED) if split == "chars" else [REASONED]
+    events = [e for p in pieces for e in s.feed(p)] + s.finish()
+    kinds = [type(e) for e in events]
+    # merged per feed: one char at a time, one event a char of text; whole, one a message
+    runs = [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] is not k]
+    assert runs == [ReasoningDelta, ContentDelta, ReasoningDelta, ContentDelta]
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+    assert reasoning == "Final answer: use the tool.Then answer."
+    assert content == "Checking.It is sunny."
+    assert parse(REASONED) == s.result() == ParsedOutput(content, (), reasoning)
+    assert all("<|" not in e.text for e in events if isinstance(e, ReasoningDelta))
 
 
 PIECES = st.sampled_from([
@@ -409,3 +441,152 @@ def test_grammar_with_markers_as_text() -> None:
     assert commits(plain, auto, ANALYSIS + CHANNEL_CALL)
     assert commits(plain, auto, ANALYSIS + FINAL + "Hi")
     assert not commits(plain, auto, CHANNEL_CALL.replace("get_weather", "get_wether"))
+
+
+# ---- a tool without a description ---------------------------------------------------------
+
+BARE_TOOL: dict[str, Any] = {"type": "function", "function": {"name": "now"}}
+
+
+def _submission(**fields: Any) -> Any:
+    from recallspec.server import protocol as P
+
+    body = {"model": "m", "messages": CHAT, **fields}
+    req = P.ChatRequest.model_validate_json(json.dumps(body))
+    return P.submission(req, max_len=4096, vocab_size=1 << 20)
+
+
+def test_a_tool_without_a_description_renders(tok: Tokenizer) -> None:
+    """OpenAI's description is optional; the template writes ``"// " +
+    tool.description``, which fails on an undefined one. The server renders such a tool
+    with "" (as llama-server renders every tool), only for this template."""
+    from jinja2.exceptions import UndefinedError
+
+    with pytest.raises(UndefinedError, match="description"):
+        tok.apply_chat_template(CHAT, tools=[BARE_TOOL])  # the template as given
+    support = ToolSupport.of(tok)
+    assert support.described
+    for choice in ("auto", "none", "required"):
+        sub = support.prepare(_submission(tools=[BARE_TOOL, WEATHER_TOOL],
+                                          tool_choice=choice), tok)
+        text = tok.decode(sub.prompt)
+        assert ("namespace functions {\n\n// \ntype now = () => any;\n\n"
+                "// The weather in a city\ntype get_weather = (_: {") in text, text
+        assert text.endswith("<|start|>assistant")
+    # the rendering is the template's own with an empty description
+    described = {"type": "function", "function": {"name": "now", "description": "",
+                                                  "parameters": {"type": "object"}}}
+    expected = tok.apply_chat_template(CHAT, tools=[described])
+    sub = support.prepare(_submission(tools=[BARE_TOOL]), tok)
+    assert _dated(tok.decode(sub.prompt))[0] == _dated(expected)[0]
+
+
+# ---- the server's replies, over a scripted engine --------------------------------------
+
+class _Guides:
+    def compile(self, guide: Guide, tokenizer: Any, *, vocab_size: int) -> object:
+        return object()  # (the grammar is test_grammar_*'s; here: any guide compiles)
+
+
+class _ScriptedLoop:
+    """An EngineLoop stand-in: every choice of every request answers with ``pieces`` (the
+    engine's text deltas, one token each) and ends by itself ("eos"); the submissions
+    are recorded."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        from types import SimpleNamespace
+
+        self.engine = SimpleNamespace(
+            max_len=4096, model=SimpleNamespace(config=SimpleNamespace(
+                vocab_size=tok.vocab_size)),
+            tokenizer=tok, guides=_Guides(), curves=SimpleNamespace(state="none"))
+        self.pieces: list[str] = []
+        self.submitted: list[Any] = []
+
+    def submit(self, streams: Any) -> None:
+        from recallspec.engine import RequestOutput, SpecStats
+        from recallspec.server.engine_loop import Accepted
+
+        self.submitted.append(streams[0].sub)
+        spec = SpecStats(len(self.pieces), len(self.pieces), 0, 0, 0, ())
+        for s in streams:
+            s.post(Accepted(0, 5))
+            for k, text in enumerate(self.pieces):
+                end = k == len(self.pieces) - 1
+                s.post(RequestOutput(0, None, (7,), text, end, "eos" if end else None, 5, 1,
+                                     spec))
+
+    def abort(self, stream: Any) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def served(tok: Tokenizer) -> Any:
+    """The routes over the scripted engine, and an ``openai`` client of them."""
+    from fastapi.testclient import TestClient
+    from openai import OpenAI
+
+    from recallspec.server.app import create_app
+
+    loop = _ScriptedLoop(tok)
+    with TestClient(create_app(loop, model_name="m")) as http:  # type: ignore[arg-type]
+        yield loop, http, OpenAI(base_url="http://testserver/v1", api_key="-",
+                                 http_client=http, max_retries=0)
+
+
+THOUGHT = ["<|channel|>analysis<|message|>The user", " asks the", " weather.<|end|>",
+           "<|start|>assistant"]
+ANSWER = [*THOUGHT, "<|channel|>final", "<|message|>Sunny", " today."]
+NOW_CALL = [*THOUGHT, "<|channel|>commentary to=functions.now <|constrain|>json<|message|>",
+            "{", "}"]
+
+
+def _streamed(client: Any, **kw: Any) -> list[tuple[str, Any]]:
+    """The stream's deltas as (kind, value) in order: "reasoning", "content", "call"."""
+    out: list[tuple[str, Any]] = []
+    for chunk in client.chat.completions.create(model="m", messages=CHAT, stream=True, **kw):
+        for c in chunk.choices:
+            d = c.delta
+            parts = [(k, v) for k, v in (("reasoning", getattr(d, "reasoning_content", None)),
+                                         ("content", d.content)) if v]
+            parts += [("call", t) for t in d.tool_calls or []]
+            assert len({k for k, _ in parts}) <= 1, d  # one kind a delta, never mixed
+            out += parts
+    return out
+
+
+def test_reasoning_content_of_a_reply(served: Any) -> None:
+    loop, http, client = served
+    loop.pieces = ANSWER
+    m = client.chat.completions.create(model="m", messages=CHAT).choices[0].message
+    assert (m.content, m.reasoning_content) == ("Sunny today.", "The user asks the weather.")
+    events = _streamed(client)
+    assert events == [("reasoning", "The user"), ("reasoning", " asks the"),
+                      ("reasoning", " weather."), ("content", "Sunny"), ("content", " today.")]
+    # no analysis: no reasoning_content (llama-server's shape), nothing streamed for it
+    loop.pieces = ANSWER[len(THOUGHT):]
+    body = http.post("/v1/chat/completions", json={"model": "m", "messages": CHAT}).json()
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Sunny today."}
+    assert [k for k, _ in _streamed(client)] == ["content", "content"]
+
+
+def test_reasoning_content_with_a_call_of_a_tool_without_description(served: Any) -> None:
+    loop, _, client = served
+    loop.pieces = NOW_CALL
+    r = client.chat.completions.create(model="m", messages=CHAT, tools=[BARE_TOOL])
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    assert c.message.reasoning_content == "The user asks the weather."
+    assert [(t.function.name, t.function.arguments) for t in c.message.tool_calls] == [
+        ("now", "{}")]
+    text = loop.engine.tokenizer.decode(loop.submitted[-1].prompt)
+    assert "// \ntype now = () => any;" in text  # rendered with an empty description
+    events = _streamed(client, tools=[BARE_TOOL])
+    assert [k for k, _ in events] == ["reasoning"] * 3 + ["call"] * 3
+    assert "".join(v for k, v in events if k == "reasoning") == "The user asks the weather."
+    first = events[3][1]
+    assert (first.function.name, first.function.arguments, first.index) == ("now", "", 0)
+    assert "".join(t.function.arguments for _, t in events[4:]) == "{}"

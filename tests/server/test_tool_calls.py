@@ -27,6 +27,7 @@ from recallspec.server.tool_calls import (
     ToolChoiceMode,
     ToolFamily,
     detect_family,
+    needs_descriptions,
     new_call_id,
     new_mistral_call_id,
     parse_tool_calls,
@@ -343,6 +344,11 @@ def test_validate_tools() -> None:
     assert tools[1].parameters == {"type": "object"}  # none given: any object
     assert list(json.loads(tools[0].parameters_json)["properties"]) == ["city"]
     assert tools[0].to_openai() == tool(description="Weather", parameters=params, strict=True)
+    assert tools[0].to_openai(described=True) == tools[0].to_openai()
+    # without a description: none rendered, or "" for a template that needs one
+    assert tools[1].to_openai() == tool("a.b-c_9", parameters={"type": "object"})
+    assert tools[1].to_openai(described=True) == tool("a.b-c_9", description="",
+                                                      parameters={"type": "object"})
     assert validate_tools(None) == () and validate_tools([]) == ()
     assert len(validate_tools([tool(f"t{i}") for i in range(MAX_TOOLS)])) == MAX_TOOLS
     hash(tools)  # usable as a cache key
@@ -502,6 +508,26 @@ def test_supports_tools(smollm: Tokenizer, ours: Tokenizer) -> None:
 
     assert not supports_tools(shipped_template(), raises)
     assert not supports_tools(f"{{# {PROBE_TOOL_NAME} #}}", render(ours))
+
+
+def test_needs_descriptions(smollm: Tokenizer) -> None:
+    def render(template: str) -> Any:
+        t = Tokenizer(smollm._tok, chat_template=template)
+        return lambda messages, tools: t.apply_chat_template(messages, tools=tools)
+
+    # gpt-oss's way: the description concatenated, an error where it is undefined
+    concatenates = '{% for t in tools %}{{ "// " + t.function.description }}{% endfor %}'
+    assert needs_descriptions(render(concatenates))
+    # tojson (Qwen's, ours), or a test of it: a tool without one renders as given
+    assert not needs_descriptions(render(shipped_template()))
+    assert not needs_descriptions(render(
+        "{% for t in tools %}{% if t.function.description %}{{ t.function.description }}"
+        "{% endif %}{% endfor %}"))
+
+    def raises(messages: Any, tools: Any) -> str:
+        raise RuntimeError("no")
+
+    assert not needs_descriptions(raises)  # no tools at all: not this question
 
 
 def test_template_is_package_data() -> None:

@@ -47,6 +47,7 @@ def _sub(**fields: Any) -> P.Submission:
 def test_smollm2_gets_the_shipped_template(smollm: Tokenizer) -> None:
     ts = ToolSupport.of(smollm)
     assert (ts.origin, ts.family, dict(ts.special_tokens)) == ("shipped", "hermes", {})
+    assert not ts.described  # a tool without a description renders as given (tojson)
     assert ts.renderer is not smollm and ts.renderer.chat_template == shipped_template()
     assert "chatml_tools.jinja" in ts.describe()
     # Without tools the shipped template renders SmolLM2's conversations as its own does
@@ -62,7 +63,7 @@ def test_a_template_with_tools_is_used_as_it_is(smollm: Tokenizer) -> None:
     own = smollm.with_chat_template(shipped_template())  # as --chat-template gives it
     assert own.eos_token_ids == smollm.eos_token_ids and own.chat_template == shipped_template()
     ts = ToolSupport.of(own)
-    assert (ts.origin, ts.family, ts.renderer) == ("model", "hermes", own)
+    assert (ts.origin, ts.family, ts.renderer, ts.described) == ("model", "hermes", own, False)
 
 
 def test_other_templates_get_the_tools_in_the_system_message(smollm: Tokenizer) -> None:

@@ -8,7 +8,9 @@ at fault (``param``) where one is. A request with ``n`` choices runs as ``n`` en
 requests, added together and answered in one body or one stream of interleaved chunks.
 A chat with tools is rendered and given its calls' guide by ``tool_support.py``, and
 its choices' outputs are parsed for calls (``tool_calls.py``: whole, or incrementally
-as stream deltas, each choice by its own parser). The corpus routes (``/v1/corpora``)
+as stream deltas, each choice by its own parser); so is every harmony chat reply, whose
+analysis channel becomes ``reasoning_content`` (the message's, or the deltas' as it
+comes), never content. The corpus routes (``/v1/corpora``)
 live in ``corpora.py``. A streaming client that disconnects aborts its request
 (Starlette cancels the stream; the abort reaches the engine before its next step); a
 non-streaming one is watched for the same.
@@ -41,6 +43,7 @@ from recallspec.server.engine_loop import Accepted, EngineLoop, Rejected, Reques
 from recallspec.server.errors import ApiError, parse
 from recallspec.server.tool_calls import (
     ContentDelta,
+    ReasoningDelta,
     StreamEvent,
     ToolCallStream,
     ToolFamily,
@@ -227,16 +230,16 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
         choices = []
         for i, o in enumerate(ends):
             content: str | None = "".join(text[i])
-            reason, calls = o.finish_reason, None
-            if reply.family is not None:  # the calls out of the text
+            reason, calls, reasoning = o.finish_reason, None, None
+            if reply.family is not None:  # the calls (and harmony's reasoning) out of the text
                 parsed = parse_tool_calls(reply.family, content or "")
-                content = parsed.content
+                content, reasoning = parsed.content, parsed.reasoning
                 calls = [c.to_openai() for c in parsed.calls] or None
                 reason = R.tool_finish_reason(reason, bool(calls))
             choices.append(R.choice(
                 i, reply.chat, content, reason, tokens[i] if reply.ids else None, delta=False,
                 logprobs=reply.logprobs(lps[i])[0] if reply.has_logprobs else None,
-                tool_calls=calls))
+                tool_calls=calls, reasoning=reasoning))
         body["choices"] = choices
         body["usage"] = R.usage(reply.prompt_tokens, sum(map(len, tokens)), R.cached_tokens(ends))
         body["metrics"] = R.spec_metrics(R.total_spec([o.spec for o in ends]))
@@ -290,36 +293,38 @@ def create_app(loop: EngineLoop, *, model_name: str, api_key: str | None = None,
     def chunk(reply: _Reply, index: int, text: str | None, reason: str | None,
               token_ids: list[int] | None, first: bool = False,
               logprobs: dict[str, Any] | None = None,
-              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+              tool_calls: list[dict[str, Any]] | None = None,
+              reasoning: str | None = None) -> dict[str, Any]:
         c = R.envelope(reply.sub.request_id, model_name, reply.chat, chunk=True)
         c["choices"] = [R.choice(index, reply.chat, text, reason, token_ids, delta=True,
-                                 first=first, logprobs=logprobs, tool_calls=tool_calls)]
+                                 first=first, logprobs=logprobs, tool_calls=tool_calls,
+                                 reasoning=reasoning)]
         return c
 
     def tool_chunks(reply: _Reply, index: int, out: RequestOutput, parser: ToolCallStream,
                     new_ids: bool, offsets: list[int]) -> list[dict[str, Any]]:
         """The chunks of one output of a choice parsed for calls: a chunk per run of
-        content or of call fragments that became decided; the output's token ids and
-        logprobs on the first, its finish on the last (an empty delta where nothing
-        else goes out)."""
+        content, of reasoning or of call fragments that became decided, in the output's
+        order; the output's token ids and logprobs on the first, its finish on the last
+        (an empty delta where nothing else goes out)."""
         events = parser.feed(out.new_text) if out.new_text else []
         if out.finished:
             events += parser.finish()
         pieces = _runs(events)
         if not pieces and (out.finished or new_ids):
-            pieces = [(None, None)]
+            pieces = [_Run()]
         lp = None
         if reply.has_logprobs and out.new_token_ids:
             lp, offsets[index] = reply.logprobs(out.new_logprobs, offsets[index])
         reason = (R.tool_finish_reason(out.finish_reason, bool(parser.calls))
                   if out.finished else None)
         chunks = []
-        for k, (content, calls) in enumerate(pieces):
+        for k, run in enumerate(pieces):
             first, last = k == 0, k == len(pieces) - 1
             ids = list(out.new_token_ids) if first else []
-            c = chunk(reply, index, content, reason if last else None,
+            c = chunk(reply, index, run.content, reason if last else None,
                       ids if reply.ids else None, logprobs=lp if first else None,
-                      tool_calls=calls)
+                      tool_calls=run.calls, reasoning=run.reasoning)
             if out.finished and last:
                 c["metrics"] = R.spec_metrics(out.spec)
             chunks.append(c)
@@ -376,21 +381,36 @@ def _event(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def _runs(events: Sequence[StreamEvent],
-          ) -> list[tuple[str | None, list[dict[str, Any]] | None]]:
-    """Stream events as deltas: each run of content as its text, each run of call
-    fragments as a ``tool_calls`` list."""
-    out: list[tuple[str | None, list[dict[str, Any]] | None]] = []
+@dataclass(frozen=True)
+class _Run:
+    """One stream delta's payload: a run of content, of reasoning or of call fragments
+    (at most one of the three set; none: an empty delta)."""
+
+    content: str | None = None
+    reasoning: str | None = None
+    calls: list[dict[str, Any]] | None = None  # ``delta.tool_calls`` items
+
+
+def _runs(events: Sequence[StreamEvent]) -> list[_Run]:
+    """Stream events as deltas: each run of content or of reasoning as its text, each
+    run of call fragments as a ``tool_calls`` list."""
+    out: list[_Run] = []
     for e in events:
+        last = out[-1] if out else None
         if isinstance(e, ContentDelta):
-            if out and out[-1][1] is None:
-                out[-1] = ((out[-1][0] or "") + e.text, None)
+            if last is not None and last.content is not None:
+                out[-1] = _Run(content=last.content + e.text)
             else:
-                out.append((e.text, None))
+                out.append(_Run(content=e.text))
+        elif isinstance(e, ReasoningDelta):
+            if last is not None and last.reasoning is not None:
+                out[-1] = _Run(reasoning=last.reasoning + e.text)
+            else:
+                out.append(_Run(reasoning=e.text))
         else:
             item = e.to_openai()
-            if out and out[-1][1] is not None:
-                out[-1][1].append(item)
+            if last is not None and last.calls is not None:
+                out[-1] = _Run(calls=[*last.calls, item])
             else:
-                out.append((None, [item]))
+                out.append(_Run(calls=[item]))
     return out

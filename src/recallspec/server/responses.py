@@ -112,12 +112,15 @@ def logprobs(
 def choice(
     index: int, chat: bool, text: str | None, reason: str | None, token_ids: list[int] | None,
     *, delta: bool, first: bool = False, logprobs: dict[str, Any] | None = None,
-    tool_calls: list[dict[str, Any]] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None, reasoning: str | None = None,
 ) -> dict[str, Any]:
     """One choice of a response (``delta``: of a stream chunk). Chat only: ``text`` None
-    is a null content (a message of tool calls alone; in a delta, no content), and
+    is a null content (a message of tool calls alone; in a delta, no content),
     ``tool_calls`` the message's calls (in a delta, call fragments:
-    ``tool_calls.ToolCallDelta.to_openai``)."""
+    ``tool_calls.ToolCallDelta.to_openai``), and ``reasoning`` the message's reasoning
+    (harmony's analysis channel; in a delta, a fragment of it) as ``reasoning_content``,
+    llama-server's and vLLM's field: absent where there is none, so replies of families
+    without reasoning keep OpenAI's shape exactly."""
     c: dict[str, Any] = {"index": index}
     if not chat:
         c["text"] = text or ""
@@ -128,11 +131,15 @@ def choice(
             d = {"content": text}
         else:
             d = {}
+        if reasoning:
+            d["reasoning_content"] = reasoning
         if tool_calls:
             d["tool_calls"] = tool_calls
         c["delta"] = d
     else:
         c["message"] = {"role": "assistant", "content": text}
+        if reasoning:
+            c["message"]["reasoning_content"] = reasoning
         if tool_calls:
             c["message"]["tool_calls"] = tool_calls
     c["logprobs"] = logprobs

@@ -5,10 +5,11 @@
   names the offending tool and field).
 - ``detect_family``: which call syntax a chat template teaches, read from its source as
   llama.cpp's common/chat.cpp reads it; ``supports_tools``: whether a template renders
-  tools at all (the probe of llama.cpp's common/jinja/caps.cpp); ``shipped_template``:
+  tools at all (the probe of llama.cpp's common/jinja/caps.cpp); ``needs_descriptions``:
+  whether it fails on a tool without a description; ``shipped_template``:
   our ChatML template with tools, for models whose own template has none.
-- ``parse_tool_calls``: a finished output as its content and calls; ``ToolCallStream``:
-  the same, incrementally, as OpenAI stream deltas.
+- ``parse_tool_calls``: a finished output as its content, calls and reasoning;
+  ``ToolCallStream``: the same, incrementally, as OpenAI stream deltas.
 
 Syntax per family (what the family's templates render, and what the call grammars of
 ``server/tool_grammar.py`` force):
@@ -41,8 +42,9 @@ parse (invalid JSON, a missing name, text cut off) stays content, text and all. 
 after the calls (which no call grammar admits) is content too.
 
 Harmony (``_HarmonyScanner``, as llama.cpp's common/parsers/gpt-oss.cpp reads it): the
-reasoning is ``ParsedOutput.reasoning``, never content (the server's responses have no
-``reasoning_content`` field yet, so they drop it); the message end markers
+analysis channel is the reasoning (``ParsedOutput.reasoning``, streamed as
+``ReasoningDelta``), never content; the server sends it as ``reasoning_content``, as
+llama-server and vLLM do (``responses.choice``); the message end markers
 (``<|end|>``, ``<|call|>``, ``<|return|>``) and the headers are read over; a message
 addressed to a recipient outside ``functions.`` (a built-in tool the request did not
 offer: ``to=python``, ``to=browser.search``) is dropped, as llama.cpp drops it; a
@@ -178,6 +180,25 @@ def supports_tools(template_source: str | None, render: Render) -> bool:
     return PROBE_TOOL_NAME in listed and _PROBE_ARG in called
 
 
+def needs_descriptions(render: Render) -> bool:
+    """Whether a template that renders tools (``supports_tools``) fails on a tool without
+    a description, which OpenAI's API allows: gpt-oss's writes ``"// " +
+    tool.description``, an error on an undefined value. True when the probe tool renders
+    with its description and not without it."""
+    user: dict[str, Any] = {"role": "user", "content": "User message"}
+    bare = {"type": "function", "function": {
+        k: v for k, v in PROBE_TOOL["function"].items() if k != "description"}}
+    try:
+        render([user], [PROBE_TOOL])
+    except Exception:  # no tools at all: not this question
+        return False
+    try:
+        render([user], [bare])
+    except Exception:  # any template error: the description is what it lacks
+        return True
+    return False
+
+
 # ---- the request's tools -------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -197,11 +218,13 @@ class Tool:
         value: dict[str, Any] = json.loads(self.parameters_json)
         return value
 
-    def to_openai(self) -> dict[str, Any]:
-        """The tool as the OpenAI request wrote it (what chat templates render)."""
+    def to_openai(self, *, described: bool = False) -> dict[str, Any]:
+        """The tool as the OpenAI request wrote it (what chat templates render);
+        ``described``: with a description always, "" where the request gave none (for
+        templates that cannot render a tool without one: ``needs_descriptions``)."""
         function: dict[str, Any] = {"name": self.name}
-        if self.description is not None:
-            function["description"] = self.description
+        if self.description is not None or described:
+            function["description"] = self.description or ""
         function["parameters"] = self.parameters
         if self.strict is not None:
             function["strict"] = self.strict
@@ -325,7 +348,7 @@ class ToolCall:
 class ParsedOutput:
     """An output split into its content (None where there is none) and its calls;
     ``reasoning``: harmony's analysis messages (None where there are none, and in every
-    other family), which are never content nor stream events."""
+    other family), which are never content."""
 
     content: str | None
     calls: tuple[ToolCall, ...] = ()
@@ -335,6 +358,13 @@ class ParsedOutput:
 @dataclass(frozen=True)
 class ContentDelta:
     """Content text that is decided (never empty)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """Reasoning text that is decided (never empty; harmony's analysis channel only)."""
 
     text: str
 
@@ -357,7 +387,7 @@ class ToolCallDelta:
         return {"index": self.index, "function": {"arguments": self.arguments}}
 
 
-StreamEvent = ContentDelta | ToolCallDelta
+StreamEvent = ContentDelta | ReasoningDelta | ToolCallDelta
 
 
 def parse_tool_calls(family: ToolFamily, text: str, *,
@@ -372,19 +402,20 @@ def parse_tool_calls(family: ToolFamily, text: str, *,
 
 class ToolCallStream:
     """``parse_tool_calls`` incrementally: ``feed`` each text delta of the output, then
-    ``finish`` once; each returns the content and call deltas that became decided, in
-    order. Text that may still begin a call (a partial trigger, whitespace before one, a
-    call's head before its name is complete) is held back until it is decided; a call's
-    header goes out once its name and the start of its arguments are read, then its
-    arguments as they come.
+    ``finish`` once; each returns the content, reasoning and call deltas that became
+    decided, in order. Text that may still begin a call (a partial trigger, whitespace
+    before one, a call's head before its name is complete) or an end marker (harmony)
+    is held back until it is decided; a call's header goes out once its name and the
+    start of its arguments are read, then its arguments as they come.
 
     The deltas do not depend on how the text is split. For every text whose calls all
     parse (all text the call grammars admit), they add up to ``parse_tool_calls`` of the
-    whole text: the content deltas to its content, each call's argument fragments to its
-    arguments, with ids drawn in the same order. A call that breaks after its header was
-    sent (its arguments not JSON, the text cut off inside it) cannot be taken back: it
-    ends with the arguments sent so far and the text after the break is content, where
-    ``parse_tool_calls`` has that call's text as content."""
+    whole text: the content deltas to its content, the reasoning deltas to its
+    reasoning, each call's argument fragments to its arguments, with ids drawn in the
+    same order. A call that breaks after its header was sent (its arguments not JSON,
+    the text cut off inside it) cannot be taken back: it ends with the arguments sent so
+    far and the text after the break is content, where ``parse_tool_calls`` has that
+    call's text as content."""
 
     def __init__(self, family: ToolFamily, *, new_id: IdFactory | None = None) -> None:
         self._scanner = _scanner(family, new_id or default_id_factory(family), eager=True)
@@ -661,6 +692,16 @@ class _ScannerBase:
             self._out[-1] = ContentDelta(last.text + text)
         else:
             self._out.append(ContentDelta(text))
+
+    def _emit_reasoning(self, text: str) -> None:
+        if not text:
+            return
+        self._reasoning.append(text)
+        last = self._out[-1] if self._out else None
+        if isinstance(last, ReasoningDelta):
+            self._out[-1] = ReasoningDelta(last.text + text)
+        else:
+            self._out.append(ReasoningDelta(text))
 
     def _emit_header(self, call: _Call) -> None:
         call.index = len(self._calls)
@@ -1060,7 +1101,7 @@ class _HarmonyScanner(_ScannerBase):
         if self._kind == "content":
             self._emit_content(text)
         elif self._kind == "reasoning":
-            self._reasoning.append(text)
+            self._emit_reasoning(text)
 
     def _call_start(self, final: bool) -> bool:
         buf, i = self._buf, self._pos

@@ -18,6 +18,14 @@ history) is, in this order:
   llama.cpp's former generic format did);
 - none where the model has no chat template: a request with tools is a 400.
 
+A tool without a description (optional in OpenAI's API) is rendered as the request gave
+it, the prompt transformers' ``apply_chat_template`` makes of the same tools, except for
+a template that fails on it (``tool_calls.needs_descriptions``: gpt-oss's concatenates
+the description, an error on an undefined value): there every tool is rendered with a
+description, "" where there is none, as llama-server renders every tool (its
+common_chat_tools_parse_oaicompat reads a missing description as ""). So the request is
+served, and the prompts of templates that take such a tool stay as they were.
+
 A request with tools is rendered here (``apply_chat_template(messages, tools=...)``) and
 submitted as token ids; its guide (``tool_grammar.tool_guide``, None for tool_choice
 "none") names the family's markers that the tokenizer holds as special tokens by id.
@@ -39,6 +47,7 @@ from recallspec.server.tool_calls import (
     Tool,
     ToolFamily,
     detect_family,
+    needs_descriptions,
     shipped_template,
     supports_tools,
 )
@@ -54,12 +63,15 @@ NO_TEMPLATE = ("tools need a chat template, and this model has none (start the s
 class ToolSupport:
     """``renderer``: the tokenizer whose chat template renders requests with tools (None:
     no template); ``origin``: where that template came from; ``family``: the call syntax;
-    ``special_tokens``: the family's markers that are special tokens, by id."""
+    ``special_tokens``: the family's markers that are special tokens, by id;
+    ``described``: the template needs every tool to have a description (a missing one
+    is rendered as "")."""
 
     renderer: Any | None
     origin: TemplateOrigin
     family: ToolFamily
     special_tokens: Mapping[str, int] = field(default_factory=dict)
+    described: bool = False
 
     @classmethod
     def of(cls, tokenizer: Any) -> ToolSupport:
@@ -76,8 +88,10 @@ class ToolSupport:
         renderer = tokenizer
         origin: TemplateOrigin = "model"
         family: ToolFamily
+        described = False
         if supports_tools(source, render):
             family = detect_family(source)
+            described = needs_descriptions(render)
         elif CHATML_MARKER in source:
             renderer = tokenizer.with_chat_template(shipped_template())
             origin, family = "shipped", detect_family(renderer.chat_template)
@@ -85,7 +99,7 @@ class ToolSupport:
             origin, family = "generic", "generic"
         lookup = getattr(tokenizer, "special_token_id", None)
         special = {} if lookup is None else special_marker_ids(family, lookup)
-        return cls(renderer, origin, family, special)
+        return cls(renderer, origin, family, special, described)
 
     def describe(self) -> str:
         """A line for the server's start message."""
@@ -115,7 +129,7 @@ class ToolSupport:
         if self.origin == "generic":
             messages = generic_messages(messages, tools)
         elif tools:
-            kwargs["tools"] = [t.to_openai() for t in tools]
+            kwargs["tools"] = [t.to_openai(described=self.described) for t in tools]
         try:
             text = self.renderer.apply_chat_template(messages, add_generation_prompt=True,
                                                      **kwargs)
