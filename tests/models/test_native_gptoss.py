@@ -14,11 +14,13 @@ layer, YaRN, top-4 of 8 experts renormalised, an untied head).
   CPU has (the portable one on a short case), a float16 KV cache too; a row's logits the
   same alone as inside a bigger draft tree in batches of 3 and 8 sequences, one token
   at a time as in a verification chain;
-* the native forward refuses a layer without the tensors its config promises.
+* a checkpoint without a tensor its config promises is refused, naming it; so is an
+  ill-shaped one at the native forward's boundary, and an activation it lacks.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import cache
@@ -38,8 +40,8 @@ from helpers.native_forward import (
 
 from recallspec.errors import ModelLoadError
 from recallspec.kernels.qlinear import QuantizedWeight
-from recallspec.models import transformer
-from recallspec.models.config import ModelConfig
+from recallspec.models import native, transformer
+from recallspec.models.config import ACTIVATIONS, ModelConfig
 from recallspec.models.layer import DecoderLayer, Weight
 from recallspec.models.native import NativeModel
 from recallspec.models.transformer import CausalLM
@@ -274,19 +276,48 @@ def test_row_alone_equals_row_in_batches() -> None:
     assert torch.equal(torch.cat(steps), chain)
 
 
-def test_refuses_missing_tensors() -> None:
-    """A layer without the sinks or biases its config promises is refused (the native
-    forward computes with what the layer holds: it would be another model)."""
+@pytest.mark.parametrize("name", ["layers.1.sinks", "layers.1.router_b",
+                                  "layers.1.experts.7.gate_up_b", "layers.1.experts.0.down_b"])
+def test_missing_gpt_oss_tensor_refused(name: str) -> None:
+    """A checkpoint without one of the sinks or biases its config promises is refused,
+    naming the tensor (computing without it would be another model)."""
+    c = _config()
+    w = _weights(c)
+    del w[name]
+    with pytest.raises(ModelLoadError, match=re.escape(repr(name))):
+        CausalLM(c, w, torch.float32, native=True)
+
+
+def test_native_refuses_ill_shaped_gpt_oss_vectors() -> None:
+    """The native forward names a gpt-oss vector missing from a layer or of another
+    shape than the config's (the C++ side would read None as the feature off)."""
     model = CausalLM(_config(), _weights(_config()), torch.float32, native=False)
     layer = model.layers[1]
-    assert isinstance(layer, DecoderLayer)
+    assert isinstance(layer, DecoderLayer) and layer.sinks is not None
+    assert layer.router_b is not None
     NativeModel(model)  # (complete: accepted)
-    for attr, value in (("sinks", None), ("router_b", None), ("expert_down_b", ()),
-                        ("expert_gate_up_b", layer.expert_gate_up_b[:-1])):
+    gate_up = layer.expert_gate_up_b
+    for attr, value, name in (
+            ("sinks", None, "sinks"), ("sinks", layer.sinks[:-1], "sinks"),
+            ("router_b", None, "router_b"), ("router_b", layer.router_b.repeat(2), "router_b"),
+            ("expert_down_b", (), "experts.0.down_b"),
+            ("expert_gate_up_b", gate_up[:-1], "experts.7.gate_up_b"),
+            ("expert_gate_up_b", (gate_up[0][:-2], *gate_up[1:]), "experts.0.gate_up_b")):
         old = getattr(layer, attr)
         setattr(layer, attr, value)
         try:
-            with pytest.raises(ModelLoadError, match="layer 1"):
+            with pytest.raises(ModelLoadError, match=re.escape(repr("layers.1." + name))):
                 NativeModel(model)
         finally:
             setattr(layer, attr, old)
+
+
+def test_native_activations_are_the_configs() -> None:
+    """The native forward's activations are names of ``config.ACTIVATIONS``, each its own
+    switches (never both); one it lacks is refused, naming it."""
+    table = native._NATIVE_ACTIVATIONS
+    assert set(table) <= set(ACTIVATIONS)
+    assert len(set(table.values())) == len(table) and (True, True) not in table.values()
+    assert native._activation_switches("swiglu_oai") == (False, True)
+    with pytest.raises(ModelLoadError, match="'relu'"):
+        native._activation_switches("relu")

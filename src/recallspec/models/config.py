@@ -39,6 +39,7 @@ ARCHITECTURES: dict[str, str] = {
 }
 GEMMA = ("gemma2", "gemma3")
 
+# The activations' one list (models/native.py maps those the C++ forward computes).
 # "swiglu_oai": gpt-oss's clamped gate, min(g, L) * sigmoid(alpha * min(g, L)) *
 # (clamp(u, -L, L) + 1) (``ModelConfig.swiglu_alpha`` / ``swiglu_limit``).
 ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")

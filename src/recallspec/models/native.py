@@ -83,21 +83,46 @@ def _vector(t: torch.Tensor | None) -> torch.Tensor | None:
     return t.detach().to(torch.float32).contiguous().reshape(-1)
 
 
-def _check_gpt_oss_tensors(c: ModelConfig, layer: DecoderLayer, i: int) -> None:
-    """gpt-oss's per-layer tensors are there when the config says: the sinks with
-    ``attention_sinks``, the router's and every expert's biases with ``expert_bias``
-    (the native forward computes with the tensors the layer holds, as the reference
-    does, so a missing one would silently be another model)."""
-    if c.attention_sinks and (layer.sinks is None or layer.sinks.numel() != c.num_heads):
-        raise ModelLoadError(f"layer {i}: attention_sinks needs one sink logit per head "
-                             f"({c.num_heads})")
-    n = c.num_experts
-    if c.expert_bias and not (layer.router_b is not None and len(layer.expert_gate_up_b) == n
-                              and len(layer.expert_down_b) == n):
+# The C++ forward's switches (gelu, swiglu_oai) for each activation of
+# ``config.ACTIVATIONS`` it computes; neither switch is SiLU (csrc/native/native_model.h).
+# A key outside that list fails tests/models/test_native_gptoss.py.
+_NATIVE_ACTIVATIONS: dict[str, tuple[bool, bool]] = {
+    "silu": (False, False), "gelu_tanh": (True, False), "swiglu_oai": (False, True),
+}
+
+
+def _activation_switches(activation: str) -> tuple[bool, bool]:
+    """The (gelu, swiglu_oai) switches of a config's activation (``ModelConfig`` has
+    refused a name outside ``config.ACTIVATIONS``); one the C++ side does not compute
+    is a ``ModelLoadError``."""
+    switches = _NATIVE_ACTIVATIONS.get(activation)
+    if switches is None:
         raise ModelLoadError(
-            f"layer {i}: expert_bias needs the router's bias and each of the {n} experts' "
-            f"gate-up and down biases (router bias: {layer.router_b is not None}, "
-            f"{len(layer.expert_gate_up_b)} gate-up, {len(layer.expert_down_b)} down)")
+            f"the native forward has no {activation!r} activation (load with "
+            "RECALLSPEC_NATIVE=0 for the Python forward)")
+    return switches
+
+
+def _check_gpt_oss_tensors(c: ModelConfig, layer: DecoderLayer, i: int) -> None:
+    """gpt-oss's vectors have the shapes the C++ side reads: with ``attention_sinks`` the
+    sinks [heads], with ``expert_bias`` the router's bias [experts] and every expert's
+    gate-up [2 x expert size] and down [hidden] biases. (``CausalLM`` refuses a
+    checkpoint without them; a None is refused here too, since the C++ side reads None
+    as the feature off and would silently compute another model.)"""
+    p, gate_up, down = f"layers.{i}.", layer.expert_gate_up_b, layer.expert_down_b
+    want: dict[str, tuple[torch.Tensor | None, int]] = {}
+    if c.attention_sinks:
+        want[p + "sinks"] = (layer.sinks, c.num_heads)
+    if c.expert_bias:
+        want[p + "router_b"] = (layer.router_b, c.num_experts)
+        for e in range(c.num_experts):
+            want[f"{p}experts.{e}.gate_up_b"] = (
+                gate_up[e] if e < len(gate_up) else None, 2 * c.mlp_size)
+            want[f"{p}experts.{e}.down_b"] = (down[e] if e < len(down) else None, c.hidden_size)
+    for name, (t, n) in want.items():
+        if t is None or tuple(t.shape) != (n,):
+            got = "missing" if t is None else f"of shape {tuple(t.shape)}"
+            raise ModelLoadError(f"tensor {name!r} {got}: the model's config needs [{n}]")
 
 
 def enabled_by_default() -> bool:
@@ -122,10 +147,7 @@ class NativeModel:
                 f"the native forward rotates multiples of 32 dims of a head; this model "
                 f"rotates {c.rotary_dims} (load with RECALLSPEC_NATIVE=0 for the Python "
                 "forward)")
-        if c.activation not in ("silu", "gelu_tanh", "swiglu_oai"):
-            raise ModelLoadError(
-                f"the native forward has no {c.activation!r} activation (load with "
-                "RECALLSPEC_NATIVE=0 for the Python forward)")
+        gelu, swiglu_oai = _activation_switches(c.activation)
         h = _kernels.NativeModel(
             hidden=c.hidden_size, intermediate=c.mlp_size, vocab=c.vocab_size,
             layers=c.num_layers, heads=c.num_heads, kv_heads=c.num_kv_heads,
@@ -133,9 +155,9 @@ class NativeModel:
             embed_scale=c.embed_scale, attn_scale=c.attn_scale,
             softcap=c.final_logit_softcap or 0.0, attn_softcap=c.attn_logit_softcap or 0.0,
             residual_scale=c.residual_scale, logit_divisor=c.logit_divisor,
-            gelu=c.activation == "gelu_tanh", experts=c.num_experts,
+            gelu=gelu, experts=c.num_experts,
             experts_used=c.experts_per_token, norm_topk=c.norm_topk_prob,
-            swiglu_oai=c.activation == "swiglu_oai", swiglu_alpha=c.swiglu_alpha,
+            swiglu_oai=swiglu_oai, swiglu_alpha=c.swiglu_alpha,
             swiglu_limit=c.swiglu_limit,
         )
 
