@@ -30,6 +30,10 @@ from recallspec.kernels import isa
 # start. (Bump it when a change of the ladder makes the curves cached by the old one
 # worse.)
 CALIBRATION = "v2-interleaved-monotone"
+# A mixture of experts' curves also count the experts their forwards woke
+# (``CostCurve.experts``): one cached before they were is measured again (a dense
+# model's key is unchanged).
+EXPERTS_COUNTED = "experts-counted"
 PROVISIONAL_TTL = 1800.0  # seconds a curve measured on a busy machine stands in
 
 
@@ -37,7 +41,8 @@ def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
     """What a curve was measured for: the model (its tokenizer, shape, weight format and
     KV-cache dtype), the forward that runs it (native or Python, the kernel path, the
     kernels' build), the thread count, the CPU (with its family and model numbers), torch
-    and the measuring method (``CALIBRATION``). (The forward and the kernels count: the
+    and the measuring method (``CALIBRATION``; ``EXPERTS_COUNTED`` for a mixture of
+    experts). (The forward and the kernels count: the
     native forward is much faster than the Python one on the same weights, and a faster
     1-row product changes what a draft row costs.)"""
     c = model.config
@@ -49,6 +54,8 @@ def curve_key(model: Any, tokenizer_fingerprint: str, threads: int) -> str:
         str(threads), isa.cpu_identity(), torch.__version__, forward, isa.ISA, isa.kernels_build(),
         CALIBRATION,
     ]
+    if getattr(c, "moe", False):
+        parts.append(EXPERTS_COUNTED)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

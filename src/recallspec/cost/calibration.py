@@ -4,6 +4,8 @@ The timings: one forward of a chain of T new rows after a random cached prefix, 
 the engine's thread set-up, median of a few repeats; over a grid of T (and of context
 lengths, for the draft-sized decode grid and the prompt-chunk prefill grid), plus the
 extra cost of each additional sequence in a batch (its own attention call and mask).
+A mixture of experts' curve also counts the distinct experts its reference forwards
+woke (``expert_counts``, ``CostCurve.experts``): what its prices hold for.
 
 How many points, and how: ``cost/plan.py`` (a few forwards first price the full
 plan; a model whose full plan would take minutes gets a thinner one within a budget).
@@ -26,6 +28,7 @@ import torch
 
 from recallspec.cost.cache import cached_curve, grid_agrees, machine_busy, write_curve
 from recallspec.cost.curve import REFERENCE_CONTEXT, CostCurve, CostGrid
+from recallspec.cost.expert_counts import WokenExperts
 from recallspec.cost.plan import (
     CALIBRATION_BUDGET_S,
     DEFAULT_SIZES,
@@ -46,6 +49,10 @@ from recallspec.kernels.threads import decode_threads
 from recallspec.runtime.batch import SequenceInput, build_batch
 
 PROGRESS_EVERY_S = 5.0  # seconds between progress lines of a long measurement
+# A mixture of experts' woken experts are counted at the reference sizes up to this many
+# rows (draft-sized forwards and small batches of them; larger ones are priced at the
+# share of uniform routing the largest counted one woke: ``cost/experts.py``).
+COUNTED_ROWS = 64
 # A tiled context (``fill_context``): the keys and values of some real rows, repeated.
 Tile = tuple[torch.Tensor, torch.Tensor]  # k, v: [layers, kv_heads, rows, head_dim]
 # Called between forwards, outside the timings: progress lines, and a background
@@ -346,6 +353,8 @@ def measure(model: Any, threads: int, plan: CalibrationPlan, *, key: str = "",
                           repeats=plan.repeats, warmup=w, tile=tile, tick=tick)
     per_seq = _per_seq_cost(model, threads, PER_SEQ, PER_SEQ_CACHED, plan.repeats, warmup=w,
                             tile=tile, tick=tick)
+    experts = expert_counts(model, threads, sizes, cached=REFERENCE_CONTEXT, tile=tile,
+                            tick=tick)
     decode = prefill = None
     if plan.grid_contexts:
         decode = measure_grid(model, threads, plan.grid_sizes, plan.grid_contexts,
@@ -355,7 +364,43 @@ def measure(model: Any, threads: int, plan: CalibrationPlan, *, key: str = "",
                                logits="last", repeats=plan.repeats, warmup=w, tile=tile,
                                tick=tick)
     return CostCurve(tuple(sorted(times)), tuple(times[k] for k in sorted(times)), per_seq, key,
-                     decode, prefill)
+                     decode, prefill, experts)
+
+
+def expert_counts(
+    model: Any, threads: int, sizes: Sequence[int], *, cached: int = REFERENCE_CONTEXT,
+    tile: Tile | None = None, tick: Tick | None = None, up_to: int = COUNTED_ROWS,
+) -> tuple[tuple[int, float], ...] | None:
+    """(k, distinct experts per layer) that one forward of the chain of k rows
+    ``forward_times`` timed for ``sizes`` after ``cached`` tokens woke (the same random
+    tokens: seed 0, as many drawn, the same context), for each k of ``sizes`` up to
+    ``up_to``, untimed; None: not a mixture of experts with the native forward's
+    counters, or a count did not come back whole."""
+    counter = WokenExperts.of(model)
+    counted = sorted(k for k in sizes if k <= up_to)
+    if counter is None or not counted:
+        return None
+    cache = model.new_cache(1, cached + max(sizes) + 1)
+    slot = cache.allocate()
+    out: list[tuple[int, float]] = []
+    try:
+        ids = fill_context(model, cache, slot, cached, max(sizes), tile, tick)
+        with torch.inference_mode():
+            for k in counted:
+                run = _timed(model, cache, build_batch(
+                    [SequenceInput(slot, cached, ids[cached : cached + k])]), threads)
+                counter.begin()
+                run()
+                woken = counter.end(k)
+                if woken is None:
+                    return None
+                out.append((k, woken))
+                if tick is not None:
+                    tick()
+    finally:
+        counter.stop()
+        cache.release(slot)
+    return tuple(out)
 
 
 class _Progress:

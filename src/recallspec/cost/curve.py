@@ -13,6 +13,11 @@ row's logits only) at a few start positions (``prefill``): what policy replay
 (``bench/replay/predict.py``) needs to predict seconds, and what the cost-aware sizing
 uses to price a long request's rows.
 
+A mixture of experts' curve also holds the distinct experts per layer its forwards of
+``tokens`` rows woke (``experts``): a forward streams each woken expert once, so its price
+holds only for rows that wake as many (``cost/experts.py`` re-prices it at the routing a
+running model shows).
+
 This module is the curve as data: the measured points, their interpolation and their
 JSON form; it runs no model (measuring and caching a curve: ``cost/calibration.py``).
 """
@@ -156,10 +161,20 @@ class CostCurve:
     key: str = ""  # what the curve was measured for (model, dtype, threads, machine)
     decode: CostGrid | None = None  # all-logits chains x context lengths (format 3)
     prefill: CostGrid | None = None  # prompt chunks (last logits) x start positions
+    # A mixture of experts: (k, distinct experts per layer) its forwards of k rows at
+    # the reference context woke, k strictly increasing (``cost/experts.py``); None: a
+    # dense model, or not counted.
+    experts: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.seconds) or not self.tokens:
             raise ValueError("cost curve needs one time per size")
+        if self.experts is not None:
+            ks = [k for k, _ in self.experts]
+            if any(b <= a for a, b in pairwise(ks)) or not all(
+                    k >= 1 and np.isfinite(n) and n >= 1 for k, n in self.experts):
+                raise ValueError("cost curve: expert counts need strictly increasing row "
+                                 "counts and at least one expert each")
         if any(b <= a for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
             raise ValueError("cost curve sizes must be strictly increasing")
         _check_times(self.seconds, "cost curve")
@@ -211,12 +226,15 @@ class CostCurve:
             "per_seq": self.per_seq, "key": self.key,
             "decode": None if self.decode is None else self.decode.to_json(),
             "prefill": None if self.prefill is None else self.prefill.to_json(),
+            "experts": None if self.experts is None else [[k, n] for k, n in self.experts],
         }
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> CostCurve:
         if d.get("format") != CURVE_FORMAT:
             raise ValueError("cost curve file has another format")
+        experts = d.get("experts")  # (absent from curves written before it was counted)
         return CostCurve(tuple(int(t) for t in d["tokens"]), tuple(float(s) for s in d["seconds"]),
                          float(d["per_seq"]), str(d.get("key", "")),
-                         CostGrid.from_json(d.get("decode")), CostGrid.from_json(d.get("prefill")))
+                         CostGrid.from_json(d.get("decode")), CostGrid.from_json(d.get("prefill")),
+                         None if experts is None else tuple((int(k), float(n)) for k, n in experts))

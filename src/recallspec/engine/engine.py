@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from recallspec.cost.curve import CostCurve
+from recallspec.cost.expert_counts import WokenExperts, expert_shape
 from recallspec.cost.sizing import Sizing, draft_room
 from recallspec.cost.source import CostCurveSource
 from recallspec.decoding.penalties import Penalties
@@ -89,7 +90,11 @@ class Engine:
         self.stats = StepStats()
         self.curves = CostCurveSource(model, lambda: getattr(tokenizer, "fingerprint", ""),
                                       self.threads, _say)
-        self.planner = DraftPlanner(self.config.max_draft_nodes, self.curves.current)
+        self.planner = DraftPlanner(self.config.max_draft_nodes, self.curves.current,
+                                    expert_shape(model))
+        # A mixture of experts: the experts each decode step's forward woke, for the
+        # planner's pricing (None: dense).
+        self._woken = WokenExperts.of(model)
         self.scheduler = Scheduler.from_config(self.cache, self.config)
         self.runner = Runner(model, self.cache, self.max_len, self.threads)
         self.drafters = DrafterPool(self.drafter_context, self.config, lambda: {
@@ -360,7 +365,13 @@ class Engine:
                  for r in decoding]
         forward_before = self.stats.forward_s
         native = NativeVerifier(self.runner, plan.prefill, self.stats)
+        woken = self._woken if decoding and not plan.prefill and any(
+            r.sizing == "adaptive" for r in decoding) else None  # (what the planner prices)
+        if woken is not None:
+            woken.begin()
         out = speculative_step(self.planner, decoding, rooms, native, self._commit)
+        if woken is not None and (n := woken.end(native.result.num_rows)) is not None:
+            self.planner.observe_experts(native.result.num_rows, n)
         self.stats.draft_s += out.draft_s
         self.stats.grammar_s += out.grammar_s
         self.stats.grammar_rows += out.grammar_rows

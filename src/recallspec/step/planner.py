@@ -25,6 +25,12 @@ have been accepted (``forced_rate``, learned from every verified one: the model 
 tokenize forced bytes differently from the grammar's canonical choice). Plain decoding
 (drafter "none") drafts nothing, forced tokens included.
 
+Mixtures of experts (``experts``: the model's ``ExpertShape``): a forward's price
+depends on the distinct experts its rows wake, so the measured curve is re-priced at the
+routing the model's own verified forwards show (``observe_experts``; ``cost/experts.py``)
+and drafts are sized on that price: where draft rows wake many fresh experts each, fewer
+rows (or none) pay. A dense model's planner prices with the measured curve as it is.
+
 Probing: an adaptive request that stopped drafting drafts 1 node every
 ``probe_wait[drafter]`` idle steps; each rejected probe doubles that drafter's wait (up
 to PROBE_MAX, for all requests: a new request would otherwise pay, e.g., a draft
@@ -43,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from recallspec.cost.curve import CostCurve
+from recallspec.cost.experts import ExpertPricing, ExpertShape, RoutingEstimate
 from recallspec.cost.sizing import AcceptanceStats, choose_draft_sizes, running_min
 from recallspec.decoding.masks import Constrained
 from recallspec.decoding.tree import DraftTree, limit_depth
@@ -80,12 +87,17 @@ Proposal = tuple[int, DraftTree, list[float] | None]
 
 class DraftPlanner:
     def __init__(
-        self, max_draft_nodes: int, curve: Callable[[], CostCurve] | None = None
+        self, max_draft_nodes: int, curve: Callable[[], CostCurve] | None = None,
+        experts: ExpertShape | None = None,
     ) -> None:
+        """``experts``: a mixture of experts' shape (its curve is priced at the routing
+        its forwards show: ``observe_experts``); None: a dense model."""
         self.max_draft_nodes = max_draft_nodes
         # The cost curve, measured on first use; None: fixed sizing only (no cost model,
         # e.g. a transformers model).
         self._get_curve = curve
+        self._experts = None if experts is None else ExpertPricing(experts)
+        self._measured: CostCurve | None = None  # the curve ``_get_curve`` gave last
         self.priors: dict[str, AcceptanceStats] = {}  # per drafter: the engine-wide stats
         # A decode step's time outside its forward (drafting, verification, bookkeeping)
         # in the curve's seconds (``note_step``): the median of the last OVERHEAD_WINDOW
@@ -116,16 +128,31 @@ class DraftPlanner:
         if self._get_curve is None:
             raise DataError("adaptive draft sizing needs a cost curve, and this "
                                    "loop has none: use fixed sizing")
-        curve = self._get_curve()
-        if curve is not self._priced_by:
+        measured = self._get_curve()
+        if measured is not self._measured:
             # Another curve (a measured one replacing the prior of a background
-            # measurement): its own tables, and the step overhead measured afresh in its
-            # seconds (the old one's were another scale).
-            self._priced_by = curve
-            self._cost_tables.clear()
+            # measurement): the step overhead measured afresh in its seconds (the old
+            # one's were another scale).
+            self._measured = measured
             self._extras.clear()
             self.step_overhead = 0.0
+        # A mixture of experts: at the routing its forwards showed (a dense model: as is).
+        curve = measured if self._experts is None else self._experts.curve(measured)
+        if curve is not self._priced_by:  # (another curve, or re-priced: its own tables)
+            self._priced_by = curve
+            self._cost_tables.clear()
         return curve
+
+    @property
+    def routing(self) -> RoutingEstimate | None:
+        """A mixture of experts' routing estimate (None: dense, or no counted curve yet)."""
+        return None if self._experts is None else self._experts.routing
+
+    def observe_experts(self, rows: int, woken: float) -> None:
+        """A verified forward of ``rows`` rows woke ``woken`` distinct experts per layer
+        (a mixture of experts; ignored by a dense model's planner)."""
+        if self._experts is not None:
+            self._experts.observe(rows, woken)
 
     def _stats(self, req: StepSequence) -> AcceptanceStats:
         """The request's acceptance statistics (rows as its drafter's engine-wide prior)."""
@@ -463,6 +490,8 @@ class DraftPlanner:
         adaptive = [r for r in decoding if r.sizing == "adaptive"]
         if not adaptive or curve is None:
             return
+        if curve is self._measured and self._priced_by is not None:
+            curve = self._priced_by  # (as the step's drafts were priced)
         priced = curve(rows, len(decoding), cached_context(decoding))
         if t_forward > 0.0:
             # (Bounded: a curve more than 2x off is not drift but another machine's, or

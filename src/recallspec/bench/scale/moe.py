@@ -17,17 +17,18 @@ Re-pricing adds (or removes) at each k the streaming of the experts between the 
 and the bound's count, each expert's matrices at the bandwidth the run's AR decode
 achieved over the bytes a token reads: an estimate, and labelled so wherever it is used
 (the rows' products themselves are the same k x K per layer either way). Prompt chunks
-(prefill) keep their measured price: the bounds concern draft rows.
+(prefill) keep their measured price: the bounds concern draft rows. The formula is the
+engine's own (``cost/experts.py: reprice``), which prices drafts at the routing the
+running model shows instead of at a bound.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
-from itertools import accumulate
 from typing import Any
 
-from recallspec.cost.curve import CostCurve, CostGrid
+from recallspec.cost.curve import CostCurve
+from recallspec.cost.experts import reprice
 
 BOUNDS = ("uniform", "full-overlap")
 
@@ -61,18 +62,7 @@ def repriced_curve(curve: CostCurve, touched: Mapping[str, float],
         raise ValueError(f"repriced_curve: no experts counted for k = {missing}")
     if expert_s < 0 or layers < 1:
         raise ValueError("repriced_curve: needs expert_s >= 0 and layers >= 1")
-
-    def priced(rows: tuple[int, ...], times: tuple[float, ...]) -> tuple[float, ...]:
-        new = [t + layers * (target[str(k)] - touched[str(k)]) * expert_s
-               for k, t in zip(rows, times, strict=True)]
-        return tuple(accumulate((max(c, times[0]) for c in new), max))
-
-    decode = curve.decode
-    if decode is not None:
-        decode = CostGrid(decode.rows, decode.contexts,
-                          tuple(priced(decode.rows, times) for times in decode.seconds))
-    return replace(curve, seconds=priced(curve.tokens, curve.seconds), decode=decode,
-                   key=f"{curve.key}:{label}")
+    return reprice(curve, lambda k: target[str(k)] - touched[str(k)], expert_s, layers, label)
 
 
 def bound_curve(curve: CostCurve, ours: Mapping[str, Any], layers: int,
