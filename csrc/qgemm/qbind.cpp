@@ -105,9 +105,9 @@ void qquantize(Mat<const float> x, Mat<int8_t> q, Mat<float> d, Mat<int32_t> xs,
 void register_qkernels(nb::module_& m) {
   nb::class_<QSeg>(m, "QSeg", "one quantized weight segment in the kernel layout (qkernels.h)")
       .def(nb::init<Vec<const uint8_t>, Vec<const uint8_t>, Vec<const uint8_t>, Vec<const int32_t>,
-                    int64_t, int64_t, int, int, int>(),
+                    int64_t, int64_t, int, int, int, bool>(),
            nb::arg("qs"), nb::arg("scale"), nb::arg("mins"), nb::arg("zero"), nb::arg("n"),
-           nb::arg("k"), nb::arg("sb"), nb::arg("bits"), nb::arg("sfmt"))
+           nb::arg("k"), nb::arg("sb"), nb::arg("bits"), nb::arg("sfmt"), nb::arg("lut") = false)
       .def_prop_ro("u6", [](const QSeg& s) { return s.w().u6; },
                    "every u < 64 (6-bit storage, or u8 found so): AVX2 without VNNI multiplies it by vpmaddubsw");
   m.def("qgemm", &qgemm, nb::arg("seg"), nb::arg("x_addr"), nb::arg("m"), nb::arg("out_addr"),

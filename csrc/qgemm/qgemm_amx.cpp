@@ -17,7 +17,8 @@
 //   C[m][r] = sum_k q[m][k] * u[r][k]   (int8 activations x u8 weights, exact in int32)
 // The weight layout of a sub-block is already a B tile: its 64-byte vector c holds the
 // 4 u of k = 4c..4c+3 for each of the 16 rows in lane r, which is tdpbsud's B row c
-// (u4 storage is unpacked to that form in a 512-byte staging buffer first). The A tile
+// (u4 storage is unpacked to that form in a 512-byte staging buffer first, MXFP4 codes
+// read as their u through kE2M1U on the way). The A tile
 // is SB bytes of each activation row (stride K). C is stored, and each row takes the
 // same float steps as on every other path (isum = C - z * xs, then the fma chain of
 // qkernels.h), so the bits are those of every other path: integer sums are exact in any
@@ -97,7 +98,24 @@ inline __m512 load_scales(const QW& w, const void* p, int64_t g, int64_t b) {
   }
   const int64_t i = (g * (w.k / SB) + b) * 16;
   if (w.sfmt == kF16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(static_cast<const uint16_t*>(p) + i)));
+  if (w.sfmt == kE8) {  // e8m0_half_bits per lane: e < 2 the subnormals, else (e - 1) << 23
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(static_cast<const uint8_t*>(p) + i)));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, sub));
+  }
   return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+// The low nibbles of v as bytes: u4 values (U4 = kNibU), or MXFP4 codes read as their u
+// through kE2M1U (kNibCodes; vpshufb per 128-bit lane, the table in each).
+template <int U4>
+inline __m512i nibble_u(__m512i v) {
+  const __m512i c = _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+  if constexpr (U4 == kNibCodes)
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)kE2M1U)), c);
+  return c;
 }
 
 // Group g x input rows [m, m + R) (9 <= R <= 16, the tiles configured for R rows): the R
@@ -106,8 +124,8 @@ inline __m512 load_scales(const QW& w, const void* p, int64_t g, int64_t b) {
 // [K/SB][512]. Sub-block b's tile product goes to the ring slot b % kRing of c; its float
 // steps run kLag sub-blocks later, so the tile unit works ahead while the vector unit
 // reads what it stored. Each row still takes its sub-blocks' float steps in increasing
-// order.
-template <bool U4, int SB, bool HZ, bool HM, int R>
+// order. U4: a Nib (qkernels.h).
+template <int U4, int SB, bool HZ, bool HM, int R>
 void tile_rows(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g, int64_t m,
                const int8_t* a, const uint8_t* wpre) {
   constexpr int64_t kBytes = U4 ? 8 * SB : 16 * SB;
@@ -134,13 +152,12 @@ void tile_rows(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g, int
         src = wpre + i * 512;
       } else if constexpr (U4) {
         // Byte [v][r][j] holds chunk v in its low nibble and chunk v + 4 in its high one.
-        const __m512i nib = _mm512_set1_epi8(0x0F);
         uint8_t* st = stage[slot];
 #pragma GCC unroll 4
         for (int v = 0; v < 4; ++v) {
           const __m512i wv = _mm512_loadu_si512(src + 64 * v);
-          _mm512_store_si512(st + 64 * v, _mm512_and_si512(wv, nib));
-          _mm512_store_si512(st + 64 * (v + 4), _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib));
+          _mm512_store_si512(st + 64 * v, nibble_u<U4>(wv));
+          _mm512_store_si512(st + 64 * (v + 4), nibble_u<U4>(_mm512_srli_epi16(wv, 4)));
         }
         src = st;
       }
@@ -168,7 +185,7 @@ void tile_rows(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g, int
 }
 
 // tile_rows for R = 0..kTileRows (entries below 9 unused: 17 rows make two tiles of 9).
-template <bool U4, int SB, bool HZ, bool HM, int... R>
+template <int U4, int SB, bool HZ, bool HM, int... R>
 constexpr auto tile_table(std::integer_sequence<int, R...>) {
   using Fn = void (*)(const QW&, const QX&, float*, int64_t, int64_t, int64_t, const int8_t*, const uint8_t*);
   return std::array<Fn, sizeof...(R)>{(R < 9 ? nullptr : &tile_rows<U4, SB, HZ, HM, (R < 9 ? 9 : R)>)...};
@@ -195,7 +212,7 @@ Scratch& scratch() {
 // contiguous bytes: with the rows' own stride K, a power of two such as 4096 puts all
 // 16 rows in one L1 set (before this copy, 8B-shape products of 16 rows measured 1.6x
 // the VNNI time in one run). With two tiles, u4 weights are unpacked once per group.
-template <bool U4, int SB, bool HZ, bool HM>
+template <int U4, int SB, bool HZ, bool HM>
 void run(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1) {
   static constexpr auto table = tile_table<U4, SB, HZ, HM>(std::make_integer_sequence<int, kTileRows + 1>{});
   Scratch& sc = scratch();
@@ -215,14 +232,13 @@ void run(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t 
   configure<SB>(int(r));
   for (int64_t g = g0; g < g1; ++g) {
     if (pre) {
-      const __m512i nib = _mm512_set1_epi8(0x0F);
       const uint8_t* src = w.qs + g * nsb * 256;
       for (int64_t b = 0; b < nsb; ++b) {
         uint8_t* st = sc.w.data() + b * 512;
         for (int v = 0; v < 4; ++v) {
           const __m512i wv = _mm512_loadu_si512(src + b * 256 + 64 * v);
-          _mm512_storeu_si512(st + 64 * v, _mm512_and_si512(wv, nib));
-          _mm512_storeu_si512(st + 64 * (v + 4), _mm512_and_si512(_mm512_srli_epi16(wv, 4), nib));
+          _mm512_storeu_si512(st + 64 * v, nibble_u<U4>(wv));
+          _mm512_storeu_si512(st + 64 * (v + 4), nibble_u<U4>(_mm512_srli_epi16(wv, 4)));
         }
       }
     }
@@ -233,7 +249,7 @@ void run(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t 
   _tile_release();  // leave no tile state in use (a thread's context switches stay cheap)
 }
 
-template <bool U4, int SB>
+template <int U4, int SB>
 void run_zm(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1) {
   const bool hz = w.zero != nullptr, hm = w.mins != nullptr;
   if (hz && hm) run<U4, SB, true, true>(w, x, out, ldo, g0, g1);
@@ -249,9 +265,10 @@ void gemm_avx512amx(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g
     gemm_avx512vnni(w, x, out, ldo, g0, g1);
     return;
   }
-  if (w.u4) run_zm<true, 32>(w, x, out, ldo, g0, g1);
-  else if (w.sb == 32) run_zm<false, 32>(w, x, out, ldo, g0, g1);
-  else run_zm<false, 16>(w, x, out, ldo, g0, g1);
+  if (w.u4 && w.lut) run_zm<kNibCodes, 32>(w, x, out, ldo, g0, g1);
+  else if (w.u4) run_zm<kNibU, 32>(w, x, out, ldo, g0, g1);
+  else if (w.sb == 32) run_zm<kNoNib, 32>(w, x, out, ldo, g0, g1);
+  else run_zm<kNoNib, 16>(w, x, out, ldo, g0, g1);
 }
 
 }  // namespace qk

@@ -79,6 +79,7 @@ inline float load_scale(const QW& w, const void* p, int64_t g, int64_t b, int r)
   }
   const int64_t i = (g * w.nsb() + b) * 16 + r;
   if (w.sfmt == kF16) return half_to_float(static_cast<const uint16_t*>(p)[i]);
+  if (w.sfmt == kE8) return e8m0_half(static_cast<const uint8_t*>(p)[i]);
   return static_cast<const float*>(p)[i];
 }
 
@@ -94,7 +95,8 @@ inline int weight(const QW& w, int64_t g, int64_t b, int r, int o) {
   }
   if (!w.u4) return blk[c * 64 + r * 4 + j];
   const uint8_t byte = blk[(c % 4) * 64 + r * 4 + j];
-  return c < 4 ? (byte & 0x0F) : (byte >> 4);
+  const int nib = c < 4 ? (byte & 0x0F) : (byte >> 4);
+  return w.lut ? kE2M1U[nib] : nib;
 }
 
 }  // namespace

@@ -14,10 +14,18 @@
 //         its bits 0-5 the u of (h 0, chunk 2p) in A, (h 0, chunk 2p+1) in B and (h 1,
 //         chunk 2p) in C; the u of (h 1, chunk 2p+1) is spread over their bits 6-7
 //         (bits 0-1 of it in A, 2-3 in B, 4-5 in C).
-//   scale [G][K/SB][16] fp16 or fp32 (s; fp32 for MXFP4's 2^(e-128), which fp16 cannot
-//         hold), mins the same or absent (m),
+//         MXFP4 codes (QW::lut; u4 storage as above, 4-bit codes c in place of u): the
+//         kernels read u = kE2M1U[c] right after unpacking the nibbles (a 16-byte table,
+//         vpshufb on the SIMD paths), then multiply as for any u4 storage.
+//   scale [G][K/SB][16] fp16 or fp32 (s; fp32 for MXFP4's 2^(e-128) in u8 or 6-bit
+//         storage, which fp16 cannot hold), or with MXFP4's codes its E8M0 bytes e (kE8:
+//         s = 2^(e-128), decoded exactly to those fp32 bits, e8m0_half_bits), mins the
+//         same (never kE8) or absent (m),
 //   zero  [G*16] int32 per row (z) or absent (all zero).
-// An element is w = s * (u - z) + m.
+// An element is w = s * (u - z) + m. MXFP4 in codes and E8M0 bytes and MXFP4 in u and
+// fp32 scales are the same u, z and s, so the same integer sums and float steps: the
+// same bits (tests/kernels/test_qlinear.py compares them), at the file's 17 bytes per
+// 32 weights of a row instead of 28 (6 bits) or 36 (u8).
 // K-quant scales (SFmt kKS) keep GGUF's own factors instead of their fp32 products: per
 // group and super-block of 256 along K, a tile of 16 fp16 d (32 bytes) then int8 sc
 // [256/SB][16]; s of (row lane r, sub-block b) = float(d[r]) * float(sc[b % (256/SB)][r]).
@@ -40,11 +48,32 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace qk {
 
 // How scales and mins are stored (the Python side's Segment.sfmt).
-enum SFmt : int { kF32 = 0, kF16 = 1, kKS = 2 };
+enum SFmt : int { kF32 = 0, kF16 = 1, kKS = 2, kE8 = 3 };
+
+// u of each MXFP4 code (ggml-common.h's kvalues_mxfp4, the e2m1 values doubled, + 12;
+// kernels/qformats.py's MXFP4_KVALUES and MXFP4_ZERO): all <= 24, code 8 (-0) is 12.
+alignas(16) inline constexpr uint8_t kE2M1U[16] = {12, 13, 14, 15, 16, 18, 20, 24,
+                                                   12, 11, 10, 9, 8, 6, 4, 0};
+
+// The nibble forms of u4 storage, a template argument of the SIMD kernels: none (u8 or
+// 6-bit values), values u, or MXFP4 codes read through kE2M1U (QW::lut).
+enum Nib : int { kNoNib = 0, kNibU = 1, kNibCodes = 2 };
+
+// fp32 bits of 2^(e - 128) for an E8M0 byte, ggml's GGML_E8M0_TO_FP32_HALF: exponent
+// field e - 1, or for e < 2 the subnormals 2^-128, 2^-127 (mantissa bit 21 or 22);
+// e = 255 is 2^127, not NaN. (static: each translation unit keeps its own copy.)
+static inline uint32_t e8m0_half_bits(uint32_t e) { return e < 2 ? 0x00200000u << e : (e - 1) << 23; }
+static inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e8m0_half_bits(e);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 // Bytes of one kKS tile (16 fp16 d, then int8 sc [256/sb][16]); qformats.ks_tile_bytes.
 constexpr int64_t ks_tile_bytes(int sb) { return 32 + 16 * (256 / sb); }
@@ -57,6 +86,7 @@ struct QW {
   int64_t n, k, groups;  // real output rows, K, G = ceil(n / 16)
   int sb;                // 32 or 16
   bool u4;               // nibble storage
+  bool lut = false;      // u4 storage of MXFP4 codes: u = kE2M1U[nibble]
   bool p6 = false;       // 6-bit storage (every u < 64, so u6 too)
   bool u6 = false;       // every u < 64 (6-bit storage, or u8 where QSeg finds it): byte products fit vpmaddubsw
   int sfmt;              // SFmt of scale and mins
@@ -65,7 +95,7 @@ struct QW {
   // Bytes of the scale (or mins) array of a segment.
   int64_t scale_bytes() const {
     if (sfmt == kKS) return groups * (k / 256) * ks_tile_bytes(sb);
-    return groups * nsb() * 16 * (sfmt == kF16 ? 2 : 4);
+    return groups * nsb() * 16 * (sfmt == kF16 ? 2 : sfmt == kE8 ? 1 : 4);
   }
 };
 

@@ -10,9 +10,12 @@
 // Values (qformats.py's table): legacy types keep their fp16 d (and m) bits as they are;
 // K-quants keep GGUF's factors in the kKS tiles of qkernels.h: d's fp16 bits and the
 // integer sc, and for mins dmin's bits with the sign flipped (-dmin, exact) and the 6-bit
-// min, whose products the kernels form exactly. MXFP4 writes u = kvalue + 12 from its
-// codes through a 16-entry table and its E8M0 byte as the fp32 bits of 2^(e - 128)
-// (qformats.e8m0_half), one kF32 scale per sub-block of 32.
+// min, whose products the kernels form exactly. MXFP4 in its own storage keeps its
+// blocks: the 4-bit codes in u4 storage (the kernels read u = kvalue + 12 through
+// qk::kE2M1U; code 8, -0, is written as 0, both u = 12, as qformats.pack writes it) and
+// its E8M0 bytes (kE8); in u8 or 6-bit storage it writes u = kvalue + 12 through that
+// table and the E8M0 byte as the fp32 bits of 2^(e - 128) (qk::e8m0_half_bits), one
+// kF32 scale per sub-block of 32: the same u and s, so the same products.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -37,8 +40,8 @@ enum Type : int {
 struct Format {
   int block, bytes;  // elements and bytes per GGUF block
   int sb;            // canonical sub-block length (32, or 16 for Q6_K)
-  bool u4;
-  int sfmt;          // qk::SFmt: kF16 (legacy types), kKS tiles (K-quants), kF32 (MXFP4)
+  bool u4;           // its own storage is u4 (MXFP4: its codes)
+  int sfmt;          // qk::SFmt: kF16 (legacy types), kKS tiles (K-quants), kE8 (MXFP4)
   bool mins;
   int32_t zero;      // z; 0 means no zero-point array
 };
@@ -53,7 +56,7 @@ bool format_of(int t, Format& f) {
     case Q4_K: f = {256, 144, 32, true, qk::kKS, true, 0}; return true;
     case Q5_K: f = {256, 176, 32, false, qk::kKS, true, 0}; return true;
     case Q6_K: f = {256, 210, 16, false, qk::kKS, false, 32}; return true;
-    case MXFP4: f = {32, 17, 32, false, qk::kF32, false, 12}; return true;
+    case MXFP4: f = {32, 17, 32, true, qk::kE8, false, 12}; return true;
     default: return false;
   }
 }
@@ -64,12 +67,13 @@ uint16_t le16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
 // group r / 16; sub-block b of that group starts at qs + (g * nsb + b) * sb_bytes.
 struct Out {
   uint8_t* qs;
-  uint8_t* scale;  // fp16 or fp32 elements [G][nsb][16], or kKS tiles [G][K/256][tile]
+  uint8_t* scale;  // fp16, fp32 or E8M0 elements [G][nsb][16], or kKS tiles [G][K/256][tile]
   uint8_t* mins;   // same, or nullptr
   int32_t* zero;   // [G * 16] or nullptr
   int64_t nsb, sb_bytes;
   int64_t nsup, tile;  // kKS: super-blocks per row, tile bytes
   bool p6;             // 6-bit storage of u8 values (all < 64)
+  bool codes;          // MXFP4 in its own storage: codes and E8M0 bytes (else u, fp32 s)
 };
 
 // One row's writer: sub-block b of this row.
@@ -81,6 +85,7 @@ struct RowOut {
   void scale16(int64_t b, const uint8_t* src) const { std::memcpy(o.scale + at(b) * 2, src, 2); }
   void mins16(int64_t b, const uint8_t* src) const { std::memcpy(o.mins + at(b) * 2, src, 2); }
   void scale32(int64_t b, uint32_t bits) const { std::memcpy(o.scale + at(b) * 4, &bits, 4); }
+  void scale8(int64_t b, uint8_t e) const { o.scale[at(b)] = e; }
   // kKS: this lane's fp16 d (bits) of super-block s, and its integer factor of sub-block
   // b, in the tiles at base (scale or mins).
   uint8_t* tile(uint8_t* base, int64_t s) const { return base + (g * o.nsup + s) * o.tile; }
@@ -169,18 +174,23 @@ void legacy_block(int t, const uint8_t* p, int64_t blk, const RowOut& r) {
       r.u8(blk, u, 32);
       return;
     case MXFP4: {
-      // u = kvalues_mxfp4[code] + 12 (ggml-common.h; qformats.MXFP4_KVALUES): all <= 24.
-      static constexpr uint8_t kU[16] = {12, 13, 14, 15, 16, 18, 20, 24,
-                                         12, 11, 10, 9, 8, 6, 4, 0};
       const uint8_t* qs = p + 1;  // byte l: element l in the low nibble, l + 16 in the high
-      for (int l = 0; l < 16; ++l) {
-        u[l] = kU[qs[l] & 0x0f];
-        u[l + 16] = kU[qs[l] >> 4];
+      if (r.o.codes) {  // the bytes are (v, j) already, as Q4_0's; -0 (code 8) becomes 0
+        uint8_t b16[16];
+        for (int l = 0; l < 16; ++l) {
+          const uint8_t lo = qs[l] & 0x0f, hi = qs[l] >> 4;
+          b16[l] = uint8_t((lo == 8 ? 0 : lo) | (hi == 8 ? 0 : hi) << 4);
+        }
+        r.scale8(blk, p[0]);
+        r.u4(blk, b16);
+        return;
       }
-      // 2^(e - 128), ggml's GGML_E8M0_TO_FP32_HALF: exponent field e - 1, or for e < 2
-      // the subnormals 2^-128, 2^-127 (mantissa bit 21 or 22); e = 255 is 2^127, not NaN.
-      const uint32_t e = p[0];
-      r.scale32(blk, e < 2 ? 0x00200000u << e : (e - 1) << 23);
+      // u = kvalues_mxfp4[code] + 12 (ggml-common.h; qformats.MXFP4_KVALUES): all <= 24.
+      for (int l = 0; l < 16; ++l) {
+        u[l] = qk::kE2M1U[qs[l] & 0x0f];
+        u[l + 16] = qk::kE2M1U[qs[l] >> 4];
+      }
+      r.scale32(blk, qk::e8m0_half_bits(p[0]));
       r.u8(blk, u, 32);
       return;
     }
@@ -254,16 +264,19 @@ using Raw = nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cp
 // Rows [row_off, row_off + len(raw)) of a segment of n rows and k columns, from their
 // GGUF block bytes raw [rows, k / block * bytes], into the segment's arrays (sized for
 // n rows: qs, scale and mins as bytes, zero as int32; mins and zero empty when the type
-// has none). bits: the storage, the type's own (4 or 8) or 6 for the types whose values
-// are below 64 (Q5_*, Q6_K, MXFP4).
+// has none). bits: the storage, the type's own (4 or 8; MXFP4's own, 4, its codes and
+// E8M0 bytes) or 6 for the types whose values are below 64 (Q5_*, Q6_K, MXFP4), or
+// MXFP4's values in 8 (both with fp32 scales).
 void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8_t> qs,
              Vec<uint8_t> scale, Vec<uint8_t> mins, Vec<int32_t> zero, int bits,
              unsigned threads) {
   Format f;
   if (!format_of(type, f)) throw std::invalid_argument("qrepack: unsupported GGML type");
-  const bool below64 = !f.u4 && type != Q8_0;  // Q5_*, Q6_K, MXFP4 (qformats.BELOW_64)
-  if (bits != (f.u4 ? 4 : 8) && !(bits == 6 && below64))
+  const bool below64 = (!f.u4 && type != Q8_0) || type == MXFP4;  // qformats.BELOW_64
+  if (bits != (f.u4 ? 4 : 8) && !(bits == 6 && below64) && !(bits == 8 && type == MXFP4))
     throw std::invalid_argument("qrepack: this type cannot be stored in that many bits");
+  const bool codes = type == MXFP4 && bits == 4;
+  if (type == MXFP4 && !codes) f.sfmt = qk::kF32;  // its values, with fp32 scales
   const int64_t rows = int64_t(raw.shape(0));
   if (n <= 0 || k <= 0 || k % f.block != 0 || row_off < 0 || row_off + rows > n)
     throw std::invalid_argument("qrepack: bad n, k or row range");
@@ -271,8 +284,8 @@ void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8
   if (rows && int64_t(raw.shape(1)) != nblk * f.bytes)
     throw std::invalid_argument("qrepack: raw rows do not hold k / block blocks");
   const int64_t groups = (n + 15) / 16, nsb = k / f.sb;
-  const int64_t sb_bytes = f.u4 ? 8 * f.sb : bits == 6 ? 12 * f.sb : 16 * f.sb;
-  const int64_t per_scale = f.sfmt == qk::kF32 ? 4 : 2;  // kF32 or kF16 elements
+  const int64_t sb_bytes = bits == 4 ? 8 * f.sb : bits == 6 ? 12 * f.sb : 16 * f.sb;
+  const int64_t per_scale = f.sfmt == qk::kF32 ? 4 : f.sfmt == qk::kE8 ? 1 : 2;  // or kF16
   const size_t scale_bytes = size_t(f.sfmt == qk::kKS ? groups * (k / 256) * qk::ks_tile_bytes(f.sb)
                                                       : groups * nsb * 16 * per_scale);
   if (qs.size() != size_t(groups * nsb * sb_bytes) || scale.size() != scale_bytes ||
@@ -280,7 +293,7 @@ void qrepack(Raw raw, int type, int64_t n, int64_t k, int64_t row_off, Vec<uint8
     throw std::invalid_argument("qrepack: segment arrays do not match n, k and the type");
   const Out o{qs.data(), scale.data(), f.mins ? mins.data() : nullptr,
               f.zero ? zero.data() : nullptr, nsb, sb_bytes, k / 256, qk::ks_tile_bytes(f.sb),
-              bits == 6};
+              bits == 6, codes};
   const uint8_t* src = raw.data();
   const int64_t row_bytes = nblk * f.bytes;
   const bool kquant = f.block == 256;

@@ -25,20 +25,25 @@ class QSeg {
   using Vec = nanobind::ndarray<T, nanobind::ndim<1>, nanobind::c_contig, nanobind::device::cpu>;
 
   QSeg(Vec<const uint8_t> qs, Vec<const uint8_t> scale, Vec<const uint8_t> mins,
-       Vec<const int32_t> zero, int64_t n, int64_t k, int sb, int bits, int sfmt)
+       Vec<const int32_t> zero, int64_t n, int64_t k, int sb, int bits, int sfmt, bool lut)
       : qs_(qs), scale_(scale), mins_(mins), zero_(zero) {
     if (sb != 32 && sb != 16) throw std::invalid_argument("QSeg: sb must be 32 or 16");
     if (bits != 4 && bits != 6 && bits != 8) throw std::invalid_argument("QSeg: bits must be 4, 6 or 8");
     if (bits == 4 && sb != 32) throw std::invalid_argument("QSeg: 4-bit storage needs sb = 32");
     if (n <= 0 || k <= 0 || k % 32 != 0) throw std::invalid_argument("QSeg: need n > 0 and K % 32 == 0");
-    if (sfmt != kF32 && sfmt != kF16 && sfmt != kKS) throw std::invalid_argument("QSeg: unknown scale format");
+    if (sfmt != kF32 && sfmt != kF16 && sfmt != kKS && sfmt != kE8)
+      throw std::invalid_argument("QSeg: unknown scale format");
     if (sfmt == kKS && k % 256 != 0) throw std::invalid_argument("QSeg: K-quant scales need K % 256 == 0");
+    if (lut && bits != 4) throw std::invalid_argument("QSeg: MXFP4 codes (lut) need 4-bit storage");
+    // E8M0 bytes are unsigned powers of two: no format of mins.
+    if (sfmt == kE8 && mins.size() != 0) throw std::invalid_argument("QSeg: E8M0 scales take no mins");
     w_ = QW{};
     w_.n = n;
     w_.k = k;
     w_.groups = (n + 15) / 16;
     w_.sb = sb;
     w_.u4 = bits == 4;
+    w_.lut = lut;
     w_.p6 = bits == 6;
     w_.sfmt = sfmt;
     const size_t scale_bytes = size_t(w_.scale_bytes());

@@ -26,10 +26,11 @@ from recallspec.models.gguf.header import read_header
 VARIANTS = isa.variants()  # every path this CPU runs, incl. AVX-512 without VNNI
 N, K = 37, 512  # 37: a partial last group of 16; 512: two K-quant super-blocks
 U = 2.0**-24  # unit roundoff of fp32
-# MXFP4 beside the types of helpers.qweight, in its own storage and in 6 bits.
+# MXFP4 beside the types of helpers.qweight, in its own storage (its codes and E8M0
+# bytes) and as its values in u8 and in 6 bits (fp32 scales).
 ALL_TYPES = [*TYPES, T.MXFP4]
-ALL_STORAGES = [*STORAGES, (T.MXFP4, 8), (T.MXFP4, 6)]
-ALL_STORAGE_IDS = [*STORAGE_IDS, "MXFP4", "MXFP4-6bit"]
+ALL_STORAGES = [*STORAGES, (T.MXFP4, 4), (T.MXFP4, 8), (T.MXFP4, 6)]
+ALL_STORAGE_IDS = [*STORAGE_IDS, "MXFP4", "MXFP4-8bit", "MXFP4-6bit"]
 SCALE_BYTES = {**FP16_BYTES, T.MXFP4: slice(0, 1)}  # a block's scale fields: kept by tests
 
 
@@ -92,9 +93,9 @@ def test_forced_isa_at_import() -> None:
     assert r.returncode != 0 and "KernelIsaError" in r.stderr
 
 
-def test_mxfp4_loads_in_six_bits_on_every_path() -> None:
-    """MXFP4 is stored in 6 bits whatever the path (u8 would be 1.125 bytes a weight
-    against the file's 0.53); Q8_0 and Q4_K keep their own storage."""
+def test_mxfp4_loads_its_codes_on_every_path() -> None:
+    """MXFP4 keeps its 4-bit codes whatever the path (6 bits would be 0.875 bytes a
+    weight, u8 1.125, against the file's 0.53); Q8_0 and Q4_K keep their own storage."""
     code = ("from gguf import GGMLQuantizationType as T; "
             "from recallspec.kernels.qlinear import default_bits; "
             "print(default_bits(T.MXFP4), default_bits(T.Q8_0), default_bits(T.Q4_K))")
@@ -102,7 +103,7 @@ def test_mxfp4_loads_in_six_bits_on_every_path() -> None:
         env = {**os.environ, "RECALLSPEC_KERNELS": variant}
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                            text=True, check=True)
-        assert r.stdout.split() == ["6", "8", "4"], (variant, r.stdout)
+        assert r.stdout.split() == ["4", "8", "4"], (variant, r.stdout)
 
 
 def test_kernel_checks_its_arguments() -> None:
@@ -123,9 +124,18 @@ def test_kernel_checks_its_arguments() -> None:
     with pytest.raises(ValueError, match="bits must be 4, 6 or 8"):
         _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 5, 0)
     with pytest.raises(ValueError, match="scale format"):
-        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 8, 3)
+        _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 8, 4)
     with pytest.raises(ValueError, match="K-quant scales"):
         _kernels.QSeg(qs, sc, e8, e32, 16, 32, 32, 8, 2)
+    # MXFP4's codes: u4 storage with one E8M0 byte per (row, sub-block), no mins.
+    q4, s8 = qs[: 16 * 16], sc[:16]
+    _kernels.QSeg(q4, s8, e8, e32, 16, 32, 32, 4, qf.SFMT_E8, True)
+    with pytest.raises(ValueError, match="need 4-bit storage"):
+        _kernels.QSeg(qs, s8, e8, e32, 16, 32, 32, 8, qf.SFMT_E8, True)
+    with pytest.raises(ValueError, match="E8M0 scales take no mins"):
+        _kernels.QSeg(q4, s8, s8, e32, 16, 32, 32, 4, qf.SFMT_E8, True)
+    with pytest.raises(ValueError, match="do not match"):  # fp32-sized scales
+        _kernels.QSeg(q4, sc, e8, e32, 16, 32, 32, 4, qf.SFMT_E8, True)
 
 
 @pytest.mark.parametrize(("qtype", "nbits"), ALL_STORAGES, ids=ALL_STORAGE_IDS)
@@ -192,10 +202,11 @@ def test_batch_thread_and_isa_invariance(weights: dict, qtype: T, nbits: int) ->
 def test_six_bit_segments_take_the_byte_product(weights: dict) -> None:
     """QSeg finds u8 storage whose every u < 64 (Q5_*, Q6_K, MXFP4: the AVX2 path without VNNI
     multiplies it by vpmaddubsw, which the invariance tests above then run), as 6-bit
-    storage is; Q8_0's q + 128 is not, and u4 storage has its own product."""
+    storage is; Q8_0's q + 128 is not, and u4 storage (MXFP4's codes too) has its own
+    product."""
     for (qtype, nbits), (_, w) in weights.items():
         (seg,) = w.segments
-        six_bit = qtype in (T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K, T.MXFP4)
+        six_bit = qtype in (T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K, T.MXFP4) and nbits != 4
         assert seg.handle.u6 == six_bit and seg.bits == nbits, qtype.name
     with pytest.raises(ValueError, match="zero points must fit int16"):
         seg = weights[T.Q8_0, 8][1].segments[0]
@@ -220,15 +231,17 @@ def test_six_bit_storage_is_the_same_weight(weights: dict) -> None:
 
 
 @pytest.mark.parametrize(("qtype", "nbits"), ALL_STORAGES, ids=ALL_STORAGE_IDS)
-@pytest.mark.parametrize("fill", [0xFF, 0x80, 0x7F, 0x00])
+@pytest.mark.parametrize("fill", [0xFF, 0x80, 0x7F, 0x77, 0x00])
 def test_extreme_operands(qtype: T, nbits: int, fill: int) -> None:
-    """Every value byte set to one pattern (nibbles all 15, bytes 128, 127 or 0) times
-    activations all at +-127 after quantization: the largest integer sums each path's
-    narrow accumulators meet (without VNNI the AVX2 u4 product adds a sub-block's 8 pair
-    sums in int16: 8 * 2 * 15 * 127 = 30480, its u6 product two chunks' pair sums of
-    6-bit values: 2 * 2 * 63 * 127 = 32004, and Q6_K's sub-block of 16 with its zero
-    points folded in, bytes 0: 8 * 32 * 127 = 32512, as close to 2^15 as they get). Any
-    overflow or saturation would differ from the scalar path, which sums in int32."""
+    """Every value byte set to one pattern (nibbles all 15, bytes 128, 127, 119 or 0)
+    times activations all at +-127 after quantization: the largest integer sums each
+    path's narrow accumulators meet (without VNNI the AVX2 u4 product adds a sub-block's
+    8 pair sums in int16: 8 * 2 * 15 * 127 = 30480, its u6 product two chunks' pair sums
+    of 6-bit values: 2 * 2 * 63 * 127 = 32004, and Q6_K's sub-block of 16 with its zero
+    points folded in, bytes 0: 8 * 32 * 127 = 32512, as close to 2^15 as they get;
+    MXFP4's codes 7, bytes 0x77, are u = 24 everywhere, whose sub-block of 8 pair sums
+    per int16 lane, 8 * 2 * 24 * 127 = 48768, would not fit: those products widen after
+    4). Any overflow or saturation would differ from the scalar path, which sums in int32."""
     bs, ts = gguf.GGML_QUANT_SIZES[qtype]
     raw = raw_of(qtype, 16, K, seed=7).reshape(16, K // bs, ts).copy()
     keep = raw[..., SCALE_BYTES[qtype]].copy()
@@ -374,7 +387,7 @@ def mxfp4_edges(n: int, k: int) -> np.ndarray:
     return raw.reshape(n, -1)
 
 
-@pytest.mark.parametrize("nbits", [8, 6])
+@pytest.mark.parametrize("nbits", [4, 8, 6])
 def test_mxfp4_edge_exponents(nbits: int) -> None:
     """MXFP4 at its edge exponents (``mxfp4_edges``; activations down to 1e-3, so the
     subnormal scales give subnormal products and sums, which every path rounds as IEEE
@@ -395,6 +408,31 @@ def test_mxfp4_edge_exponents(nbits: int) -> None:
         for bs in (*range(1, 18), 33):
             got = torch.cat([qlinear(x[i:i + bs], w, threads=1, isa=v) for i in range(0, 40, bs)])
             assert np.array_equal(bits(got), ref.view(np.uint32)), f"{v}, batches of {bs}"
+
+
+def test_mxfp4_codes_are_the_same_weight(weights: dict) -> None:
+    """MXFP4 in its own storage (its 4-bit codes read through the kernels' table, its
+    E8M0 bytes decoded to fp32; qkernels.h) against its values u in u8 and in 6 bits with
+    fp32 scales: the same canonical form, and every product bit for bit the same on every
+    path, for every row count 1..33 (the 1-row kernels, the VNNI passes of up to 9 rows,
+    the tiles of 4 and 6, AMX's 10-32) and both thread counts, and the scalar u8 product's
+    bits; the dequantized rows are the same too."""
+    codes, u8, u6 = (weights[T.MXFP4, b][1] for b in (4, 8, 6))
+    (sc,) = codes.segments
+    assert sc.lut and sc.bits == 4 and sc.sfmt == qf.SFMT_E8 and sc.scale.dtype == torch.uint8
+    c4, c8 = sc.canon(), u8.segments[0].canon()
+    assert np.array_equal(c4.u, c8.u) and np.array_equal(c4.scale.view(np.uint32),
+                                                         c8.scale.view(np.uint32))
+    assert np.array_equal(bits(codes.dequantize()), bits(u8.dequantize()))
+    x = activations(33, K, seed=13)
+    ref = qlinear(x, u8, threads=1, isa="scalar")
+    for v in VARIANTS:
+        for threads in (1, 2):
+            assert np.array_equal(bits(qlinear(x, u6, threads=threads, isa=v)), bits(ref)), v
+            for rows in range(1, 34):
+                got = torch.cat([qlinear(x[i:i + rows], codes, threads=threads, isa=v)
+                                 for i in range(0, 33, rows)])
+                assert np.array_equal(bits(got), bits(ref)), f"{v}, {threads} threads, {rows} rows"
 
 
 def quantized_x(x: torch.Tensor) -> torch.Tensor:
@@ -434,13 +472,14 @@ def test_accuracy_against_float64(weights: dict, qtype: T) -> None:
 
 def test_concat_mixed_types(weights: dict) -> None:
     order = [(T.Q4_1, 4), (T.Q4_0, 4), (T.Q5_0, 8), (T.Q8_0, 8), (T.Q6_K, 8), (T.Q6_K, 6),
-             (T.Q4_K, 4), (T.Q5_K, 8), (T.Q5_1, 8), (T.MXFP4, 8), (T.MXFP4, 6)]
+             (T.Q4_K, 4), (T.Q5_K, 8), (T.Q5_1, 8), (T.MXFP4, 8), (T.MXFP4, 6), (T.MXFP4, 4)]
     parts = [weights[t][1] for t in order]
     cat = QuantizedWeight.concat(parts)
     assert cat.n == N * len(order) and cat.kind == "+".join(dict.fromkeys(t.name for t, _ in order))
     # Q4_1+Q4_0 (u4, fp16) merge; Q5_0+Q8_0 (u8, fp16) merge; the rest stand alone (Q6_K
-    # and MXFP4 in 8 and in 6 bits too; MXFP4's fp32 scales apart from Q5_1's fp16).
-    assert len(cat.segments) == 9
+    # and MXFP4 in 8 and in 6 bits too; MXFP4's fp32 scales apart from Q5_1's fp16, and
+    # its codes apart from its 6-bit values).
+    assert len(cat.segments) == 10
     x = activations(9, K)
     for v in VARIANTS:
         sep = torch.cat([qlinear(x, p, isa=v) for p in parts], dim=1)
@@ -453,13 +492,15 @@ def test_concat_mixed_types(weights: dict) -> None:
 
 def test_state_dict_roundtrip(weights: dict, tmp_path) -> None:
     cat = QuantizedWeight.concat([weights[T.Q4_1, 4][1], weights[T.Q5_0, 8][1],
-                                  weights[T.Q6_K, 6][1], weights[T.MXFP4, 6][1]])
+                                  weights[T.Q6_K, 6][1], weights[T.MXFP4, 6][1],
+                                  weights[T.MXFP4, 4][1]])
     path = tmp_path / "w.safetensors"
     save_file(cat.state_dict("layer.w."), str(path))
     back = QuantizedWeight.from_state_dict(load_file(str(path)), "layer.w.")
     assert (back.n, back.k, back.kind, back.nbytes) == (cat.n, cat.k, cat.kind, cat.nbytes)
-    assert [s.bits for s in back.segments] == [s.bits for s in cat.segments] == [4, 8, 6, 6]
-    assert back.segments[3].sfmt == qf.SFMT_F32  # MXFP4's scales come back as fp32
+    assert [s.bits for s in back.segments] == [s.bits for s in cat.segments] == [4, 8, 6, 6, 4]
+    assert back.segments[3].sfmt == qf.SFMT_F32  # MXFP4's values' scales come back as fp32
+    assert back.segments[4].lut and back.segments[4].sfmt == qf.SFMT_E8  # and its codes
     x = activations(5, K)
     assert np.array_equal(bits(qlinear(x, back)), bits(qlinear(x, cat)))
 

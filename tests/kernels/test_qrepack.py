@@ -18,10 +18,11 @@ from recallspec.kernels import qformats as qf
 from recallspec.kernels import qrepack
 from recallspec.kernels.qlinear import QuantizedWeight, Segment, default_bits
 
-# MXFP4 beside the types of helpers.qweight, in its own storage and in 6 bits.
+# MXFP4 beside the types of helpers.qweight, in its own storage (its codes and E8M0
+# bytes) and as its values in u8 and in 6 bits (fp32 scales).
 ALL_TYPES = [*TYPES, T.MXFP4]
-ALL_STORAGES = [*STORAGES, (T.MXFP4, 8), (T.MXFP4, 6)]
-ALL_STORAGE_IDS = [*STORAGE_IDS, "MXFP4", "MXFP4-6bit"]
+ALL_STORAGES = [*STORAGES, (T.MXFP4, 4), (T.MXFP4, 8), (T.MXFP4, 6)]
+ALL_STORAGE_IDS = [*STORAGE_IDS, "MXFP4", "MXFP4-8bit", "MXFP4-6bit"]
 
 
 def mxfp4_raw(n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -57,7 +58,7 @@ def as_bytes(t: torch.Tensor | None) -> bytes | None:
 
 
 def assert_same(got: Segment, ref: Segment) -> None:
-    fields = ("n", "k", "sb", "bits", "kinds")
+    fields = ("n", "k", "sb", "bits", "kinds", "lut")
     assert [getattr(got, f) for f in fields] == [getattr(ref, f) for f in fields]
     for name in ("qs", "scale", "mins", "zero"):
         a, b = getattr(got, name), getattr(ref, name)
@@ -119,13 +120,15 @@ def test_layout_table_matches_decode() -> None:
         c = qf.decode(raw_of(qtype, 3, 256), qtype, 3, 256)
         lay = qf.LAYOUTS[qtype]
         assert lay.mins == (c.mins is not None), qtype
-        # K-quants: fp32 products of the KScales factors the tiles keep; else the dtype
-        # the segment stores (fp16 fields, MXFP4's fp32 powers of two)
-        want = qf.SFMT_KS if c.ks is not None else {np.float16: qf.SFMT_F16,
-                                                    np.float32: qf.SFMT_F32}[c.scale.dtype.type]
-        assert c.scale.dtype == (np.float32 if c.ks is not None else c.scale.dtype), qtype
-        assert lay.sfmt == want, qtype
-        assert (qtype in qf.BELOW_64) == (lay.bits == 8 and int(c.u.max()) < 64), qtype
+        # K-quants: fp32 products of the KScales factors the tiles keep; MXFP4: its fp32
+        # powers of two, stored as their E8M0 bytes with its codes (lut); else the dtype
+        # the segment stores (fp16 fields)
+        want = qf.SFMT_KS if c.ks is not None else qf.SFMT_E8 if c.lut else {
+            np.float16: qf.SFMT_F16, np.float32: qf.SFMT_F32}[c.scale.dtype.type]
+        assert c.scale.dtype == (np.float32 if c.ks is not None or c.lut else c.scale.dtype)
+        assert lay.sfmt == want and lay.lut == c.lut == (qtype == T.MXFP4), qtype
+        assert (qtype in qf.BELOW_64) == ((lay.bits == 8 or lay.lut) and int(c.u.max()) < 64)
+        assert set(qf.storages(qtype)) == {b for t, b in ALL_STORAGES if t == qtype}, qtype
     assert set(qf.LAYOUTS) == set(qf.BLOCKS) == set(ALL_TYPES)
 
 
@@ -137,7 +140,7 @@ def reference_concat(parts: list[tuple[np.ndarray, T, int]], k: int) -> list[Seg
     out: list[Segment] = []
     off = 0
     for _key, run in itertools.groupby(
-            canons, key=lambda ct: (ct[0].bits, ct[0].sb, ct[0].scale.dtype)):
+            canons, key=lambda ct: (ct[0].bits, ct[0].lut, ct[0].sb, ct[0].scale.dtype)):
         items = list(run)
         kinds = tuple(dict.fromkeys(t.name for _, t in items))
         seg = Segment.build(qf.concat([c for c, _ in items]), off, kinds)
@@ -159,8 +162,8 @@ FUSED = [
     ([T.Q4_1, T.Q4_0, T.Q4_1], [5, 16, 9]),
     ([T.Q6_K, T.Q6_K], [37, 40]),
     ([T.Q8_0, T.Q5_1, T.Q5_0], [16, 32, 3]),
-    # gpt-oss's gate-up experts, and MXFP4 (fp32 scales) beside fp16-scale parts of the
-    # same storage: separate segments
+    # gpt-oss's gate-up experts, and MXFP4 (its codes and E8M0 bytes) beside fp16-scale
+    # parts: separate segments
     ([T.MXFP4, T.MXFP4], [48, 48]),
     ([T.MXFP4, T.MXFP4], [21, 16]),
     ([T.Q5_0, T.MXFP4, T.Q8_0], [16, 32, 5]),
@@ -246,8 +249,9 @@ def test_errors() -> None:
     with pytest.raises(ValueError, match="unsupported"):
         _kernels.qrepack(raw, int(T.F16), 4, 256, 0, out.qs, out.scale.view(torch.uint8),
                          mins, torch.empty(0, dtype=torch.int32), 8)
-    # 6 bits only for values below 64 (Q8_0's q + 128 and 4-bit storage are not).
-    for qtype, bits in ((T.Q4_K, 6), (T.Q4_K, 8), (T.Q8_0, 6), (T.Q6_K, 4), (T.MXFP4, 4)):
+    # 6 bits only for values below 64 (Q8_0's q + 128 and 4-bit storage are not); MXFP4
+    # in its codes (4) or its values (8, 6), nothing else.
+    for qtype, bits in ((T.Q4_K, 6), (T.Q4_K, 8), (T.Q8_0, 6), (T.Q6_K, 4), (T.MXFP4, 5)):
         with pytest.raises(ValueError, match=f"cannot be stored in {bits} bits"):
             QuantizedWeight.from_gguf_rows(qtype, 4, 256, [(0, raw_of(qtype, 4, 256))],
                                            bits=bits)
@@ -263,6 +267,14 @@ def test_errors() -> None:
         _kernels.qrepack(raw_of(T.MXFP4, 4, 256), int(T.MXFP4), 4, 256, 0, mx.qs,
                          mx.scale.view(torch.uint8)[: mx.scale.numel() * 2],
                          torch.empty(0, dtype=torch.uint8), mx.zero, 6)
+    codes = qrepack.allocate(T.MXFP4, 4, 256, 4)
+    assert codes.scale.dtype == torch.uint8 and codes.scale.numel() == 16 * 256 // 32
+    with pytest.raises(ValueError, match="do not match"):  # its codes: one byte per scale
+        _kernels.qrepack(raw_of(T.MXFP4, 4, 256), int(T.MXFP4), 4, 256, 0, codes.qs,
+                         mx.scale.view(torch.uint8), torch.empty(0, dtype=torch.uint8),
+                         codes.zero, 4)
+    with pytest.raises(ValueError, match="not a power of two"):
+        qf.e8m0_byte(np.array([1.0, 3.0], np.float32))
     with pytest.raises(ValueError, match="multiple of 32"):
         QuantizedWeight.from_gguf_rows(T.MXFP4, 4, 48, [])
 
@@ -292,18 +304,28 @@ def test_mxfp4_decodes_to_gguf_s_values() -> None:
         e = b[..., 0].astype(np.int64)
         assert np.array_equal(c.scale, np.ldexp(1.0, e - 128).astype(np.float32))
         assert np.array_equal(canon.view(np.uint32), ref.view(np.uint32))
-        for bits in (8, 6):
+        for bits in (4, 8, 6):
             w = QuantizedWeight.from_gguf_rows(T.MXFP4, n, k, [(0, raw)], bits=bits)
-            assert w.kind == "MXFP4" and w.segments[0].sfmt == qf.SFMT_F32
+            assert w.kind == "MXFP4" and w.segments[0].sfmt == (
+                qf.SFMT_E8 if bits == 4 else qf.SFMT_F32)
             assert np.array_equal(w.dequantize().numpy().view(np.uint32), ref.view(np.uint32))
+        # The E8M0 bytes back from their fp32 powers of two, every byte.
+        assert np.array_equal(qf.e8m0_byte(qf.e8m0_half(np.arange(256))), np.arange(256))
 
 
 def test_mxfp4_resident_bytes() -> None:
-    """Per 32 weights of a row: 24 bytes of values in 6 bits (u8: 32) and a 4-byte fp32
-    scale, so 0.875 bytes per weight (u8: 1.125; GGUF's MXFP4 0.53), plus the int32 zero
-    point of each row."""
-    n, k = 48, 512
-    raw = mxfp4_raw(n, k)
-    for bits, per_block in ((6, 28), (8, 36)):
-        w = QuantizedWeight.from_gguf_rows(T.MXFP4, n, k, [(0, raw)], bits=bits)
-        assert w.nbytes == n * (k // 32) * per_block + 4 * n
+    """Per 32 weights of a row: in its own storage (a load's, on every path) the 16 bytes
+    of its codes and the E8M0 byte, GGUF's 17 (0.53 bytes per weight); as values, 24
+    bytes in 6 bits (u8: 32) and a 4-byte fp32 scale (0.875, 1.125); plus the int32 zero
+    point of each row: its own storage within 1.05x the file's bytes, 1.015x for rows of
+    512, 1.003x for gpt-oss-20b's expert rows of 2880."""
+    for n, k in ((48, 512), (32, 2880)):
+        raw = mxfp4_raw(n, k)
+        w = QuantizedWeight.from_gguf(raw, T.MXFP4, n, k)
+        assert w.segments[0].bits == 4 and w.segments[0].lut
+        assert w.nbytes == n * (k // 32) * 17 + 4 * n == raw.nbytes + 4 * n
+        assert w.nbytes <= 1.05 * raw.nbytes
+        if k == 512:
+            for bits, per_block in ((6, 28), (8, 36)):
+                w = QuantizedWeight.from_gguf_rows(T.MXFP4, n, k, [(0, raw)], bits=bits)
+                assert w.nbytes == n * (k // 32) * per_block + 4 * n

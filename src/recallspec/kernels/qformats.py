@@ -16,7 +16,7 @@ Q8_0      u8       32    d                   -                      128    fp16
 Q4_K      u4       32    d * sc              -(dmin * mn)           0      fp32
 Q5_K      u8       32    d * sc              -(dmin * mn)           0      fp32
 Q6_K      u8       16    d * sc              -                      32     fp32
-MXFP4     u8       32    2^(e - 128)         -                      12     fp32
+MXFP4     codes    32    2^(e - 128)         -                      12     fp32 (E8M0)
 ========  =======  ====  ==================  =====================  =====  ===========
 
 (Q8_0 stores q + 128.) d, dmin, m are the blocks' fp16 fields, kept as fp16 (exact).
@@ -26,7 +26,11 @@ to the integers ``MXFP4_KVALUES``, the scale halved to match). So u = kvalues[c]
 [0, 24] with z = 12 gives ``u - z = kvalues[c]`` exactly, and s is that power of two as
 an fp32 (fp16 cannot hold 2^-128..2^127; e = 0, 1 are the fp32 subnormals 2^-128,
 2^-127, and e = 255 is 2^127, not NaN, as ggml has it). The kvalues are not evenly
-spaced, so u needs 5 bits: u8 storage, or 6 bits (``BELOW_64``), not u4. A power of two
+spaced, so u needs 5 bits; MXFP4's own storage (``lut``) keeps the file's 4-bit codes in
+u4 storage, which the kernels read as u through a 16-entry table (``MXFP4_U``; code 8,
+-0, is stored as 0: both u = 12), and its E8M0 bytes (``SFMT_E8``): 17 bytes per 32
+weights of a row, the file's. In u8 or 6-bit storage (``with_bits``) it holds u itself
+with s as fp32: the same u, z and s, so the same products, bit for bit. A power of two
 times an integer of at most 4 bits is exact in fp32 down to 2^-149, so ``s * (u - z)`` is
 gguf's ``d * kvalue`` bit for bit (both the same inf where it leaves the fp32 range, e >= 254).
 For K-quants d * sc is a fp16 times a 6- or 8-bit integer, exact in fp32 (at most 19
@@ -42,9 +46,10 @@ of 16 (zero rows pad the last group), for each group and sub-block the 16 rows' 
 and chunk v+4 in the high nibbles; 6-bit storage (``with_bits``: the types whose u are
 below 64, Q5_*, Q6_K and MXFP4) keeps each pair of chunks (both halves of 8 rows: 4 vectors of
 32 bytes) in 3 vectors, three of them in bits 0-5 and the fourth spread over their bits
-6-7; scales and mins [G][k/sb][16] (fp16, MXFP4's fp32), or for K-quants tiles
-per (group, super-block of 256) of the 16 rows' fp16 d and then their int8 sc
-[256/sb][16] (bytes, ``SFMT_KS``); z [G*16] int32.
+6-7; MXFP4's codes in u4 storage in place of u; scales and mins [G][k/sb][16] (fp16,
+MXFP4's E8M0 bytes, or fp32 with its values), or for K-quants tiles per (group,
+super-block of 256) of the 16 rows' fp16 d and then their int8 sc [256/sb][16] (bytes,
+``SFMT_KS``); z [G*16] int32.
 """
 
 from __future__ import annotations
@@ -64,21 +69,24 @@ BLOCKS: dict[T, tuple[int, int]] = {
 
 
 # How a segment stores scales and mins (csrc/qgemm/qkernels.h's SFmt): fp32 or fp16 per
-# (row, sub-block), or K-quant tiles of fp16 d and int8 sc (uint8 arrays).
-SFMT_F32, SFMT_F16, SFMT_KS = 0, 1, 2
+# (row, sub-block), K-quant tiles of fp16 d and int8 sc (uint8 arrays), or MXFP4's E8M0
+# bytes per (row, sub-block), s = 2^(e - 128) (uint8 arrays, with its codes only).
+SFMT_F32, SFMT_F16, SFMT_KS, SFMT_E8 = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A GGUF type's row of the module docstring's table: sub-block, storage bits (4 or 8),
-    how the packed segment stores its scales (``SFMT_F16``, for K-quants ``SFMT_KS``,
-    for MXFP4 ``SFMT_F32``), whether it has mins, and its zero point (0: none)."""
+    """A GGUF type's row of the module docstring's table: sub-block, its own storage bits
+    (4 or 8), how the packed segment stores its scales (``SFMT_F16``, for K-quants
+    ``SFMT_KS``, for MXFP4 ``SFMT_E8``), whether it has mins, its zero point (0: none),
+    and whether its own storage holds MXFP4's codes (``lut``)."""
 
     sb: int
     bits: int
     sfmt: int
     mins: bool
     zero: int
+    lut: bool = False
 
 
 # The table, once: ``decode`` takes sb, storage and z from it, ``qrepack`` sizes the
@@ -90,16 +98,44 @@ LAYOUTS: dict[T, Layout] = {
     T.Q8_0: Layout(32, 8, SFMT_F16, False, 128),
     T.Q4_K: Layout(32, 4, SFMT_KS, True, 0), T.Q5_K: Layout(32, 8, SFMT_KS, True, 0),
     T.Q6_K: Layout(16, 8, SFMT_KS, False, 32),
-    T.MXFP4: Layout(32, 8, SFMT_F32, False, 12),
+    T.MXFP4: Layout(32, 4, SFMT_E8, False, 12, lut=True),
 }
 # The types whose u are all below 64: 6-bit storage holds them (``with_bits``).
 BELOW_64 = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K, T.MXFP4})
 
 # MXFP4's code table (ggml-common.h ``kvalues_mxfp4``: the e2m1 values doubled; bit 3 is
-# the sign, code 8 is -0 and so 0), and u = kvalue + 12 per code (the C++ repack's LUT).
+# the sign, code 8 is -0 and so 0), and u = kvalue + 12 per code (csrc/qgemm/qkernels.h's
+# kE2M1U, the kernels' table); the code packed for each u (the first: 12 is code 0).
 MXFP4_KVALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 MXFP4_ZERO = 12
-_MXFP4_U = np.array(MXFP4_KVALUES, dtype=np.int16) + MXFP4_ZERO
+MXFP4_U = (np.array(MXFP4_KVALUES, dtype=np.int16) + MXFP4_ZERO).astype(np.uint8)
+
+
+def _code_of_u() -> np.ndarray:
+    """u -> the lowest code with that u (255: none has it), uint8 [256]."""
+    out = np.full(256, 255, np.uint8)
+    for c in range(15, -1, -1):
+        out[MXFP4_U[c]] = c
+    return out
+
+
+_MXFP4_CODE = _code_of_u()
+
+
+def storages(qtype: T) -> tuple[int, ...]:
+    """The storage bits ``qtype`` can be packed in: its own, 6 for ``BELOW_64``, and for
+    MXFP4 also its values in u8 (``with_bits``)."""
+    own = LAYOUTS[qtype].bits
+    return (own, *((6,) if qtype in BELOW_64 else ()), *((8,) if qtype == T.MXFP4 else ()))
+
+
+def storage_format(qtype: T, bits: int) -> tuple[int, bool]:
+    """(scale format, lut) of ``qtype`` packed in ``bits`` (one of ``storages``): its own
+    storage's, or for MXFP4's values in u8 or 6 bits fp32 scales without the table."""
+    lay = LAYOUTS[qtype]
+    if lay.lut and bits != lay.bits:
+        return SFMT_F32, False
+    return lay.sfmt, lay.lut
 
 
 def e8m0_half(e: np.ndarray) -> np.ndarray:
@@ -109,6 +145,17 @@ def e8m0_half(e: np.ndarray) -> np.ndarray:
     e32 = np.asarray(e, dtype=np.uint8).astype(np.uint32)
     bits = np.where(e32 < 2, np.uint32(0x00200000) << e32, (e32 - np.uint32(1)) << np.uint32(23))
     return bits.astype(np.uint32).view(np.float32)
+
+
+def e8m0_byte(s: np.ndarray) -> np.ndarray:
+    """The inverse of ``e8m0_half``: float32 powers of two 2^-128..2^127 -> E8M0 bytes
+    (ValueError for any other value)."""
+    b = np.ascontiguousarray(s, dtype=np.float32).view(np.uint32)
+    e = np.where(b == 0x00200000, 0, np.where(b == 0x00400000, 1, (b >> 23) + 1))
+    e = np.clip(e, 0, 255).astype(np.uint8)
+    if not np.array_equal(e8m0_half(e).view(np.uint32), b):
+        raise ValueError("e8m0_byte: a scale is not a power of two 2^(e - 128)")
+    return e
 
 
 def storage_bytes(bits: int, sb: int) -> int:
@@ -136,7 +183,8 @@ class KScales:
 class Canon:
     """A weight in canonical form (see the module docstring). ``mins``/``zero`` are
     None when absent (m = 0 / z = 0 for every element). ``ks``: the factors of a
-    K-quant's fp32 scale and mins, which ``pack`` stores instead of their products."""
+    K-quant's fp32 scale and mins, which ``pack`` stores instead of their products;
+    ``lut``: MXFP4's codes and E8M0 bytes, which ``pack`` stores instead of u and s."""
 
     u: np.ndarray  # uint8 [n, k]
     scale: np.ndarray  # float16 or float32 [n, k // sb]
@@ -145,6 +193,8 @@ class Canon:
     sb: int
     bits: int  # storage: 4, 6 or 8
     ks: KScales | None = None
+    # MXFP4's own storage (bits 4): u packed as their codes (MXFP4_U), s as E8M0 bytes.
+    lut: bool = False
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -225,7 +275,7 @@ def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
         scale = _f16(b[..., 208:210]).astype(np.float32)[..., None] * sc.astype(np.float32)
         ks = KScales(_f16(b[..., 208:210]), sc.reshape(n, -1), None, None)
     elif qtype == T.MXFP4:  # e, then 16 bytes: byte j holds element j (low), j + 16 (high)
-        u = _MXFP4_U[_nibbles(b[..., 1:17])].astype(np.uint8)
+        u = MXFP4_U[_nibbles(b[..., 1:17])]
         scale = e8m0_half(b[..., 0])
     else:
         raise ValueError(f"no canonical form for GGUF type {qtype.name}")
@@ -239,26 +289,32 @@ def decode(raw: np.ndarray, qtype: T, n: int, k: int) -> Canon:
         sb=sb,
         bits=lay.bits,
         ks=ks,
+        lut=lay.lut,
     )
 
 
 def with_bits(c: Canon, bits: int) -> Canon:
-    """The same weight in ``bits`` storage: 6 for u8 storage whose every u is below 64
-    (its products and values are the same numbers), or its own storage."""
+    """The same weight in ``bits`` storage: 6 for u8 storage whose every u is below 64,
+    8 or 6 for MXFP4's codes (``lut``: u <= 24, s fp32), or its own storage (the
+    products and values are the same numbers)."""
     if bits == c.bits:
         return c
+    if c.lut and bits in (8, 6):
+        return replace(c, bits=bits, lut=False)
     if bits != 6 or c.bits != 8 or (c.u.size and int(c.u.max()) >= 64):
         raise ValueError(f"with_bits: {c.bits}-bit storage cannot become {bits}-bit")
     return replace(c, bits=6)
 
 
 def concat(parts: list[Canon]) -> Canon:
-    """Stack canonical forms of the same storage, sub-block and scale dtype along n.
+    """Stack canonical forms of the same storage (``lut`` too), sub-block and scale
+    dtype along n.
     Absent mins become -0.0 and absent zero points 0: ``x + (-0.0) == x`` for every x
     and the kernel's accumulator is never -0.0, so both change no result bit."""
     first = parts[0]
     for p in parts:
-        if (p.bits, p.sb, p.scale.dtype) != (first.bits, first.sb, first.scale.dtype):
+        if (p.bits, p.lut, p.sb, p.scale.dtype) != (first.bits, first.lut, first.sb,
+                                                    first.scale.dtype):
             raise ValueError("concat: parts differ in storage, sub-block or scale dtype")
     mins = None
     if any(p.mins is not None for p in parts):
@@ -282,7 +338,7 @@ def concat(parts: list[Canon]) -> Canon:
         ks = KScales(np.concatenate([q.d for q in kss]), np.concatenate([q.sc for q in kss]),
                      dm, mn)
     return Canon(np.concatenate([p.u for p in parts]), np.concatenate([p.scale for p in parts]),
-                 mins, zero, first.sb, first.bits, ks)
+                 mins, zero, first.sb, first.bits, ks, first.lut)
 
 
 def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
@@ -295,7 +351,12 @@ def pack(c: Canon) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarra
     """Canonical form -> (qs, scale, mins, zero) flat arrays in the kernel layout."""
     n, k = c.u.shape
     g, nsb = (n + 15) // 16, k // c.sb
-    u = _pad_rows(c.u, 16 * g).reshape(g, 16, nsb, c.sb // 4, 4).transpose(0, 2, 3, 1, 4)
+    vals = c.u
+    if c.lut:  # MXFP4's codes (padding rows: code 0, as the C++ repack leaves them)
+        vals = _MXFP4_CODE[c.u]
+        if (vals == 255).any():
+            raise ValueError("pack: an MXFP4 u that no code has")
+    u = _pad_rows(vals, 16 * g).reshape(g, 16, nsb, c.sb // 4, 4).transpose(0, 2, 3, 1, 4)
     if c.bits == 4:  # chunk v in the low nibble, chunk v+4 in the high one
         u = u[:, :, :4] | (u[:, :, 4:] << 4)
     elif c.bits == 6:  # [g, nsb, pair, e, half, 8 rows x 4]: (half, e) = (1, 1) spread
@@ -323,7 +384,7 @@ def pack(c: Canon) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarra
             assert c.ks.dm is not None and c.ks.mn is not None
             mins = tiles(c.ks.dm, c.ks.mn)
     else:
-        scale = per_group(c.scale)
+        scale = per_group(e8m0_byte(c.scale) if c.lut else c.scale)
         mins = None if c.mins is None else per_group(c.mins)
     return (
         np.ascontiguousarray(u).reshape(-1),
@@ -334,8 +395,9 @@ def pack(c: Canon) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarra
 
 
 def unpack(qs: np.ndarray, scale: np.ndarray, mins: np.ndarray | None,
-           zero: np.ndarray | None, n: int, k: int, sb: int, bits: int) -> Canon:
-    """The inverse of ``pack``."""
+           zero: np.ndarray | None, n: int, k: int, sb: int, bits: int,
+           lut: bool = False) -> Canon:
+    """The inverse of ``pack`` (``lut``: MXFP4's codes and E8M0 bytes)."""
     g, nsb = (n + 15) // 16, k // sb
     if bits == 6:
         a, b, c = np.moveaxis(qs.reshape(g, nsb, sb // 8, 3, 32), 3, 0)
@@ -349,6 +411,8 @@ def unpack(qs: np.ndarray, scale: np.ndarray, mins: np.ndarray | None,
         v = np.concatenate([v & 0x0F, v >> 4], axis=2)
 
     u = np.ascontiguousarray(v.transpose(0, 3, 1, 2, 4)).reshape(16 * g, k)[:n]
+    if lut:
+        u = MXFP4_U[u]
 
     def rows(s: np.ndarray) -> np.ndarray:
         per_row = np.ascontiguousarray(s.reshape(g, nsb, 16).transpose(0, 2, 1))
@@ -363,6 +427,8 @@ def unpack(qs: np.ndarray, scale: np.ndarray, mins: np.ndarray | None,
                 np.ascontiguousarray(f.transpose(0, 3, 1, 2)).reshape(16 * g, nsb)[:n])
 
     z = None if zero is None else zero[:n].copy()
+    if lut:
+        return Canon(u, e8m0_half(rows(scale)), None, z, sb, bits, lut=True)
     if scale.dtype != np.uint8:
         return Canon(u, rows(scale), None if mins is None else rows(mins), z, sb, bits)
     d, sc = factors(scale)

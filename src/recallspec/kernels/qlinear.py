@@ -10,10 +10,11 @@ result is bit-identical whatever the number of rows, the thread count, and the
 instruction-set path (AVX-512 VNNI, AVX-512, AVX2, scalar).
 
 A weight is one or more *segments* (consecutive row ranges), each homogeneous in
-storage (4, 6 or 8 bits), sub-block length and scale dtype. ``concat`` of parts that agree on
-those becomes one segment (e.g. Gemma's Q5_0 q/k with its Q8_0 v); parts that do not
-stay separate segments, computed by their own kernel call into their output columns,
-so every row keeps its own format's bits and bytes (no 4-bit part is widened).
+storage (4, 6 or 8 bits; MXFP4's codes), sub-block length and scale dtype. ``concat`` of
+parts that agree on those becomes one segment (e.g. Gemma's Q5_0 q/k with its Q8_0 v);
+parts that do not stay separate segments, computed by their own kernel call into their
+output columns, so every row keeps its own format's bits and bytes (no 4-bit part is
+widened).
 """
 
 from __future__ import annotations
@@ -50,23 +51,32 @@ class Segment:
     bits: int  # storage: 4, 6 or 8 (qformats)
     kinds: tuple[str, ...]
     qs: torch.Tensor  # uint8, flat
-    scale: torch.Tensor  # float16 or float32 [G * k/sb * 16], or uint8 K-quant tiles
+    # float16 or float32 [G * k/sb * 16], uint8 K-quant tiles, or (lut) uint8 E8M0 bytes
+    scale: torch.Tensor
     mins: torch.Tensor | None
     zero: torch.Tensor | None  # int32 [G * 16]
+    # MXFP4's own storage (bits 4): its codes, read as u through the kernels' table, with
+    # its E8M0 scale bytes (qformats.Canon.lut).
+    lut: bool = False
     # The C++ view of the tensors, built once (it holds references to them).
     handle: _kernels.QSeg = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.lut and (self.bits != 4 or self.scale.dtype != torch.uint8
+                         or self.mins is not None):
+            raise ValueError("Segment: MXFP4's codes (lut) take 4-bit storage and E8M0 scale "
+                             "bytes (uint8), no mins")
         mins = _EMPTY_U8 if self.mins is None else self.mins.view(torch.uint8)
         zero = _EMPTY_I32 if self.zero is None else self.zero
         handle = _kernels.QSeg(self.qs, self.scale.view(torch.uint8), mins, zero, self.n, self.k,
-                               self.sb, self.bits, self.sfmt)
+                               self.sb, self.bits, self.sfmt, self.lut)
         object.__setattr__(self, "handle", handle)
 
     @property
     def sfmt(self) -> int:
-        """How scale and mins are stored (``qformats.SFMT_*``), told by the scale's dtype."""
-        return _SFMT[self.scale.dtype]
+        """How scale and mins are stored (``qformats.SFMT_*``), told by the scale's dtype
+        (MXFP4's codes come with their E8M0 bytes)."""
+        return qf.SFMT_E8 if self.lut else _SFMT[self.scale.dtype]
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.qs, self.scale, self.mins, self.zero) if t is not None]
@@ -76,7 +86,7 @@ class Segment:
             return None if t is None else t.numpy()
 
         return qf.unpack(self.qs.numpy(), self.scale.numpy(), arr(self.mins), arr(self.zero),
-                         self.n, self.k, self.sb, self.bits)
+                         self.n, self.k, self.sb, self.bits, self.lut)
 
     @staticmethod
     def build(c: qf.Canon, n_off: int, kinds: tuple[str, ...]) -> Segment:
@@ -87,7 +97,7 @@ class Segment:
 
         n, k = c.u.shape
         return Segment(n_off, n, k, c.sb, c.bits, kinds, torch.from_numpy(qs),
-                       torch.from_numpy(scale), t(mins), t(zero))
+                       torch.from_numpy(scale), t(mins), t(zero), c.lut)
 
     @staticmethod
     def unstackable(run: Sequence[Segment]) -> str | None:
@@ -102,9 +112,9 @@ class Segment:
 
     @staticmethod
     def stack(run: Sequence[Segment], n_off: int, kinds: tuple[str, ...]) -> Segment:
-        """Segments of one storage, sub-block length and scale dtype as one, when every
-        one but the last fills its groups of 16 rows: then the packed arrays are the
-        parts' arrays one after the other, exactly ``qf.pack(qf.concat(canons))``, with
+        """Segments of one storage (``lut`` too), sub-block length and scale dtype as one,
+        when every one but the last fills its groups of 16 rows: then the packed arrays are
+        the parts' arrays one after the other, exactly ``qf.pack(qf.concat(canons))``, with
         ``qf.concat``'s fill for a part without mins (-0.0 on its real rows; padding rows
         keep pack's 0.0) or without zero points (0)."""
         first = run[0]
@@ -137,7 +147,7 @@ class Segment:
             n_off, sum(s.n for s in run), first.k, first.sb, first.bits, kinds,
             cat([s.qs for s in run]), cat([s.scale for s in run]),
             cat([mins(s) for s in run]) if has_mins else None,
-            cat([zero(s) for s in run]) if has_zero else None)
+            cat([zero(s) for s in run]) if has_zero else None, first.lut)
 
 
 def _adjacent(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
@@ -163,18 +173,15 @@ def _adjacent(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
 # of their own. Q5_0/Q5_1 (a K-quant file's fallback where a row length is no multiple of
 # 256, as SmolLM2-360M's 960) too: in Gemma's QKV their q/k then form a 6-bit segment
 # beside the Q8_0 v (QuantizedWeight.concat keeps segments of different storage apart).
-# MXFP4 (u = kvalue + 12 <= 24) is stored in 6 bits on every path, the VNNI ones too:
-# 0.875 bytes per weight (0.75 of values, 0.125 of fp32 scales) against 1.125 in u8, the
-# file's 0.53; in u8 a gpt-oss-20b's experts alone would be 21.5 GB, more than a 24 GiB
-# machine holds beside its OS. The products, and so the bits, are the same either way.
-_SIX_BIT = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K, T.MXFP4})
-_SIX_BIT_EVERYWHERE = frozenset({T.MXFP4})
+# MXFP4 keeps its own storage on every path (its 4-bit codes and E8M0 bytes, the file's
+# 17 bytes per 32 weights; every kernel reads the codes through its table).
+_SIX_BIT = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K})
 _READS_SIX_BITS = (0, 1)  # the C++ codes (kernel_common.h) of scalar and AVX2 without VNNI
 
 
 def default_bits(qtype: T) -> int:
     """The storage a load gives ``qtype`` on this path (``_SIX_BIT``), else its own."""
-    if qtype in _SIX_BIT_EVERYWHERE or (qtype in _SIX_BIT and _isa.code() in _READS_SIX_BITS):
+    if qtype in _SIX_BIT and _isa.code() in _READS_SIX_BITS:
         return 6
     return qf.LAYOUTS[qtype].bits
 
@@ -229,8 +236,9 @@ class QuantizedWeight:
                              f"{qf.BLOCKS[qtype][0]}")
         bits = default_bits(qtype) if bits is None else bits
         p = qrepack.repack(qtype, n, k, chunks, bits, into)
+        _, lut = qf.storage_format(qtype, bits)
         seg = Segment(0, n, k, qf.LAYOUTS[qtype].sb, bits, (qtype.name,), p.qs, p.scale,
-                      p.mins, p.zero)
+                      p.mins, p.zero, lut)
         return cls(n, k, qtype.name, (seg,))
 
     @classmethod
@@ -250,9 +258,9 @@ class QuantizedWeight:
 
     @staticmethod
     def concat(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
-        """Stack along n (fused QKV, gate-up). Consecutive segments with the same storage,
-        sub-block length and scale dtype merge into one; each row keeps its exact
-        values, and its products are bit-identical to those of its own part."""
+        """Stack along n (fused QKV, gate-up). Consecutive segments with the same storage
+        (``lut`` too), sub-block length and scale dtype merge into one; each row keeps its
+        exact values, and its products are bit-identical to those of its own part."""
         if not parts:
             raise ValueError("concat: no parts")
         k = parts[0].k
@@ -262,7 +270,8 @@ class QuantizedWeight:
         runs: list[list[Segment]] = [[segs[0]]]
         for s in segs[1:]:
             last = runs[-1][-1]
-            if (s.bits, s.sb, s.scale.dtype) == (last.bits, last.sb, last.scale.dtype):
+            if (s.bits, s.lut, s.sb, s.scale.dtype) == (last.bits, last.lut, last.sb,
+                                                        last.scale.dtype):
                 runs[-1].append(s)
             else:
                 runs.append([s])
@@ -272,7 +281,8 @@ class QuantizedWeight:
             kinds = tuple(dict.fromkeys(kd for s in run for kd in s.kinds))
             if len(run) == 1:
                 c = run[0]
-                seg = Segment(off, c.n, k, c.sb, c.bits, kinds, c.qs, c.scale, c.mins, c.zero)
+                seg = Segment(off, c.n, k, c.sb, c.bits, kinds, c.qs, c.scale, c.mins, c.zero,
+                              c.lut)
             elif Segment.unstackable(run) is None:
                 seg = Segment.stack(run, off, kinds)
             else:  # through the canonical form (e.g. rows move between groups of 16)
@@ -322,7 +332,7 @@ class QuantizedWeight:
         d = {f"{prefix}meta": torch.tensor([self.n, self.k, len(self.segments)])}
         for i, s in enumerate(self.segments):
             p = f"{prefix}{i}."
-            d[p + "meta"] = torch.tensor([s.n_off, s.n, s.sb, s.bits])
+            d[p + "meta"] = torch.tensor([s.n_off, s.n, s.sb, s.bits, int(s.lut)])
             d[p + "kinds"] = torch.tensor([int(T[kd]) for kd in s.kinds])
             d[p + "qs"], d[p + "scale"] = s.qs, s.scale
             if s.mins is not None:
@@ -337,11 +347,11 @@ class QuantizedWeight:
         segs = []
         for i in range(count):
             p = f"{prefix}{i}."
-            n_off, sn, sb, bits = (int(v) for v in tensors[p + "meta"].tolist())
+            n_off, sn, sb, bits, lut = (int(v) for v in tensors[p + "meta"].tolist())
             kinds = tuple(T(int(v)).name for v in tensors[p + "kinds"].tolist())
             segs.append(Segment(n_off, sn, k, sb, bits, kinds, tensors[p + "qs"],
                                 tensors[p + "scale"], tensors.get(p + "mins"),
-                                tensors.get(p + "zero")))
+                                tensors.get(p + "zero"), bool(lut)))
         kind = "+".join(dict.fromkeys(kd for s in segs for kd in s.kinds))
         return cls(n, k, kind, tuple(segs))
 

@@ -27,7 +27,7 @@ class Packed:
     """The flat arrays of one segment of n rows in the kernel layout (qkernels.h)."""
 
     qs: torch.Tensor  # uint8
-    scale: torch.Tensor  # float16, float32 (MXFP4), or uint8 K-quant tiles
+    scale: torch.Tensor  # float16, float32 (MXFP4's values), uint8 (K-quant tiles, E8M0)
     mins: torch.Tensor | None
     zero: torch.Tensor | None  # int32
 
@@ -58,10 +58,13 @@ def allocate(qtype: T, n: int, k: int, bits: int) -> Packed:
     pads rows with)."""
     lay = qf.LAYOUTS[qtype]
     g, nsb = (n + 15) // 16, k // lay.sb
-    if lay.sfmt == qf.SFMT_KS:
+    sfmt, _ = qf.storage_format(qtype, bits)
+    if sfmt == qf.SFMT_KS:
         sdt, count = torch.uint8, g * (k // 256) * qf.ks_tile_bytes(lay.sb)
-    else:  # one scale per (row, sub-block); the dtype tells Segment.sfmt which format
-        sdt, count = (torch.float32 if lay.sfmt == qf.SFMT_F32 else torch.float16), g * nsb * 16
+    else:  # one scale per (row, sub-block) (Segment.sfmt: the dtype, or E8M0 with lut)
+        sdt = {qf.SFMT_F32: torch.float32, qf.SFMT_F16: torch.float16,
+               qf.SFMT_E8: torch.uint8}[sfmt]
+        count = g * nsb * 16
     return Packed(
         qs=zeros(g * nsb * qf.storage_bytes(bits, lay.sb), torch.uint8),
         scale=zeros(count, sdt),
@@ -97,7 +100,7 @@ def repack(qtype: T, n: int, k: int, chunks: Iterable[tuple[int, np.ndarray]],
     if qtype not in qf.LAYOUTS:
         raise ValueError(f"no kernel layout for GGUF type {qtype.name}")
     bits = qf.LAYOUTS[qtype].bits if bits is None else bits
-    if bits != qf.LAYOUTS[qtype].bits and not (bits == 6 and qtype in qf.BELOW_64):
+    if bits not in qf.storages(qtype):
         raise ValueError(f"{qtype.name} cannot be stored in {bits} bits")
     out, total, first = (allocate(qtype, n, k, bits), n, 0) if into is None else into
     if first % 16 or not 0 <= first <= total - n:

@@ -47,7 +47,8 @@ QUANTIZED_WEIGHTS = "recallspec-quantized.safetensors"
 # float (llama.cpp computes it so; rounding it to 8 bits would move which experts a row
 # chooses), the model's product is the dense fp32 kernel.
 ROUTER_SUFFIX = (".mlp.gate.weight", ".mlp.router.weight")  # Qwen3-MoE, gpt-oss
-QUANT_FORMAT = 3  # bump when QuantizedWeight's state_dict layout changes (3: storage bits)
+# bump when QuantizedWeight's state_dict layout changes (3: storage bits; 4: MXFP4's codes)
+QUANT_FORMAT = 4
 # Float matrices (no block format of their own) are quantized to this at load.
 FLOAT_MATRIX_KIND = "Q8_0"
 # Bytes of a quantized tensor read (and held) at a time while repacking: bounds the
