@@ -5,6 +5,7 @@ it is removed; bad corpora are refused with clear errors."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,6 @@ from recallspec.recall.automata import StaticIndex
 from recallspec.recall.live_corpora import CorpusInfo, is_within
 
 NEW_TOKENS = 32
-SUBMIT_BOUND_S = 0.05  # adding a corpus returns at once: the work is in the background
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +50,7 @@ def corpus_drafts(eng: Engine) -> int:
 def test_documents_ready_then_drafted_from_then_removed(real: Any) -> None:
     eng, prompts, ar = real
     answer = eng.tokenizer.decode(ar[0].token_ids)
-    t0 = time.perf_counter()
     info = eng.corpora.add_documents("answers", [answer, "Unrelated text about tea."])
-    assert time.perf_counter() - t0 < SUBMIT_BOUND_S
     assert isinstance(info, CorpusInfo) and info.kind == "documents"
     assert info.status in ("loading", "ready") and info.error is None
     ready = eng.corpora.wait(info.id, 30)
@@ -101,6 +99,33 @@ def bigram_engine(tokenizer: Any = None) -> Engine:
 
     table = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
     return Engine(BigramModel(table), tokenizer or _FP(), EngineConfig(mode="fixed"))
+
+
+class _Gated(_FP):
+    """Encodes only once ``go`` is set: a corpus's background load waits on the test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def encode(self, text: str) -> list[int]:
+        assert self.go.wait(60), "the test never let the load go on"
+        return super().encode(text)
+
+
+def test_adding_returns_before_the_load() -> None:
+    """Adding a corpus returns while its tokenizing and building are still to come (they
+    run in the background), "loading"; it becomes ready once they can run."""
+    tok = _Gated()
+    eng = bigram_engine(tok)
+    info = eng.corpora.add_documents("c", ["some text", "more text"])
+    assert info.status == "loading" and eng.corpora.get(info.id).status == "loading"
+    assert eng.corpora.view() == ()
+    tok.go.set()
+    ready = eng.corpora.wait(info.id, 30)
+    assert ready.status == "ready" and ready.tokens == len(b"some text" b"more text")
+    assert len(eng.corpora.view()) == 1
+    eng.close()
 
 
 def test_unknown_ids_and_empty_corpora_are_refused() -> None:
@@ -158,9 +183,7 @@ def test_decoding_goes_on_while_a_corpus_loads_and_removal_abandons_it() -> None
     while it loads abandons it (it never becomes visible)."""
     eng = bigram_engine()
     texts = [f"document {i}: " + "lorem ipsum dolor sit amet " * 20 for i in range(4000)]
-    t0 = time.perf_counter()
     info = eng.corpora.add_documents("big", texts)
-    assert time.perf_counter() - t0 < SUBMIT_BOUND_S
     eng.add_request(list(b"hello"), SamplingParams(max_new_tokens=200, ignore_eos=True),
                     drafter="sam")
     steps_while_loading = 0
