@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from helpers.step_seq import Seq
 
 from recallspec.cost.curve import CostCurve
 from recallspec.cost.experts import ExpertShape, RoutingEstimate
 from recallspec.decoding.tree import DraftTree
 from recallspec.drafters import Drafter
-from recallspec.params import Sizing
 from recallspec.step.planner import DraftPlanner
-from recallspec.step.sequence import DraftState
 
 # 8 layers of 64 experts, 4 a row; one expert of one layer is 8% of a one-row forward:
 # each extra expert a layer costs 0.64 s beside a 1 s forward whose rows cost 20 ms. (A
@@ -43,17 +42,6 @@ class Chain(Drafter):
     def stop(self, rid: int) -> None: ...
 
 
-@dataclass
-class Seq:
-    drafter: Drafter
-    rid: int = 0
-    sizing: Sizing = "adaptive"
-    draft: DraftState = field(default_factory=DraftState)
-    depth_limit: int = 100
-    cached_length: int = 200
-    constraint: None = None
-
-
 def _curve(counted: bool = True) -> CostCurve:
     return CostCurve(KS, tuple(1.0 + 0.02 * (k - 1) for k in KS), 0.05, "t",
                      experts=COUNTS if counted else None)
@@ -65,7 +53,7 @@ def _run(planner: DraftPlanner, woken: Callable[[int], float] | None, steps: int
     parent, the forward of its rows waking ``woken(rows)`` experts a layer (None: no
     counts fed)."""
     rng = random.Random(seed)
-    seq = Seq(Chain())
+    seq = Seq(Chain(), cached_length=200)
     sizes = []
     for _ in range(steps):
         trees, failed = planner.plan([seq], [ROOM])

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from helpers.step_seq import Seq
 
 from recallspec.cost.curve import CostCurve
 from recallspec.decoding.tree import DraftTree
 from recallspec.drafters import Drafter
-from recallspec.params import Sizing
 from recallspec.step.planner import PROBE_EVERY, DraftPlanner
-from recallspec.step.sequence import DraftState
 
 
 class Slow(Drafter):
@@ -34,16 +33,6 @@ class Slow(Drafter):
     def observe(self, *a: Any) -> None: ...
 
     def stop(self, rid: int) -> None: ...
-
-
-@dataclass
-class Seq:
-    drafter: Drafter
-    rid: int = 0
-    sizing: Sizing = "adaptive"
-    draft: DraftState = field(default_factory=DraftState)
-    depth_limit: int = 100
-    cached_length: int = 50
 
 
 def _run(seconds: float, steps: int, accepted: bool = False) -> tuple[int, int]:

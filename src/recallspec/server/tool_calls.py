@@ -684,24 +684,23 @@ class _ScannerBase:
         return out
 
     def _emit_content(self, text: str) -> None:
-        if not text:
-            return
-        self._content.append(text)
-        last = self._out[-1] if self._out else None
-        if isinstance(last, ContentDelta):
-            self._out[-1] = ContentDelta(last.text + text)
-        else:
-            self._out.append(ContentDelta(text))
+        self._emit_text(text, self._content, ContentDelta)
 
     def _emit_reasoning(self, text: str) -> None:
+        self._emit_text(text, self._reasoning, ReasoningDelta)
+
+    def _emit_text(self, text: str, parts: list[str],
+                   delta: type[ContentDelta] | type[ReasoningDelta]) -> None:
+        """``text`` kept in ``parts`` and sent as a ``delta``, joined to the last one
+        when that is of the same kind."""
         if not text:
             return
-        self._reasoning.append(text)
+        parts.append(text)
         last = self._out[-1] if self._out else None
-        if isinstance(last, ReasoningDelta):
-            self._out[-1] = ReasoningDelta(last.text + text)
+        if isinstance(last, delta):
+            self._out[-1] = delta(last.text + text)
         else:
-            self._out.append(ReasoningDelta(text))
+            self._out.append(delta(text))
 
     def _emit_header(self, call: _Call) -> None:
         call.index = len(self._calls)
