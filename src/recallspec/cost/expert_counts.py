@@ -16,6 +16,15 @@ from typing import Any
 from recallspec.cost.experts import ExpertShape
 
 
+def expert_bytes(model: Any) -> int:
+    """Resident bytes of a mixture of experts' experts: every layer's expert matrices and
+    (gpt-oss) their biases, the parts of which a token reads experts_per_token of
+    num_experts (every expert of a layer is the same size)."""
+    return sum(int(w.nbytes) for layer in model.layers
+               for w in (*layer.expert_gate_up, *layer.expert_down,
+                         *layer.expert_gate_up_b, *layer.expert_down_b))
+
+
 def expert_shape(model: Any) -> ExpertShape | None:
     """The pricing shape of a mixture of experts run by the native forward (None: a
     dense model, or one without the native forward, which counts no experts).
@@ -27,9 +36,7 @@ def expert_shape(model: Any) -> ExpertShape | None:
     if not getattr(c, "moe", False) or getattr(model, "native", None) is None:
         return None
     e, k, layers = int(c.num_experts), int(c.experts_per_token), list(model.layers)
-    experts = sum(int(w.nbytes) for layer in layers
-                  for w in (*layer.expert_gate_up, *layer.expert_down,
-                            *layer.expert_gate_up_b, *layer.expert_down_b))
+    experts = expert_bytes(model)
     embed = model.embed_w
     read = int(model.weight_bytes()) - (0 if embed is model.lm_head_w else int(embed.nbytes))
     read -= experts - experts * k // e

@@ -18,6 +18,7 @@ import torch
 
 from recallspec.bench.common.prompting import conversation_ids
 from recallspec.cost.calibration import median_time
+from recallspec.cost.expert_counts import expert_bytes
 from recallspec.decoding.sampling import SamplingParams
 from recallspec.errors import DataError
 
@@ -101,11 +102,7 @@ def quantized_bytes_per_token(model: Any) -> dict[str, int]:
     experts = read = 0
     c = model.config
     if c.moe:
-        # A token reads its experts' biases (gpt-oss) with their matrices, not all of them.
-        experts = sum(w.nbytes for layer in model.layers
-                      for w in (*layer.expert_gate_up, *layer.expert_down))
-        experts += sum(b.numel() * b.element_size() for layer in model.layers
-                       for b in (*layer.expert_gate_up_b, *layer.expert_down_b))
+        experts = expert_bytes(model)
         read = experts * c.experts_per_token // c.num_experts
         other += read - experts
     out = {"total": other + head.nbytes + row, "lm_head": int(head.nbytes), "other": other,
