@@ -262,6 +262,12 @@ nb::dict profile(NativeModel& m, bool reset) {
   return d;
 }
 
+// The last forward call's own (expert_runs, expert_rows) (NativeModel::last_experts).
+nb::tuple last_experts(NativeModel& m) {
+  const auto [runs, rows] = m.last_experts();
+  return nb::make_tuple(runs, rows);
+}
+
 }  // namespace
 
 }  // namespace nf
@@ -304,6 +310,7 @@ void register_native(nb::module_& m) {
            nb::arg("gate_up_b").none() = nb::none(), nb::arg("down_b").none() = nb::none())
       .def("set_profiling", &NativeModel::set_profiling, nb::arg("on"))
       .def("profile", &nf::profile, nb::arg("reset") = false)
+      .def("last_experts", &nf::last_experts)
       .def("forward", &nf::forward_py, nb::arg("ids"), nb::arg("positions"), nb::arg("parents"),
            nb::arg("t"), nb::arg("logits_rows"), nb::arg("r"), nb::arg("query_start"),
            nb::arg("slots"), nb::arg("cache_lens"), nb::arg("valid"), nb::arg("k"), nb::arg("v"),

@@ -187,11 +187,11 @@ void NativeModel::experts(const Layer& l, const float* x, int64_t T, float* out)
     std::vector<int64_t> at(member_count_.begin(), member_count_.end() - 1);
     for (int64_t i = 0; i < T * K; ++i) members_[size_t(at[size_t(chosen_[size_t(i)])]++)] = i;
   }
-  if (profiling_) expert_rows_ += T;
+  last_expert_rows_ += T;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t first = member_count_[size_t(e)], n = member_count_[size_t(e + 1)] - first;
     if (n == 0) continue;
-    if (profiling_) ++expert_runs_;
+    ++last_expert_runs_;
     const int64_t* mem = members_.data() + first;
     xe_.resize(size_t(n * hid));
     gue_.resize(size_t(n * 2 * I));
@@ -226,6 +226,11 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
   const int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim, hid = cfg_.hidden;
   const int64_t I = cfg_.inter, nq = H * D, nkv = Hkv * D, nqkv = nq + 2 * nkv, group = H / Hkv;
   const float eps = cfg_.eps;
+  nanobind::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(mu_);
+  // The last call's own counts start here, before any check may refuse it: a refused
+  // call leaves none of an earlier call's behind.
+  last_expert_runs_ = last_expert_rows_ = 0;
   if (n_layers < 0 || n_layers > cfg_.layers) throw std::invalid_argument("forward: num_layers out of range");
   if (embed_.empty() || head_.empty()) throw std::logic_error("forward: weights not set");
   std::vector<int32_t> windows, ropes;
@@ -239,8 +244,6 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
   if (c.layers < n_layers || c.kv_heads != Hkv || c.head_dim != D)
     throw std::invalid_argument("forward: the KV cache does not match the model");
   rs::require_isa(isa);
-  nanobind::gil_scoped_release release;
-  std::lock_guard<std::mutex> lock(mu_);
   ns_clock::time_point t0 = ns_clock::now();
   const ns_clock::time_point start = t0;
   plan_.build(a, c, r, windows, ropes, cfg_.vocab);  // validates every index used below
@@ -437,10 +440,10 @@ void NativeModel::forward(const BatchArgs& a, const CacheArgs& c, const RopeArgs
     }
     tick(kGemm, t0);
   }
-  if (profiling_) {
-    counters_[kTotal] += (ns_clock::now() - start).count();
-    ++calls_;
-  }
+  if (profiling_) counters_[kTotal] += (ns_clock::now() - start).count();
+  ++calls_;
+  expert_runs_ += last_expert_runs_;
+  expert_rows_ += last_expert_rows_;
 }
 
 }  // namespace nf

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -155,14 +156,22 @@ class NativeModel {
                    nanobind::object gate_up_b, nanobind::object down_b);
 
   // Seconds per counter since the last reset (a clock read between the parts of a
-  // forward while profiling is on), and the number of calls.
+  // forward while profiling is on), and the number of calls (counted whether or not
+  // profiling is on, as the work below).
   void set_profiling(bool on) { profiling_ = on; }
   std::vector<double> seconds(bool reset, int64_t* calls);
-  // While profiling, a mixture of experts' work since the last reset of seconds():
-  // (layer, expert) products run (each expert once per layer and forward for all the
-  // rows that chose it) and (layer, row) routings.
+  // A mixture of experts' work, counted by every forward (integer increments, no clock:
+  // profiling need not be on): (layer, expert) products run (each expert once per layer
+  // and forward for all the rows that chose it) and (layer, row) routings. expert_*():
+  // since the last reset of seconds(); last_experts(): (runs, rows) of the last forward
+  // call alone (zeroed as each call starts, so a call refused before its layers ran
+  // counts none; read under the calls' lock, after that call returned).
   int64_t expert_runs() const { return expert_runs_; }
   int64_t expert_rows() const { return expert_rows_; }
+  std::pair<int64_t, int64_t> last_experts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {last_expert_runs_, last_expert_rows_};
+  }
 
  private:
   Matrix matrix(nanobind::object w, int64_t n, int64_t k);
@@ -210,6 +219,7 @@ class NativeModel {
   int64_t quant_in_gemm_ = 0;  // quantization time inside the interval the next tick closes
   int64_t calls_ = 0;
   int64_t expert_runs_ = 0, expert_rows_ = 0;
+  int64_t last_expert_runs_ = 0, last_expert_rows_ = 0;
 };
 
 }  // namespace nf

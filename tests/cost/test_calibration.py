@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 from helpers import needs_model
 from helpers.calibration import LARGE, MID, SMALL, Cost, TimedBigram, fake_clock
+from helpers.routed import RoutedTimedBigram, woken
 
 from recallspec.cost import calibration as cc
 from recallspec.cost.cache import grid_agrees
+from recallspec.cost.curve import REFERENCE_CONTEXT
 from recallspec.cost.plan import (
     CALIBRATION_BUDGET_S,
+    COUNTED_ROWS,
     DEFAULT_SIZES,
     GRID_CONTEXTS,
     GRID_SIZES,
@@ -123,6 +126,40 @@ def test_calibration_measures_the_planned_points_in_the_estimated_time(
         assert "thinned" in said[0] and any("% measured" in s for s in said[1:])
     else:
         assert "thinned" not in said[0]
+
+
+def test_a_mixtures_calibration_counts_its_experts_in_the_estimated_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mixture of experts' measurement also counts the experts its reference chains
+    wake (one untimed forward a size up to COUNTED_ROWS, after a context of its own):
+    the plan's estimate prices those forwards too, and is what measuring takes; each
+    count is the distinct experts the chain's tokens chose (the fake routes by token)."""
+    clock = fake_clock(monkeypatch)
+    model = RoutedTimedBigram(SMALL, clock)
+    said: list[str] = []
+    curve = cc.calibrate(model, 1, key="k", say=said.append, busy=lambda: False)
+    probe = SMALL.probe()
+    plan = plan_calibration(probe, experts=True)
+    assert plan == plan_calibration(probe)  # (a small model's full plan either way)
+    with_counts = plan_seconds(plan, probe, experts=True)
+    assert with_counts > plan_seconds(plan, probe)
+    assert f"about {np.ceil(with_counts):.0f} s" in said[0]
+    prices, tile = cc.probe(model, 1)
+    before = clock[0]
+    again = cc.measure(model, 1, plan, tile=tile)
+    assert clock[0] - before == pytest.approx(plan_seconds(plan, prices, experts=True),
+                                              rel=0.01)
+    counted = [k for k in plan.sizes if k <= COUNTED_ROWS]
+    ids = cc._random_ids(model, REFERENCE_CONTEXT + max(plan.sizes))  # (the chains' tokens)
+    want = tuple((k, float(woken(ids[REFERENCE_CONTEXT : REFERENCE_CONTEXT + k])))
+                 for k in counted)
+    assert curve.experts == again.experts == want
+    # Several chains a size: their mean (chain s of k rows after the first s k).
+    ids = cc._random_ids(model, 64 + 8 * 3)
+    assert cc.expert_counts(model, 1, (1, 8), cached=64, samples=3) == tuple(
+        (k, sum(woken(ids[64 + s * k : 64 + (s + 1) * k]) for s in range(3)) / 3)
+        for k in (1, 8))
 
 
 def test_a_thinned_curve_prices_like_the_full_one_and_sizes_drafts(

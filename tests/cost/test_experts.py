@@ -166,25 +166,20 @@ def test_a_curves_expert_counts_round_trip() -> None:
 
 
 class FakeNative:
-    """The native forward's counters: each ``forward`` of T rows routes T rows in every
-    layer and runs ``woken`` experts a layer (while profiling)."""
+    """The native forward's counters: each ``forward`` of T rows routes T rows in each
+    layer it runs and runs ``woken`` experts a layer, its own counts kept as the last
+    call's (with profiling off: the forward counts them always)."""
 
     def __init__(self, layers: int) -> None:
-        self.layers, self.profiling = layers, False
-        self.counts = {"expert_runs": 0, "expert_rows": 0, "calls": 0}
+        self.layers = layers
+        self.last = (0, 0)
 
-    def set_profiling(self, on: bool) -> None:
-        self.profiling = on
-
-    def profile(self, reset: bool = False) -> dict[str, float]:
-        return dict(self.counts)
+    def last_experts(self) -> tuple[int, int]:
+        return self.last
 
     def forward(self, rows: int, woken: int, layers: int | None = None) -> None:
-        if self.profiling:
-            n = self.layers if layers is None else layers
-            self.counts["expert_runs"] += woken * n
-            self.counts["expert_rows"] += rows * n
-            self.counts["calls"] += 1
+        n = self.layers if layers is None else layers
+        self.last = (woken * n, rows * n)
 
 
 def _fake_model(moe: bool = True, native: bool = True, tied: bool = False) -> Any:
@@ -214,26 +209,19 @@ def test_the_shape_is_read_from_the_models_weights() -> None:
     assert WokenExperts.of(_fake_model(moe=False)) is None
 
 
-def test_the_counter_reads_one_forward() -> None:
+def test_the_counter_reads_the_last_forward() -> None:
     model = _fake_model()
     native = model.native
     counter = WokenExperts.of(model)
     assert counter is not None
-    counter.begin()
-    assert native.profiling
+    assert counter.last(3) is None  # no forward yet
     native.forward(3, 5)
-    assert counter.end(3) == 5.0
-    counter.begin()
-    native.forward(1, 2, layers=1)  # a drafter's own forward (its first layer) ran too
+    assert counter.last(3) == 5.0
+    assert counter.last(3) == 5.0  # (a reading changes nothing)
     native.forward(3, 5)
-    assert counter.end(3) is None
-    counter.begin()
+    native.forward(3, 2, layers=1)  # a self-draft's forward (its first layer) ran last
+    assert counter.last(3) is None
     native.forward(4, 6)
-    assert counter.end(3) is None  # not the forward of these rows
-    assert counter.end(4) is None  # (one reading per begin)
-    native.set_profiling(False)  # another owner turned profiling off
-    counter.begin()  # on again
-    native.forward(2, 3)
-    assert counter.end(2) == 3.0
-    counter.stop()
-    assert not native.profiling
+    assert counter.last(3) is None  # not the forward of these rows
+    assert counter.last(4) == 6.0
+    assert counter.last(0) is None

@@ -14,6 +14,8 @@ layer, YaRN, top-4 of 8 experts renormalised, an untied head).
   CPU has (the portable one on a short case), a float16 KV cache too; a row's logits the
   same alone as inside a bigger draft tree in batches of 3 and 8 sequences, one token
   at a time as in a verification chain;
+* each forward's own count of its experts (profiling off): the distinct experts its
+  rows chose, as the reference's router chose them;
 * a checkpoint without a tensor its config promises is refused, naming it; so is an
   ill-shaped one at the native forward's boundary, and an activation it lacks.
 """
@@ -218,6 +220,50 @@ def test_clamps_act(monkeypatch: pytest.MonkeyPatch) -> None:
     assert 0.01 * n < int((gate > limit).sum()) < 0.5 * n
     assert 0.01 * n < int((up > limit).sum()) and 0.01 * n < int((up < -limit).sum())
     assert int((up.abs() < limit).sum()) > 0.3 * n
+
+
+def test_each_forward_counts_the_experts_its_rows_chose(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With profiling off, each native forward keeps its own counts (``last_experts``):
+    its (layer, row) routings and, summed over its layers, the distinct experts its rows
+    chose, as the reference's router chooses them on the same rows (the dense oracle:
+    the same routing), through the parity steps (prompt chunks, trees, ragged batches);
+    a forward of the first layer alone (a self-draft's) counts that layer's.
+    ``profile``'s totals are their sums, its seconds untouched (no clock read)."""
+    model = _dense()
+    nm, layers = model.native, model.config.num_layers
+    assert nm is not None
+    nm.set_profiling(False)
+    nm.profile(reset=True)
+    chosen: list[torch.Tensor] = []  # each layer's [rows, experts_per_token] choices
+    top = transformer._top_experts
+
+    def recording(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        values, experts = top(logits, k)
+        chosen.append(experts)
+        return values, experts
+
+    monkeypatch.setattr(transformer, "_top_experts", recording)
+    cache = model.new_cache(3, MAX_LEN)
+    steps = list(_steps(_ids()))
+    runs_sum = rows_sum = 0
+    for step in steps:
+        meta = build_batch(step)
+        for n in (1, layers):  # (each forward rewrites the step's rows; the prefix is shared)
+            model.forward(meta, cache, num_layers=n)
+            runs, rows = nm.last_experts()
+            chosen.clear()
+            model.forward_reference(meta, cache, num_layers=n)
+            assert len(chosen) == n
+            want = sum(len(set(e.reshape(-1).tolist())) for e in chosen)
+            assert (runs, rows) == (want, meta.num_tokens * n)
+            runs_sum, rows_sum = runs_sum + runs, rows_sum + rows
+    p = nm.profile(reset=True)
+    assert (p["calls"], p["expert_runs"], p["expert_rows"]) == (2 * len(steps), runs_sum,
+                                                                rows_sum)
+    assert p["total"] == 0.0
+    # Rows shared experts: the count is not each row's experts_per_token summed.
+    assert 0 < runs_sum < model.config.experts_per_token * rows_sum
 
 
 def test_quantized_parity() -> None:

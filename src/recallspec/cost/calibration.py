@@ -31,6 +31,7 @@ from recallspec.cost.curve import REFERENCE_CONTEXT, CostCurve, CostGrid
 from recallspec.cost.expert_counts import WokenExperts
 from recallspec.cost.plan import (
     CALIBRATION_BUDGET_S,
+    COUNTED_ROWS,
     DEFAULT_SIZES,
     FEED_CHUNK,
     PER_SEQ,
@@ -49,10 +50,6 @@ from recallspec.kernels.threads import decode_threads
 from recallspec.runtime.batch import SequenceInput, build_batch
 
 PROGRESS_EVERY_S = 5.0  # seconds between progress lines of a long measurement
-# A mixture of experts' woken experts are counted at the reference sizes up to this many
-# rows (draft-sized forwards and small batches of them; larger ones are priced at the
-# share of uniform routing the largest counted one woke: ``cost/experts.py``).
-COUNTED_ROWS = 64
 # A tiled context (``fill_context``): the keys and values of some real rows, repeated.
 Tile = tuple[torch.Tensor, torch.Tensor]  # k, v: [layers, kv_heads, rows, head_dim]
 # Called between forwards, outside the timings: progress lines, and a background
@@ -306,8 +303,9 @@ def calibrate(
     if on_probe is not None:
         on_probe(prices)
     full = full_plan(tuple(sizes), repeats, contexts)
-    plan = plan_calibration(prices, budget_s, full)
-    expected = plan_seconds(plan, prices)
+    experts = WokenExperts.of(model) is not None  # (``measure`` counts them too)
+    plan = plan_calibration(prices, budget_s, full, experts=experts)
+    expected = plan_seconds(plan, prices, experts=experts)
     if say:
         thinned = "" if plan == full else f"; thinned to a {budget_s:.0f} s budget"
         say(f"measuring the verification cost curve of this model on this machine (once, "
@@ -370,35 +368,43 @@ def measure(model: Any, threads: int, plan: CalibrationPlan, *, key: str = "",
 def expert_counts(
     model: Any, threads: int, sizes: Sequence[int], *, cached: int = REFERENCE_CONTEXT,
     tile: Tile | None = None, tick: Tick | None = None, up_to: int = COUNTED_ROWS,
+    samples: int = 1,
 ) -> tuple[tuple[int, float], ...] | None:
-    """(k, distinct experts per layer) that one forward of the chain of k rows
-    ``forward_times`` timed for ``sizes`` after ``cached`` tokens woke (the same random
-    tokens: seed 0, as many drawn, the same context), for each k of ``sizes`` up to
-    ``up_to``, untimed; None: not a mixture of experts with the native forward's
-    counters, or a count did not come back whole."""
+    """(k, distinct experts per layer) that one forward of a chain of k rows after
+    ``cached`` tokens woke, the mean over ``samples`` chains, for each k of ``sizes`` up
+    to ``up_to``, untimed. The chains are of the same random tokens (seed 0, ``cached``
+    + max(sizes) x ``samples`` drawn, the first ``cached`` the context): the s-th of k
+    rows is tokens cached + s k to cached + (s + 1) k, so with one sample it is the chain
+    ``forward_times`` timed for ``sizes`` (as many drawn, the same context). None: not a
+    mixture of experts with the native forward's counters, or a count did not come back
+    whole."""
+    if samples < 1:
+        raise ValueError("expert_counts needs samples >= 1")
     counter = WokenExperts.of(model)
-    counted = sorted(k for k in sizes if k <= up_to)
+    counted = sorted(k for k in set(sizes) if k <= up_to)
     if counter is None or not counted:
         return None
-    cache = model.new_cache(1, cached + max(sizes) + 1)
+    extra = max(sizes) * samples
+    cache = model.new_cache(1, cached + extra + 1)
     slot = cache.allocate()
     out: list[tuple[int, float]] = []
     try:
-        ids = fill_context(model, cache, slot, cached, max(sizes), tile, tick)
+        ids = fill_context(model, cache, slot, cached, extra, tile, tick)
         with torch.inference_mode():
             for k in counted:
-                run = _timed(model, cache, build_batch(
-                    [SequenceInput(slot, cached, ids[cached : cached + k])]), threads)
-                counter.begin()
-                run()
-                woken = counter.end(k)
-                if woken is None:
-                    return None
-                out.append((k, woken))
-                if tick is not None:
-                    tick()
+                woken = 0.0
+                for s in range(samples):
+                    chain = ids[cached + s * k : cached + (s + 1) * k]
+                    _timed(model, cache, build_batch([SequenceInput(slot, cached, chain)]),
+                           threads)()
+                    n = counter.last(k)
+                    if n is None:
+                        return None
+                    woken += n
+                    if tick is not None:
+                        tick()
+                out.append((k, woken / samples))
     finally:
-        counter.stop()
         cache.release(slot)
     return tuple(out)
 

@@ -2,11 +2,11 @@
 (``cost/experts.py: ExpertShape``, read from the model's weights) and the distinct
 experts a forward woke (read from the forward's counters).
 
-The native forward counts ``expert_runs`` ((layer, expert) products run: each expert
-that any row chose, once per layer and forward), ``expert_rows`` ((layer, row)
-routings) and ``calls`` (forwards) while its profiling is on (``NativeModel.profile``;
-profiling adds a clock read between a forward's parts and changes no value). So
-expert_runs / layers over one forward is the distinct experts it woke per layer.
+The native forward counts, in every forward and whether or not its profiling is on
+(integer increments, no clock), ``expert_runs`` ((layer, expert) products run: each
+expert that any row chose, once per layer and forward) and ``expert_rows`` ((layer,
+row) routings), and keeps the last call's own (``NativeModel.last_experts``). So
+expert_runs / layers of one forward is the distinct experts it woke per layer.
 """
 
 from __future__ import annotations
@@ -45,45 +45,24 @@ def expert_shape(model: Any) -> ExpertShape | None:
 
 
 class WokenExperts:
-    """The distinct experts per layer one native forward woke: its counters read
-    before (``begin``) and after (``end``) it."""
+    """The distinct experts per layer the native forward's last call woke."""
 
     def __init__(self, native: Any, layers: int) -> None:
         self._native, self._layers = native, layers
-        self._at: tuple[int, int, int] | None = None
 
     @staticmethod
     def of(model: Any) -> WokenExperts | None:
         """The counter of a mixture of experts' native forward (None: not one)."""
-        if expert_shape(model) is None:
+        if not getattr(model.config, "moe", False) or getattr(model, "native", None) is None:
             return None
         return WokenExperts(model.native, int(model.config.num_layers))
 
-    def _read(self) -> tuple[int, int, int]:
-        p = self._native.profile(reset=False)
-        return int(p["expert_runs"]), int(p["expert_rows"]), int(p["calls"])
-
-    def begin(self) -> None:
-        """Before the forward: profiling on (every time: another owner may have turned
-        it off), the counters noted."""
-        self._native.set_profiling(True)
-        self._at = self._read()
-
-    def end(self, rows: int) -> float | None:
-        """After it: distinct experts per layer the forward of ``rows`` rows woke; None
-        where the counters do not show exactly one forward of ``rows`` rows through
-        every layer since ``begin`` (a drafter's own forward ran between, or another
-        owner reset the counters or turned profiling off)."""
-        if self._at is None:
+    def last(self, rows: int) -> float | None:
+        """Distinct experts per layer the last forward call woke (read right after the
+        forward meant: the counts are the model's, whoever called it); None where that
+        call's routings are not ``rows`` x layers (a forward of other rows, or of fewer
+        layers: a self-draft's; one refused before its layers ran)."""
+        runs, routed = self._native.last_experts()
+        if rows < 1 or routed != rows * self._layers:
             return None
-        runs0, rows0, calls0 = self._at
-        self._at = None
-        runs, routed, calls = self._read()
-        if calls - calls0 != 1 or routed - rows0 != rows * self._layers or rows < 1:
-            return None
-        return (runs - runs0) / self._layers
-
-    def stop(self) -> None:
-        """Profiling off (the forward's default)."""
-        self._native.set_profiling(False)
-        self._at = None
+        return runs / self._layers

@@ -42,6 +42,11 @@ PREFILL_STARTS = (0, 512, 1024, 1536)
 # The per-sequence cost: a batch of PER_SEQ sequences of PER_SEQ_CACHED cached tokens.
 PER_SEQ, PER_SEQ_CACHED = 8, 128
 FEED_CHUNK = 256  # tokens a fed context is fed in per forward (``random_prefix``)
+# A mixture of experts' woken experts are counted (``calibration.expert_counts``: one
+# untimed forward a size, after a context of its own) at the reference sizes up to this
+# many rows (draft-sized forwards and small batches of them; larger ones are priced at
+# the share of uniform routing the largest counted one woke: ``cost/experts.py``).
+COUNTED_ROWS = 64
 
 # Rows the draft sizing compares (a draft is at most MAX_DRAFT_NODES = 16 nodes): every
 # plan measures them at each context of its decode grid (without a grid: in the
@@ -155,21 +160,27 @@ def ladder(full: CalibrationPlan) -> list[CalibrationPlan]:
 
 
 def plan_calibration(prices: CostGrid, budget_s: float | None = CALIBRATION_BUDGET_S,
-                     full: CalibrationPlan | None = None) -> CalibrationPlan:
+                     full: CalibrationPlan | None = None, *,
+                     experts: bool = False) -> CalibrationPlan:
     """The plan to measure, given the probe's ``prices`` (seconds of a forward of r rows
     after c cached tokens: ``prices(r, c)``): ``full`` (default ``full_plan()``) when
     its estimate is at most FULL_PLAN_S or ``budget_s`` (None: no budget), else the
-    first rung of its ladder whose estimate is at most ``budget_s``, else the last."""
+    first rung of its ladder whose estimate is at most ``budget_s``, else the last
+    (``experts``: as ``plan_seconds``)."""
     full = full or full_plan()
-    if budget_s is None or plan_seconds(full, prices) <= max(budget_s, FULL_PLAN_S):
+    if budget_s is None or plan_seconds(full, prices, experts=experts) <= max(budget_s,
+                                                                              FULL_PLAN_S):
         return full
     rungs = ladder(full)[1:]
-    return next((p for p in rungs if plan_seconds(p, prices) <= budget_s), rungs[-1])
+    return next((p for p in rungs if plan_seconds(p, prices, experts=experts) <= budget_s),
+                rungs[-1])
 
 
-def plan_seconds(plan: CalibrationPlan, prices: CostGrid) -> float:
+def plan_seconds(plan: CalibrationPlan, prices: CostGrid, *, experts: bool = False) -> float:
     """Estimated seconds to measure ``plan``, each forward priced by ``prices``
-    (attention grows with the cached context and the rows; the probe has both)."""
+    (attention grows with the cached context and the rows; the probe has both).
+    ``experts``: a mixture of experts, whose measurement also counts the experts its
+    reference sizes up to COUNTED_ROWS wake (their own context and one forward each)."""
 
     def rounds(sizes: tuple[int, ...], contexts: tuple[int, ...], repeats: int) -> float:
         n = plan.warmup + repeats
@@ -190,6 +201,9 @@ def plan_seconds(plan: CalibrationPlan, prices: CostGrid) -> float:
     if plan.prefill_starts:
         t += fill(max(plan.prefill_starts))
         t += rounds(plan.prefill_sizes, plan.prefill_starts, plan.repeats)
+    counted = tuple(k for k in plan.sizes if k <= COUNTED_ROWS)
+    if experts and counted:
+        t += fill(REFERENCE_CONTEXT) + sum(prices(k, REFERENCE_CONTEXT) for k in counted)
     return t
 
 

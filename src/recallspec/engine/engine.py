@@ -93,7 +93,7 @@ class Engine:
         self.planner = DraftPlanner(self.config.max_draft_nodes, self.curves.current,
                                     expert_shape(model))
         # A mixture of experts: the experts each decode step's forward woke, for the
-        # planner's pricing (None: dense).
+        # planner's pricing (None: dense; ``_execute``).
         self._woken = WokenExperts.of(model)
         self.scheduler = Scheduler.from_config(self.cache, self.config)
         self.runner = Runner(model, self.cache, self.max_len, self.threads)
@@ -364,14 +364,18 @@ class Engine:
         rooms = [draft_room(self.max_len, self.cache.length(r.slot), self.config.max_draft_nodes)
                  for r in decoding]
         forward_before = self.stats.forward_s
-        native = NativeVerifier(self.runner, plan.prefill, self.stats)
-        woken = self._woken if decoding and not plan.prefill and any(
-            r.sizing == "adaptive" for r in decoding) else None  # (what the planner prices)
-        if woken is not None:
-            woken.begin()
+        # A mixture of experts: the experts its verification forward woke, counted in
+        # every step without prompt chunks. A step with them is not counted: the routing
+        # estimate is one position on anchors at the forward's rows (``cost/experts.py:
+        # RoutingEstimate``), and a prompt chunk's rows (up to prefill_chunk) soon wake
+        # nearly every expert whatever the routing, where uniform routing and every row
+        # fresh experts meet: one expert more or less swings such a reading between
+        # those two, and the estimate it would move prices draft rows.
+        native = NativeVerifier(self.runner, plan.prefill, self.stats,
+                                None if plan.prefill else self._woken)
         out = speculative_step(self.planner, decoding, rooms, native, self._commit)
-        if woken is not None and (n := woken.end(native.result.num_rows)) is not None:
-            self.planner.observe_experts(native.result.num_rows, n)
+        if native.experts is not None:
+            self.planner.observe_experts(native.result.num_rows, native.experts)
         self.stats.draft_s += out.draft_s
         self.stats.grammar_s += out.grammar_s
         self.stats.grammar_rows += out.grammar_rows

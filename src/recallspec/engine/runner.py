@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from recallspec.cost.expert_counts import WokenExperts
 from recallspec.decoding.masks import Mask
 from recallspec.decoding.penalties import Penalties
 from recallspec.decoding.tree import DraftTree
@@ -168,16 +169,24 @@ class Runner:
 class NativeVerifier:
     """The engine's ``Verifier`` for one step: ``Runner.run`` over the decoding
     requests and the step's prompt chunks; ``result`` keeps the rest of what it returns
-    (the prompt chunks' last rows, the rows fed)."""
+    (the prompt chunks' last rows, the rows fed) and, given a mixture of experts'
+    counter (``woken``), ``experts``: the distinct experts per layer its forward woke
+    (None: not counted, or no forward of those rows ran)."""
 
     def __init__(self, runner: Runner, prefill: Sequence[PrefillChunk], stats: StepStats,
-                 ) -> None:
-        self.runner, self.prefill, self.stats = runner, prefill, stats
+                 woken: WokenExperts | None = None) -> None:
+        self.runner, self.prefill, self.stats, self.woken = runner, prefill, stats, woken
         self.result = StepResult([], [], [], 0)
+        self.experts: float | None = None
 
     def verify(
         self, seqs: Sequence[Request], trees: Sequence[DraftTree],
         masks: Sequence[Mask | None],
     ) -> tuple[list[Verified[Request]], list[Failure]]:
         self.result = self.runner.run(seqs, trees, self.prefill, self.stats, masks)
+        if self.woken is not None:
+            # Read at once: the run's forward is the model's last call (verifying and
+            # committing run none); a drafter's own forwards come before the step's
+            # verification or after it (``tell_drafter``), never between.
+            self.experts = self.woken.last(self.result.num_rows)
         return self.result.verified, self.result.failed

@@ -243,9 +243,16 @@ class NativeModel:
     def profile(self, reset: bool = False) -> dict[str, float]:
         """Seconds spent since the last reset in ``quantize`` (activations to int8),
         ``gemm`` (weight products), ``attention``, ``other`` (embeddings, norms, RoPE,
-        KV writes, activations, residuals) and ``total``; ``calls``; and a mixture of
-        experts' ``expert_runs`` ((layer, expert) products run: each chosen expert once
-        per layer and forward, for all its rows) and ``expert_rows`` ((layer, row)
-        routings): expert_runs / (layers x forwards) is the distinct experts a forward
-        woke per layer."""
+        KV writes, activations, residuals) and ``total`` (while profiling); and, counted
+        whether or not profiling is on, ``calls`` (forwards) and a mixture of experts'
+        ``expert_runs`` ((layer, expert) products run: each chosen expert once per layer
+        and forward, for all its rows) and ``expert_rows`` ((layer, row) routings):
+        expert_runs / (layers x forwards) is the distinct experts a forward woke per
+        layer."""
         return dict(self._h.profile(reset))
+
+    def last_experts(self) -> tuple[int, int]:
+        """(expert_runs, expert_rows) of the last forward call alone (as ``profile``'s;
+        (0, 0) for a dense model, or a call refused before its layers ran)."""
+        runs, rows = self._h.last_experts()
+        return int(runs), int(rows)
