@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from helpers import FoldedByteTokenizer, needs_model
 from helpers.replay import V, cycle_model, grid_curve
 
@@ -232,6 +233,33 @@ def test_our_side_measures_a_real_gguf_in_a_child(tmp_path: Path) -> None:
             capture_output=True, text=True, check=True, timeout=600)
         res = json.loads(proc.stdout.strip().splitlines()[-1])
         assert res[has] and lacks not in res and "cost_ms" not in res, (only, res)
+
+
+def test_experts_touched_is_the_mean_over_its_chains() -> None:
+    """``ours.experts_touched`` (the calibration's count, several chains a size): for each
+    k the distinct experts per layer a chain of k rows after ``cached`` tokens woke, the
+    mean over EXPERT_SAMPLES chains (the s-th: tokens cached + s k on), on a fake mixture
+    that routes by token; a model without the native forward's counters is refused."""
+    from helpers.routed import RoutedBigram, woken
+
+    from recallspec.bench.scale.ours import EXPERT_SAMPLES, experts_touched
+    from recallspec.cost.calibration import _random_ids
+
+    model = RoutedBigram(torch.randn(200, 200, generator=torch.Generator().manual_seed(0)),
+                         experts=16)
+    ks, cached = (4, 1, 8), 20
+    res = experts_touched(model, ks, cached)
+    ids = _random_ids(model, cached + max(ks) * EXPERT_SAMPLES)
+    want = {str(k): sum(woken(ids[cached + s * k : cached + (s + 1) * k], 16)
+                        for s in range(EXPERT_SAMPLES)) / EXPERT_SAMPLES for k in ks}
+    assert res["experts_touched"] == pytest.approx(want)
+    assert list(res["experts_touched"]) == ["4", "1", "8"]  # (in the order asked)
+    assert res["experts_uniform"] == pytest.approx(
+        {str(k): 16 * (1 - (1 - 1 / 16) ** k) for k in ks})
+    assert (res["experts"], res["experts_used"]) == (16, 1)
+    model.native = None  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="native forward"):
+        experts_touched(model, ks, cached)
 
 
 @needs_model

@@ -14,7 +14,12 @@ import argparse
 from pathlib import Path
 
 from recallspec.bench.common.args import positive_ints
-from recallspec.bench.scale.config import PREDICT_METHODS, ScaleConfig, parse_entries
+from recallspec.bench.scale.config import (
+    PREDICT_METHODS,
+    ScaleConfig,
+    parse_entries,
+    seq_counts,
+)
 
 
 def register(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,6 +59,14 @@ def register(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sc.add_argument("--ttft-repeats", type=int, default=d.ttft_repeats,
                     help="time to first token from fresh processes (ours first and later "
                     "run, llama-server), repeats per model (0: not measured)")
+    sc.add_argument("--batch-seqs", type=seq_counts, default=None,
+                    help="sequences per forward of the batched verification curve: one "
+                    "forward of B sequences (each its own random context of --cached "
+                    "tokens) of --batch-ks rows each, beside one sequence's chain of B x k "
+                    "rows, the experts woken and the cost model's price (default: 1,2,4,8 "
+                    "for a mixture of experts, none for a dense shape; 0: none)")
+    sc.add_argument("--batch-ks", type=positive_ints, default=",".join(map(str, d.batch_ks)),
+                    help="draft rows per sequence of the batched verification curve")
     sc.add_argument("--overwrite", action="store_true",
                     help="measure again the entries already in OUT/scale.json")
     sc.add_argument("--out", default="bench_out/scale", help="output directory")
@@ -73,7 +86,7 @@ def run_scale_cmd(args: argparse.Namespace) -> int:
                                             if m.strip()),
         overwrite=args.overwrite, decode_rounds=args.decode_rounds,
         prefill_rounds=args.prefill_rounds,
-        ttft_repeats=args.ttft_repeats,
+        ttft_repeats=args.ttft_repeats, batch_seqs=args.batch_seqs, batch_ks=args.batch_ks,
     )
     out = Path(args.out)
     res = run_scale(cfg, out)

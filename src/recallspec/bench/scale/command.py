@@ -19,6 +19,9 @@ For each (shape, quantization) of the matrix, in one run on one machine:
 * time to first token (``ttft_repeats``, ``bench/scale/cold_start.py``): ours from a fresh
   process on the first run (conversion and repack) and on a later run (the repack cache
   read), and llama-server's from its process start, each process after a pause;
+* the batched verification curve (``batch_seqs``, by default a mixture of experts'
+  only: ``bench/scale/moe_batch.py``): one forward of B sequences' chains of k rows,
+  beside one sequence's chain of B x k rows and the cost model's price;
 * with ``answers`` (a ``recallspec bench`` run of SmolLM2 on Spec-Bench with ``ar`` and
   the drafting methods): the predicted Spec-Bench tokens/s of our methods at the shape
   (``bench/scale/predict.py``), labelled as a prediction, with the replay's error on the
@@ -72,6 +75,10 @@ def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path | None, say: Callable[[s
            "--prefill", str(cfg.prefill), "--ks", ",".join(map(str, cfg.ks)),
            "--cached", str(cfg.cached)]
     cmd += ["--only", only] if only else ["--curve-out", str(curve_out)]
+    if not only:  # (the batched curve: with the full measurement only)
+        if cfg.batch_seqs is not None:
+            cmd += ["--batch-seqs", ",".join(map(str, cfg.batch_seqs)) or "0"]
+        cmd += ["--batch-ks", ",".join(map(str, cfg.batch_ks))]
     if cfg.threads:
         cmd += ["--threads", str(cfg.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recallspec.bench.common.args import positive_ints
 from recallspec.bench.common.shapes import QUANTS, get_shape
 from recallspec.errors import DataError, UnknownNameError
 
@@ -48,6 +49,11 @@ class ScaleConfig:
     prefill_rounds: int = 3  # paired prefill rounds (with llamacpp; 0: none)
     pair_idle_s: float = 5.0  # idle before each side of a paired round
     ttft_repeats: int = 1  # time to first token from fresh processes (0: not measured)
+    # The batched verification curve (``bench/scale/moe_batch.py``): sequences per forward
+    # (None: the child's default, a mixture of experts' BATCH_SEQS and none for a dense
+    # model; (): none) and draft rows per sequence.
+    batch_seqs: tuple[int, ...] | None = None
+    batch_ks: tuple[int, ...] = (1, 4)
 
     def __post_init__(self) -> None:
         if not self.entries:
@@ -76,8 +82,18 @@ class ScaleConfig:
             raise DataError(f"pair_idle_s must be >= 0, got {self.pair_idle_s}")
         if self.ttft_repeats < 0:
             raise DataError(f"ttft_repeats must be >= 0, got {self.ttft_repeats}")
+        if (self.batch_seqs and min(self.batch_seqs) < 1) or not self.batch_ks or min(
+                self.batch_ks) < 1:
+            raise DataError("batch_seqs and batch_ks must be positive, got "
+                            f"{self.batch_seqs} and {self.batch_ks}")
         if self.answers is not None and "ar" not in self.methods:
             raise DataError("the predicted speedups need 'ar' among the methods")
+
+
+def seq_counts(s: str) -> tuple[int, ...]:
+    """``--batch-seqs`` (``bench scale`` and its child): comma-separated positive
+    integers, or 0 / none (no batched curve), as an argparse ``type``."""
+    return () if s.strip().lower() in ("0", "none", "") else positive_ints(s)
 
 
 def parse_entries(shapes: str | None, quants: str | None) -> tuple[tuple[str, str], ...]:

@@ -6,6 +6,7 @@ that does not fit kills only its own child. The parent (``bench/scale/command.py
 
     python -m recallspec.bench.scale.ours GGUF --threads T --repeats R --new-tokens N
         --prefill P --ks 1,2,4 --cached C --contexts 128,512,1024 --curve-out FILE
+        [--batch-seqs 1,2,4,8 --batch-ks 1,4]
 
 and reads one JSON object from stdout:
 
@@ -25,11 +26,17 @@ and reads one JSON object from stdout:
   forward of a chain of k rows woke per layer (the native forward's counters, the mean
   over ``EXPERT_SAMPLES`` chains of random tokens), beside ``experts_uniform``, what
   rows routed independently and uniformly would wake: E(1 - (1 - K/E)^k);
+* ``batched`` (a mixture of experts by default, a dense model with ``--batch-seqs``):
+  one forward of B sequences (``--batch-seqs``), each its own context of C random tokens
+  and a chain of k rows (``--batch-ks``): ms and experts woken beside the same B x k rows
+  as one sequence's chain, uniform routing's count and the cost model's price
+  (``bench/scale/moe_batch.py``);
 * ``rss_mb``/``peak_rss_mb``: the process's resident and peak resident memory after
   all of it (the Python runtime and torch included: ``baseline_rss_mb`` is before load).
 
 ``--only decode`` or ``--only prefill``: ``ar`` or ``prefill_tok_s`` alone (a paired
-round's side of ours: ``bench/scale/command.paired_rounds``).
+round's side of ours: ``bench/scale/command.paired_rounds``); ``--only batched``:
+``batched`` alone (its one-sequence chains measured with it).
 
 ``--curve-out`` also writes the model's cost curve (``cost/curve.CostCurve``,
 format 3) from the same forwards plus a prefill grid: what ``bench replay``'s time
@@ -50,10 +57,11 @@ import torch
 from recallspec.bench.common.args import positive_ints
 from recallspec.bench.common.decode import engine_ar, prompt_ids, quantized_bytes_per_token
 from recallspec.bench.common.machine import status_mb
-from recallspec.cost.calibration import fill_context, grid_times
+from recallspec.bench.scale.config import seq_counts
+from recallspec.bench.scale.moe_batch import BATCH_KS, BatchPlan, batched_curve, default_seqs
+from recallspec.cost.calibration import expert_counts, grid_times
 from recallspec.cost.curve import CostCurve, CostGrid
 from recallspec.engine import Engine
-from recallspec.runtime.batch import SequenceInput, build_batch
 
 # Prefill grid (chunk sizes 128 and --prefill x start positions): the span Spec-Bench
 # prompts (about 100-700 tokens) are priced over by the curve written with --curve-out.
@@ -65,30 +73,18 @@ EXPERT_SAMPLES = 8  # chains per k whose woken experts are counted
 def experts_touched(model: Any, ks: tuple[int, ...], cached: int) -> dict[str, Any]:
     """{"experts_touched": {k: mean distinct experts per layer}, "experts_uniform": {k:
     the independent uniform routing's expectation}} of a mixture of experts: forwards of
-    chains of k random tokens after ``cached`` random ones, counted by the native
-    forward (``NativeModel.profile``: expert_runs per layer and forward)."""
-    c, native = model.config, model.native
-    if native is None:
-        raise ValueError("experts_touched: counted by the native forward; the model has none")
+    ``EXPERT_SAMPLES`` chains of k random tokens each after ``cached`` random ones,
+    counted by the native forward (``calibration.expert_counts``, the calibration's
+    count)."""
+    c = model.config
+    counts = expert_counts(model, torch.get_num_threads(), ks, cached=cached, up_to=max(ks),
+                           samples=EXPERT_SAMPLES)
+    if counts is None:
+        raise ValueError("experts_touched: counted by a mixture of experts' native forward; "
+                         "the model has none")
     e, used = c.num_experts, c.experts_per_token
-    cache = model.new_cache(1, cached + max(ks) * EXPERT_SAMPLES + 2)
-    slot = cache.allocate()
-    touched: dict[str, float] = {}
-    try:
-        ids = fill_context(model, cache, slot, cached, max(ks) * EXPERT_SAMPLES, None)
-        native.set_profiling(True)
-        with torch.inference_mode():
-            for k in ks:
-                native.profile(reset=True)
-                for s in range(EXPERT_SAMPLES):
-                    chain = ids[cached + s * k: cached + (s + 1) * k]
-                    model(build_batch([SequenceInput(slot, cached, chain, logits="all")]), cache)
-                runs = native.profile(reset=True)["expert_runs"]
-                touched[str(k)] = runs / (c.num_layers * EXPERT_SAMPLES)
-    finally:
-        native.set_profiling(False)
-        cache.release(slot)
-    return {"experts_touched": touched,
+    woken = dict(counts)
+    return {"experts_touched": {str(k): woken[k] for k in ks},
             "experts_uniform": {str(k): e * (1 - (1 - used / e) ** k) for k in ks},
             "experts": e, "experts_used": used}
 
@@ -98,12 +94,27 @@ def _status_mb(field: str) -> float:
     return status_mb(field) or 0.0
 
 
+def _batched(model: Any, threads: int, args: argparse.Namespace,
+             one_seq_ms: dict[int, float], one_seq_experts: dict[int, float]) -> dict[str, Any]:
+    """{"batched": ...} (``moe_batch.batched_curve``) where sequences per forward are
+    asked for (``--batch-seqs``; default: a mixture of experts'), else {}."""
+    seqs = (default_seqs(bool(model.config.moe)) if args.batch_seqs is None
+            else args.batch_seqs)
+    if not seqs:
+        return {}
+    plan = BatchPlan(tuple(seqs), tuple(args.batch_ks), args.cached, args.repeats,
+                     EXPERT_SAMPLES)
+    return {"batched": batched_curve(model, threads, plan, one_seq_ms, one_seq_experts)}
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     baseline = _status_mb("VmRSS")
     t0 = time.perf_counter()
-    max_len = max((*args.contexts, args.cached)) + max(args.ks) + 8
+    # (the batched curve's one chain of B x k rows too: a mixture's default B at most)
+    chain = max(*args.ks, max(args.batch_ks) * max(args.batch_seqs or default_seqs(True)))
+    max_len = max((*args.contexts, args.cached)) + chain + 8
     engine = Engine.load(args.gguf, max_len=max(max_len, args.prefill + 8, 1024),
                          threads=args.threads)
     load_s = time.perf_counter() - t0
@@ -115,6 +126,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"load_s": load_s, "cache_write_wait_s": cache_write_s,
                            "threads": threads,
                            "baseline_rss_mb": baseline, "prompt_tokens": len(ids)}
+    if args.only == "batched":
+        out |= _batched(model, threads, args, {}, {})
+        return out | {"rss_mb": _status_mb("VmRSS"), "peak_rss_mb": _status_mb("VmHWM")}
     if args.only != "prefill":
         out["ar"] = engine_ar(engine, ids, args.new_tokens, args.repeats)
     if args.only == "decode":
@@ -137,6 +151,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     out["cost_ms"] = {str(k): 1000 * grid[args.cached][k] for k in args.ks}
     if model.config.moe:
         out.update(experts_touched(model, tuple(args.ks), args.cached))
+    out |= _batched(model, threads, args,
+                    {int(k): v for k, v in out["cost_ms"].items()},
+                    {int(k): v for k, v in out.get("experts_touched", {}).items()})
     wb = quantized_bytes_per_token(model)
     out["weight_bytes"] = wb
     out["resident_weight_mb"] = model.weight_bytes() / 1e6
@@ -167,8 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cached", type=int, default=512)
     p.add_argument("--contexts", type=positive_ints, default=(128, 512, 1024))
     p.add_argument("--curve-out", default=None)
-    p.add_argument("--only", choices=("decode", "prefill"), default=None,
-                   help="AR decode or prefill only (one side of bench scale's paired rounds)")
+    p.add_argument("--only", choices=("decode", "prefill", "batched"), default=None,
+                   help="AR decode or prefill only (one side of bench scale's paired "
+                   "rounds), or the batched verification curve only")
+    p.add_argument("--batch-seqs", type=seq_counts, default=None,
+                   help="sequences per forward of the batched verification curve "
+                   f"(default: {','.join(map(str, default_seqs(True)))} for a mixture of "
+                   "experts, none for a dense model; 0: none)")
+    p.add_argument("--batch-ks", type=positive_ints, default=BATCH_KS,
+                   help="draft rows per sequence of the batched verification curve")
     args = p.parse_args(argv)
     res = measure(args)
     sys.stdout.write(json.dumps(res) + "\n")

@@ -98,6 +98,7 @@ def render_scale_markdown(res: dict[str, Any]) -> str:
               "(ours includes Python and torch: see baseline_rss_mb in scale.json)."]
     lines += _curve_table(res)
     lines += _experts_table(res)
+    lines += _batched_table(res)
     lines += _prediction_table(res)
     return "\n".join(lines) + "\n"
 
@@ -149,6 +150,47 @@ def _experts_table(res: dict[str, Any]) -> list[str]:
             "reads of those resident:", "",
             *table_lines(["shape", "quant", "experts used", "expert MB read",
                           *(f"k={k}" for k in ks)], rows)]
+
+
+def _batched_table(res: dict[str, Any]) -> list[str]:
+    """The batched verification curve (``ours.batched``, ``bench/scale/moe_batch.py``):
+    one forward of B sequences' chains of k rows, beside one sequence's chain of B x k
+    rows, the experts each woke and the cost model's price of it."""
+    rows, notes, per_seq, how = [], [], [], None
+    for e in res["entries"].values():
+        b = e.get("ours", {}).get("batched")
+        if not b:
+            continue
+        how = how or b
+        per_seq.append(f"{e['shape']} {e['quant']} {num(b.get('per_seq_ms'), '.2f')} ms")
+        notes += [n for n in b.get("notes", []) if n not in notes]
+        for p in b["points"]:
+            one = p.get("one_seq_ms")
+            ratio = p["ms"] / one if one else None
+            experts = ("-" if p.get("experts") is None else
+                       f"{num(p['experts'], '.1f')} ({num(p.get('one_seq_experts'), '.1f')}; "
+                       f"{num(p.get('uniform'), '.1f')})")
+            rows.append([e["shape"], e["quant"], f"{p['seqs']} x {p['k']}", str(p["rows"]),
+                         num(p["ms"], ".1f"), f"{num(one, '.1f')} ({num(ratio, '.2f', 'x')})",
+                         experts,
+                         f"{num(p.get('priced_ms'), '.1f')} / "
+                         f"{num(p.get('priced_routed_ms'), '.1f')}"])
+    if not rows or how is None:
+        return []
+    return ["", f"Batched verification: one forward of B sequences, each its own slot and "
+            f"context of {how['cached']} random tokens, each a chain of k rows (every row's "
+            f"logits), ms per forward (median of {how['repeats']}), beside one sequence's "
+            "chain of the same B x k rows (in brackets: batched over it); distinct experts "
+            f"per layer the batched forward woke (the mean over {how['samples']} forwards; in "
+            "brackets: the one chain's, and independent uniform routing's E(1 - (1 - K/E)^(B "
+            "k))); the cost model's price of the forward, ms, at the calibration's routing / "
+            f"at this forward's (per_seq: {'; '.join(per_seq)}). Native "
+            "llama.cpp's batched cost is not measured: llama-bench has no mode for one "
+            "forward of several sequences' draft rows.", "",
+            *table_lines(["shape", "quant", "B x k", "rows", "ms", "one sequence ms",
+                          "experts (one sequence; uniform)", "priced ms (calibrated / routed)"],
+                         rows),
+            "", *(f"- {n}" for n in notes)]
 
 
 def _prediction_table(res: dict[str, Any]) -> list[str]:
