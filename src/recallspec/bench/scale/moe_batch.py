@@ -39,7 +39,7 @@ from recallspec.cost.calibration import (
     monotone_in_rows,
 )
 from recallspec.cost.curve import CostCurve
-from recallspec.cost.expert_counts import expert_shape
+from recallspec.cost.expert_counts import WokenExperts, expert_shape
 from recallspec.cost.experts import ExpertShape, RoutingEstimate, reprice
 from recallspec.cost.plan import FEED_CHUNK, PER_SEQ, PER_SEQ_CACHED
 from recallspec.runtime.batch import SequenceInput, build_batch
@@ -124,23 +124,21 @@ def _context(model: Any, cache: Any, slot: int, cached: int, extra: int, seed: i
 
 def _woken(model: Any, forwards: list[Any], cache: Any, rows: int) -> float:
     """Distinct experts per layer, the mean over ``forwards`` (batches of ``rows`` rows
-    each), read from the native forward's counters (``NativeModel.profile``; profiling
-    on meanwhile). Raises where the counters do not show exactly those forwards."""
-    native, layers = model.native, int(model.config.num_layers)
-    native.set_profiling(True)
-    try:
-        native.profile(reset=True)
-        with torch.inference_mode():
-            for meta in forwards:
-                model(meta, cache)
-        p = native.profile(reset=True)
-    finally:
-        native.set_profiling(False)
-    n = len(forwards)
-    if int(p["calls"]) != n or int(p["expert_rows"]) != n * rows * layers:
-        raise RuntimeError(f"batched curve: the expert counters show {p['calls']} forwards "
-                           f"of {p['expert_rows']} routings, not {n} of {rows} rows x {layers}")
-    return float(p["expert_runs"]) / (layers * n)
+    each), each read from its own forward's counters (``WokenExperts.last``). Raises
+    where a forward's counters do not show its rows."""
+    counter = WokenExperts.of(model)
+    if counter is None:
+        raise RuntimeError("batched curve: experts counted by a mixture's native forward only")
+    woken: list[float] = []
+    with torch.inference_mode():
+        for meta in forwards:
+            model(meta, cache)
+            n = counter.last(rows)
+            if n is None:
+                raise RuntimeError(f"batched curve: the expert counters do not show a "
+                                   f"forward of {rows} rows")
+            woken.append(n)
+    return sum(woken) / len(woken)
 
 
 def _chains(ids: list[int], cached: int, k: int, s: int) -> list[int]:
