@@ -151,12 +151,12 @@ def test_a_mixtures_calibration_counts_its_experts_in_the_estimated_time(
     assert clock[0] - before == pytest.approx(plan_seconds(plan, prices, experts=True),
                                               rel=0.01)
     counted = [k for k in plan.sizes if k <= COUNTED_ROWS]
-    ids = cc._random_ids(model, REFERENCE_CONTEXT + max(plan.sizes))  # (the chains' tokens)
+    ids = cc.random_ids(model, REFERENCE_CONTEXT + max(plan.sizes))  # (the chains' tokens)
     want = tuple((k, float(woken(ids[REFERENCE_CONTEXT : REFERENCE_CONTEXT + k])))
                  for k in counted)
     assert curve.experts == again.experts == want
     # Several chains a size: their mean (chain s of k rows after the first s k).
-    ids = cc._random_ids(model, 64 + 8 * 3)
+    ids = cc.random_ids(model, 64 + 8 * 3)
     assert cc.expert_counts(model, 1, (1, 8), cached=64, samples=3) == tuple(
         (k, sum(woken(ids[64 + s * k : 64 + (s + 1) * k]) for s in range(3)) / 3)
         for k in (1, 8))

@@ -81,11 +81,13 @@ def forward_times(
 
 
 def random_prefix(model: Any, cache: Any, slot: int, cached: int, extra: int,
-                  tick: Tick | None = None) -> list[int]:
-    """``cached + extra`` random token ids (seed 0) of which the first ``cached`` are
-    fed into ``slot`` of ``cache`` and committed (FEED_CHUNK a forward): a context to
-    time forwards after. The rest are for the forwards' own rows."""
-    ctx = _random_ids(model, cached + extra)
+                  tick: Tick | None = None, *, seed: int = 0) -> list[int]:
+    """``cached + extra`` random token ids (``random_ids``, ``seed``) of which the first
+    ``cached`` are fed into ``slot`` of ``cache`` and committed (FEED_CHUNK a forward): a
+    context to time forwards after. The rest are for the forwards' own rows. Seed 0 is
+    the calibration's own context; another seed gives another sequence's (the batched
+    curve's, ``bench/scale/moe_batch.py``)."""
+    ctx = random_ids(model, cached + extra, seed)
     with torch.inference_mode():
         for s in range(0, cached, FEED_CHUNK):
             toks = ctx[s : min(s + FEED_CHUNK, cached)]
@@ -96,24 +98,28 @@ def random_prefix(model: Any, cache: Any, slot: int, cached: int, extra: int,
     return ctx
 
 
-def _random_ids(model: Any, n: int, seed: int = 0) -> list[int]:
+def random_ids(model: Any, n: int, seed: int = 0) -> list[int]:
+    """``n`` token ids drawn uniformly from the model's vocabulary by a torch generator
+    seeded with ``seed``: the same ids for the same (vocabulary, n, seed), so a test can
+    rebuild the chains a measurement ran."""
     g = torch.Generator().manual_seed(seed)
     ids: list[int] = torch.randint(0, int(model.config.vocab_size), (n,), generator=g).tolist()
     return ids
 
 
 def fill_context(model: Any, cache: Any, slot: int, cached: int, extra: int,
-                 tile: Tile | None, tick: Tick | None = None) -> list[int]:
+                 tile: Tile | None, tick: Tick | None = None, *, seed: int = 0) -> list[int]:
     """``random_prefix``, or with a ``tile`` its rows repeated into the freshly allocated
     ``slot`` up to ``cached`` rows, without a forward: attention reads and multiplies
     as many keys and values whatever they hold (feeding 2,048 tokens takes a minute at
-    8B). Returns the token ids (the rows past ``cached``: the forwards' own)."""
+    8B). Returns the token ids (``random_ids``, ``seed``; the rows past ``cached``: the
+    forwards' own)."""
     if tile is None:
-        return random_prefix(model, cache, slot, cached, extra, tick)
+        return random_prefix(model, cache, slot, cached, extra, tick, seed=seed)
     k, v = tile
     reps = -(-cached // k.shape[2])
     cache.load(slot, k.repeat(1, 1, reps, 1), v.repeat(1, 1, reps, 1), cached)
-    return _random_ids(model, cached + extra)
+    return random_ids(model, cached + extra, seed)
 
 
 def grid_times(
@@ -137,15 +143,19 @@ def grid_times(
                 metas = {k: build_batch([SequenceInput(slot, c, ctx[c : c + k], logits=logits)])
                          for k in sizes}
                 out[c] = monotone_in_rows(interleaved_times(
-                    {k: _timed(model, cache, m, threads) for k, m in metas.items()}, repeats,
-                    warmup, tick))
+                    {k: timed_forward(model, cache, m, threads) for k, m in metas.items()},
+                    repeats, warmup, tick))
     finally:
         cache.release(slot)
     return out
 
 
-def _timed(model: Any, cache: Any, meta: Any, threads: int) -> Callable[[], Any]:
-    """One forward of ``meta`` with the engine's thread set-up."""
+def timed_forward(model: Any, cache: Any, meta: Any, threads: int) -> Callable[[], Any]:
+    """A call of one forward of ``meta`` (a ``build_batch`` batch) into ``cache``, with
+    the engine's thread set-up for ``threads`` cores (``decode_threads``,
+    ``forward_threads``): what every timing here times, and what another measurement of
+    forwards times to compare with them (``bench/scale/moe_batch.py``). The caller holds
+    ``torch.inference_mode`` and keeps the batch's slots allocated."""
     def run() -> Any:
         with decode_threads(threads), forward_threads(meta.num_tokens, threads):
             return model(meta, cache)
@@ -206,26 +216,25 @@ def measure_grid(
     return CostGrid(tuple(sizes), fit, tuple(tuple(t[c][k] for k in sizes) for c in fit))
 
 
-def _per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int, *,
-                  warmup: int = 1, tile: Tile | None = None, tick: Tick | None = None,
-                  ) -> float:
-    """(t(seqs sequences x 1 row) - t(1 sequence x seqs rows)) / (seqs - 1)."""
+def per_seq_cost(model: Any, threads: int, seqs: int, cached: int, repeats: int, *,
+                 warmup: int = 1, tile: Tile | None = None, tick: Tick | None = None,
+                 ) -> float:
+    """Seconds each sequence past the first adds to a batched forward
+    (``CostCurve.per_seq``): (t(seqs sequences x 1 row) - t(1 sequence x seqs rows)) /
+    (seqs - 1), 0 at least, timed in ``interleaved_times`` rounds. Each sequence holds the
+    same ``cached`` random tokens (``fill_context``, seed 1: fed, or tiled from ``tile``)
+    in its own slot of a cache made here, so the two forwards differ in their attention
+    calls and masks only (the one sequence's rows are its first ``seqs`` tokens again)."""
     cache = model.new_cache(seqs, cached + seqs + 1)
-    ids = _random_ids(model, cached, seed=1)
     slots = [cache.allocate() for _ in range(seqs)]
     with torch.inference_mode():
         for s in slots:
-            if tile is None:
-                model(build_batch([SequenceInput(s, 0, ids, logits="none")]), cache)
-                cache.commit(s, 0, range(cached))
-                if tick is not None:
-                    tick()
-            else:
-                fill_context(model, cache, s, cached, 0, tile)
+            ids = fill_context(model, cache, s, cached, 0, tile, tick, seed=1)  # (each alike)
         many = build_batch([SequenceInput(s, cached, [ids[0]]) for s in slots])
         one = build_batch([SequenceInput(slots[0], cached, ids[:seqs])])
-        t = interleaved_times({0: _timed(model, cache, many, threads),
-                               1: _timed(model, cache, one, threads)}, repeats, warmup, tick)
+        t = interleaved_times({0: timed_forward(model, cache, many, threads),
+                               1: timed_forward(model, cache, one, threads)}, repeats, warmup,
+                              tick)
         t_many, t_one = t[0], t[1]
     return max(t_many - t_one, 0.0) / (seqs - 1)
 
@@ -241,11 +250,11 @@ def probe(model: Any, threads: int, tick: Tick | None = None) -> tuple[CostGrid,
     far_ctx = PROBE_CONTEXT if not limit else max(min(PROBE_CONTEXT, limit - PROBE_ROWS), 1)
     cache = model.new_cache(1, far_ctx + PROBE_ROWS + 1)
     slot = cache.allocate()
-    ids = _random_ids(model, PROBE_ROWS)
+    ids = random_ids(model, PROBE_ROWS)
 
     def seconds(rows: int, context: int) -> float:
-        run = _timed(model, cache, build_batch([SequenceInput(slot, context, ids[:rows])]),
-                     threads)
+        run = timed_forward(model, cache,
+                            build_batch([SequenceInput(slot, context, ids[:rows])]), threads)
         t0 = time.perf_counter()
         run()
         t = time.perf_counter() - t0
@@ -349,8 +358,8 @@ def measure(model: Any, threads: int, plan: CalibrationPlan, *, key: str = "",
     scratch = model.new_cache(1, REFERENCE_CONTEXT + max(sizes) + 1)
     times = forward_times(model, scratch, threads, sizes, cached=REFERENCE_CONTEXT,
                           repeats=plan.repeats, warmup=w, tile=tile, tick=tick)
-    per_seq = _per_seq_cost(model, threads, PER_SEQ, PER_SEQ_CACHED, plan.repeats, warmup=w,
-                            tile=tile, tick=tick)
+    per_seq = per_seq_cost(model, threads, PER_SEQ, PER_SEQ_CACHED, plan.repeats, warmup=w,
+                           tile=tile, tick=tick)
     experts = expert_counts(model, threads, sizes, cached=REFERENCE_CONTEXT, tile=tile,
                             tick=tick)
     decode = prefill = None
@@ -395,8 +404,8 @@ def expert_counts(
                 woken = 0.0
                 for s in range(samples):
                     chain = ids[cached + s * k : cached + (s + 1) * k]
-                    _timed(model, cache, build_batch([SequenceInput(slot, cached, chain)]),
-                           threads)()
+                    timed_forward(model, cache,
+                                  build_batch([SequenceInput(slot, cached, chain)]), threads)()
                     n = counter.last(k)
                     if n is None:
                         return None

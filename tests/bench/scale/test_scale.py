@@ -243,13 +243,13 @@ def test_experts_touched_is_the_mean_over_its_chains() -> None:
     from helpers.routed import RoutedBigram, woken
 
     from recallspec.bench.scale.ours import EXPERT_SAMPLES, experts_touched
-    from recallspec.cost.calibration import _random_ids
+    from recallspec.cost.calibration import random_ids
 
     model = RoutedBigram(torch.randn(200, 200, generator=torch.Generator().manual_seed(0)),
                          experts=16)
     ks, cached = (4, 1, 8), 20
     res = experts_touched(model, ks, cached)
-    ids = _random_ids(model, cached + max(ks) * EXPERT_SAMPLES)
+    ids = random_ids(model, cached + max(ks) * EXPERT_SAMPLES)
     want = {str(k): sum(woken(ids[cached + s * k : cached + (s + 1) * k], 16)
                         for s in range(EXPERT_SAMPLES)) / EXPERT_SAMPLES for k in ks}
     assert res["experts_touched"] == pytest.approx(want)

@@ -6,10 +6,11 @@ layer. One sequence's k draft rows share context, and so perhaps experts; B sequ
 rows share neither, so a batched step may wake up to B times the experts of one
 sequence's. For each B of ``BatchPlan.seqs`` and k of ``BatchPlan.ks``: one forward of B
 sequences, each its own slot holding its own ``cached`` random tokens (sequence i drawn
-with seed i), each a chain of k rows (every row's logits, as verification), timed as the
-cost curve's forwards are (``cost/calibration``: interleaved rounds, median), and its
-distinct experts per layer counted by the native forward's counters (the mean over
-``samples`` forwards of other random chains), beside:
+with seed i: ``cost/calibration.random_prefix``), each a chain of k rows (every row's
+logits, as verification), timed as the cost curve's forwards are (``cost/calibration``:
+``timed_forward`` in ``interleaved_times`` rounds, median), and its distinct experts per
+layer counted by the native forward's counters (the mean over ``samples`` forwards of
+other random chains), beside:
 
 * the same B x k rows as one sequence's chain (sequence 0's: seed 0 as
   ``ours.experts_touched``'s, so at B = 1 the forwards are the same), its time and
@@ -18,7 +19,8 @@ distinct experts per layer counted by the native forward's counters (the mean ov
 * independent uniform routing's expectation, E(1 - (1 - K/E)^(B k));
 * what the engine's cost model prices that forward at (``cost/curve.CostCurve``: the
   rows as one chain plus (B - 1) x per_seq, per_seq measured as the calibration measures
-  it), at the calibration's routing and re-priced at this forward's (``cost/experts``).
+  it: ``cost/calibration.per_seq_cost``), at the calibration's routing and re-priced at
+  this forward's (``cost/experts``).
 
 A dense model gets the same table without the experts (measured only when asked).
 """
@@ -32,16 +34,16 @@ from typing import Any
 import torch
 
 from recallspec.cost.calibration import (
-    _per_seq_cost,
-    _timed,
-    fill_context,
     interleaved_times,
     monotone_in_rows,
+    per_seq_cost,
+    random_prefix,
+    timed_forward,
 )
 from recallspec.cost.curve import CostCurve
 from recallspec.cost.expert_counts import WokenExperts, expert_shape
 from recallspec.cost.experts import ExpertShape, RoutingEstimate, reprice
-from recallspec.cost.plan import FEED_CHUNK, PER_SEQ, PER_SEQ_CACHED
+from recallspec.cost.plan import PER_SEQ, PER_SEQ_CACHED
 from recallspec.runtime.batch import SequenceInput, build_batch
 
 BATCH_SEQS = (1, 2, 4, 8)  # a mixture of experts' default sequences per forward
@@ -101,27 +103,6 @@ def default_seqs(moe: bool) -> tuple[int, ...]:
     return BATCH_SEQS if moe else ()
 
 
-def _ids(model: Any, n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    ids: list[int] = torch.randint(0, int(model.config.vocab_size), (n,), generator=g).tolist()
-    return ids
-
-
-def _context(model: Any, cache: Any, slot: int, cached: int, extra: int, seed: int,
-             ) -> list[int]:
-    """``cached + extra`` random ids (``seed``), the first ``cached`` fed into ``slot`` and
-    committed; seed 0 is ``fill_context``'s own (the one-sequence curve's context)."""
-    if seed == 0:
-        return fill_context(model, cache, slot, cached, extra, None)
-    ids = _ids(model, cached + extra, seed)
-    with torch.inference_mode():
-        for s in range(0, cached, FEED_CHUNK):
-            toks = ids[s : min(s + FEED_CHUNK, cached)]
-            model(build_batch([SequenceInput(slot, s, toks, logits="none")]), cache)
-            cache.commit(slot, s, range(len(toks)))
-    return ids
-
-
 def _woken(model: Any, forwards: list[Any], cache: Any, rows: int) -> float:
     """Distinct experts per layer, the mean over ``forwards`` (batches of ``rows`` rows
     each), each read from its own forward's counters (``WokenExperts.last``). Raises
@@ -163,7 +144,9 @@ def batched_curve(model: Any, threads: int, plan: BatchPlan,
     cache = model.new_cache(most, cached + longest + 2)
     slots = [cache.allocate() for _ in range(most)]
     try:
-        ids = [_context(model, cache, slot, cached, plan.samples * longest, seed)
+        # Sequence i's context: seed i's tokens, fed (``random_prefix``); seed 0's are the
+        # one-sequence curve's own context (``fill_context``'s) and chains.
+        ids = [random_prefix(model, cache, slot, cached, plan.samples * longest, seed=seed)
                for seed, slot in enumerate(slots)]
 
         def batch(b: int, k: int, s: int) -> Any:
@@ -172,8 +155,9 @@ def batched_curve(model: Any, threads: int, plan: BatchPlan,
 
         points = plan.points()
         fns: dict[int, Callable[[], Any]] = {
-            j: _timed(model, cache, batch(b, k, 0), threads) for j, (b, k) in enumerate(points)}
-        fns |= {len(points) + j: _timed(model, cache, batch(1, n, 0), threads)
+            j: timed_forward(model, cache, batch(b, k, 0), threads)
+            for j, (b, k) in enumerate(points)}
+        fns |= {len(points) + j: timed_forward(model, cache, batch(1, n, 0), threads)
                 for j, n in enumerate(own_ms)}
         t = interleaved_times(fns, plan.repeats, plan.warmup)
         ms = {pt: 1000 * t[j] for j, pt in enumerate(points)}
@@ -192,7 +176,7 @@ def batched_curve(model: Any, threads: int, plan: BatchPlan,
     finally:
         for slot in slots:
             cache.release(slot)
-    per_seq = _per_seq_cost(model, threads, PER_SEQ, PER_SEQ_CACHED, plan.repeats)
+    per_seq = per_seq_cost(model, threads, PER_SEQ, PER_SEQ_CACHED, plan.repeats)
     rows = sorted(ref_ms)
     counts = (tuple((n, given_ex[n]) for n in sorted(given_ex))
               if shape is not None and given_ex else None)
