@@ -15,8 +15,12 @@ void quantize_isa(int isa, const float* x, int64_t ldx, int64_t k, int sb, int64
 }
 
 void gemm_isa(int isa, const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1) {
-  if (w.p6 && isa != rs::kScalar) {
-    gemm_avx2(w, x, out, ldo, g0, g1);
+  // 6-bit storage (qkernels.h): the VNNI products read it; the AMX tiles do not (their
+  // loads keep u8), so that path's VNNI product takes it; AVX-512 without VNNI has no
+  // 6-bit product and takes AVX2's.
+  if (w.p6 && (isa == rs::kAvx512 || isa == rs::kAvx512Amx)) {
+    if (isa == rs::kAvx512Amx) gemm_avx512vnni(w, x, out, ldo, g0, g1);
+    else gemm_avx2(w, x, out, ldo, g0, g1);
     return;
   }
   switch (isa) {

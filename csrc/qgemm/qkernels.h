@@ -63,6 +63,10 @@ alignas(16) inline constexpr uint8_t kE2M1U[16] = {12, 13, 14, 15, 16, 18, 20, 2
 // The nibble forms of u4 storage, a template argument of the SIMD kernels: none (u8 or
 // 6-bit values), values u, or MXFP4 codes read through kE2M1U (QW::lut).
 enum Nib : int { kNoNib = 0, kNibU = 1, kNibCodes = 2 };
+// The VNNI kernels' one more storage form in that argument: 6-bit storage (QW::p6),
+// unpacked into the u8 layout's vectors a pair of chunks at a time.
+constexpr int kSix = 3;
+static constexpr bool is_nib(int storage) { return storage == kNibU || storage == kNibCodes; }
 
 // fp32 bits of 2^(e - 128) for an E8M0 byte, ggml's GGML_E8M0_TO_FP32_HALF: exponent
 // field e - 1, or for e < 2 the subnormals 2^-128, 2^-127 (mantissa bit 21 or 22);
@@ -171,9 +175,10 @@ void gemm_avx512amx(const QW& w, const QX& x, float* out, int64_t ldo, int64_t g
 // by the caller): quantize_isa includes widen_pairs where buf.qw is set (qdispatch.cpp).
 void quantize_isa(int isa, const float* x, int64_t ldx, int64_t k, int sb, int64_t m0, int64_t m1,
                   const QXBuf& buf);
-// 6-bit storage runs the AVX2 product without VNNI on every SIMD path (each such CPU has
-// AVX2; the same integer sums and float steps, so the same bits): the VNNI and AVX-512
-// kernels read u8 and u4 only.
+// 6-bit storage runs the VNNI product of the path on the VNNI paths (AMX: the AVX-512
+// VNNI product, its tiles read u8 and u4 only) and the AVX2 product without VNNI on the
+// others (each such CPU has AVX2): the same integer sums and float steps everywhere, so
+// the same bits.
 void gemm_isa(int isa, const QW& w, const QX& x, float* out, int64_t ldo, int64_t g0, int64_t g1);
 
 // Dequantized rows ids[i] -> out[i][0..K): s * (float)(u - z) + m, rounded after the

@@ -230,6 +230,79 @@ def test_six_bit_storage_is_the_same_weight(weights: dict) -> None:
                 assert np.array_equal(bits(got), bits(ref)), f"{qtype.name}, {v}, {rows} rows"
 
 
+# The paths whose own VNNI product reads 6-bit storage (qdispatch.cpp; AMX's loads keep
+# u8, and 6-bit storage there takes its VNNI product): whether this CPU runs each, and
+# what it needs.
+SIX_BIT_VNNI = {"avx512": (isa.HAS_VNNI, "AVX-512 VNNI"),
+                "avx2": (isa.HAS_AVX_VNNI, "AVX-VNNI (its avx2 path has no VNNI)"),
+                "avx2-vnni-evex": ("avx2-vnni-evex" in VARIANTS, "AVX2 and AVX-512 VNNI"),
+                "avx512-amx": (isa.HAS_AMX, "AMX-INT8 tiles granted by the OS")}
+# Row counts of every kind of pass: 1 row, VNNI row passes of 2-32 (one pass up to 9,
+# then 2, 3 and 4 of them), tiles past 32, a second tile of 64 rows (100).
+SIX_BIT_ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 32, 33, 64, 100)
+
+
+def synthetic_six_bit(sb: int, zero: bool, mins: bool, seed: int) -> tuple[QuantizedWeight, ...]:
+    """A weight of u < 64 (0 and 63 among them) with fp16 scales, sub-blocks of sb and
+    zero points and mins or not (combinations no GGUF type has: sub-blocks of 16 without
+    zero points, 32 with both), in u8 and in 6-bit storage; N rows (a partial group)."""
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, 64, (N, K), dtype=np.uint8)
+    u[0], u[1, ::2] = 63, 0
+    scale = (rng.standard_normal((N, K // sb)) / 64).astype(np.float16)
+    m = (rng.standard_normal((N, K // sb)) / 8).astype(np.float16) if mins else None
+    z = rng.integers(0, 64, N).astype(np.int32) if zero else None
+    c8 = qf.Canon(u, scale, m, z, sb, 8)
+    return tuple(QuantizedWeight(N, K, "synthetic", (Segment.build(c, 0, ("synthetic",)),))
+                 for c in (c8, qf.with_bits(c8, 6)))
+
+
+@pytest.mark.parametrize("path", list(SIX_BIT_VNNI))
+def test_six_bit_storage_on_the_vnni_paths(weights: dict, path: str) -> None:
+    """Each VNNI path's own product of 6-bit storage (pairs of chunks unpacked to the u8
+    layout's vectors) has, for every row count of SIX_BIT_ROWS and both thread counts, the
+    bits of that path's u8 product and of the scalar one: Q5_0 (sub-blocks of 32, zero
+    points), Q5_1 (mins), Q5_K (K-quant tiles with mins), Q6_K (sub-blocks of 16, zero
+    points 32, tiles), MXFP4's values (fp32 scales, neither) and synthetic weights of
+    both sub-block lengths with and without zero points and mins; 37 rows, so the last
+    group of 16 is partial."""
+    runs, needs = SIX_BIT_VNNI[path]
+    if not runs:
+        pytest.skip(f"this CPU ({isa.cpu_model()}) lacks {needs}")
+    cases = {t.name: (weights[t, 8 if t == T.MXFP4 else qf.LAYOUTS[t].bits][1], weights[t, 6][1])
+             for t in (T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K, T.MXFP4)}
+    for sb in (32, 16):
+        for zero in (False, True):
+            for mins in (False, True):
+                cases[f"sb {sb}, zero {zero}, mins {mins}"] = synthetic_six_bit(
+                    sb, zero, mins, seed=sb + 2 * zero + mins)
+    x = activations(100, K, seed=17)
+    for name, (w8, w6) in cases.items():
+        assert w8.segments[0].bits == 8 and w6.segments[0].bits == 6, name
+        ref = qlinear(x, w8, threads=1, isa="scalar")
+        assert np.array_equal(bits(qlinear(x, w8, threads=2, isa=path)), bits(ref)), name
+        for threads in (1, 2):
+            for rows in SIX_BIT_ROWS:
+                got = torch.cat([qlinear(x[i:i + rows], w6, threads=threads, isa=path)
+                                 for i in range(0, 100, rows)])
+                assert np.array_equal(bits(got), bits(ref)), f"{name}, {threads}t, {rows} rows"
+
+
+def test_loads_store_six_bits_where_the_path_reads_them() -> None:
+    """Q5_0, Q5_1, Q5_K and Q6_K load in 6 bits on every path with a 6-bit product of its
+    own (scalar, AVX2 without VNNI, the VNNI ones), in u8 on AVX-512 without VNNI and AMX
+    (qlinear._READS_SIX_BITS); each variant this CPU runs, named at import."""
+    code = ("from gguf import GGMLQuantizationType as T; "
+            "from recallspec.kernels.qlinear import default_bits; "
+            "print(*(default_bits(t) for t in (T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K)))")
+    for variant in VARIANTS:
+        env = {**os.environ, "RECALLSPEC_KERNELS": variant}
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, check=True)
+        want = "8" if isa.code(variant) in (2, 6) else "6"  # kAvx512, kAvx512Amx
+        assert r.stdout.split() == [want] * 4, (variant, r.stdout)
+
+
 @pytest.mark.parametrize(("qtype", "nbits"), ALL_STORAGES, ids=ALL_STORAGE_IDS)
 @pytest.mark.parametrize("fill", [0xFF, 0x80, 0x7F, 0x77, 0x00])
 def test_extreme_operands(qtype: T, nbits: int, fill: int) -> None:

@@ -3,6 +3,7 @@ byte on whole real models, and the repack cache is written (and reported) or not
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from recallspec.cli import build_parser
 from recallspec.engine import EngineConfig
 from recallspec.errors import ModelLoadError
 from recallspec.kernels import qformats as qf
-from recallspec.kernels.qlinear import QuantizedWeight, Segment, default_bits
+from recallspec.kernels.qlinear import QuantizedWeight, Segment, default_bits, storage_policy
 from recallspec.models import load_model, loader, resolve_model
 from recallspec.models.gguf import quantized
 from recallspec.runtime.batch import SequenceInput, build_batch
@@ -222,6 +223,59 @@ def test_first_load_equals_a_later_load(isolated_cache: Path) -> None:
     logits = [m(build_batch([SequenceInput(0, 0, ids)]), m.new_cache(1, 64))
               for m in (first, later)]
     assert torch.equal(logits[0], logits[1])
+
+
+def test_a_cache_of_another_storage_policy_is_rebuilt(isolated_cache: Path) -> None:
+    """A repack cache records the storage its path gives each path-dependent type
+    (``storage_policy``); one written under another policy (another path's, or from before
+    the record: no policy at all) is not loaded at that storage but rebuilt at this path's,
+    with the same logits."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    first, tok = load_model(None)
+    assert first.repack_cache_writer is not None
+    first.repack_cache_writer.join()
+    directory, _ = loader._model_source(None)
+    path = directory / quantized.QUANTIZED_WEIGHTS
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata())
+    assert json.loads(meta["storage"]) == storage_policy()
+    assert quantized.load_quantized(path) is not None
+    tensors = load_file(str(path))
+    other = {t: 14 - b for t, b in storage_policy().items()}  # 6 <-> 8: the other paths'
+    for stale in ({**meta, "storage": json.dumps(other)},
+                  {k: v for k, v in meta.items() if k != "storage"}):
+        save_file(tensors, str(path), metadata=stale)
+        assert quantized.load_quantized(path) is None
+        again, _ = load_model(None)
+        assert again.repack_cache_writer is not None  # repacked, and the cache rewritten
+        again.repack_cache_writer.join()
+        with safe_open(str(path), framework="pt") as f:
+            assert json.loads(f.metadata()["storage"]) == storage_policy()
+        ids = tok.encode("The printing press changed how knowledge spread, because")
+        logits = [m(build_batch([SequenceInput(0, 0, ids)]), m.new_cache(1, 64))
+                  for m in (first, again)]
+        assert torch.equal(logits[0], logits[1])
+
+
+@pytest.mark.skipif("gemma3-270m" not in real_models(),
+                    reason="the Gemma-3-270M GGUF is not installed")
+def test_six_bit_loads_hold_about_the_file(isolated_cache: Path) -> None:
+    """Gemma-3-270M's Q4_K_M mix (Q4_K, Q6_K, Q5_0 q/k, Q8_0) loaded afresh: where the path
+    reads 6-bit storage (default_bits; the VNNI paths too), Q6_K takes the file's 210
+    bytes per 256 weights of a row, not 274, and Q5_0 6 bits + its scale: 1.013x the
+    GGUF, so <= 1.02; where it keeps a byte per value (AVX-512 without VNNI, AMX) 1.087x,
+    so <= 1.10."""
+    model, _ = load_model("gemma3-270m", repack_cache=False)
+    matrices = [model.embed_w, model.lm_head_w,
+                *(m for layer in model.layers for m in layer.matrices())]
+    segments = [s for w in matrices if isinstance(w, QuantizedWeight) for s in w.segments]
+    six = default_bits(qf.T.Q6_K) == 6
+    of_six_bit_types = [s for s in segments if {"Q6_K", "Q5_0"} & set(s.kinds)]
+    assert of_six_bit_types and {s.bits for s in of_six_bit_types} == {6 if six else 8}
+    ratio = model.weight_bytes() / resolve_model("gemma3-270m").stat().st_size
+    assert ratio <= (1.02 if six else 1.10)
 
 
 def test_first_load_tokenizer_error_loses_nothing(isolated_cache: Path, tmp_path: Path) -> None:

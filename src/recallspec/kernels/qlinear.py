@@ -163,20 +163,24 @@ def _adjacent(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
     return first.as_strided((sum(p.numel() for p in parts),), (1,))
 
 
-# Loads store these in 6 bits where the kernel path reads 6-bit storage itself: AVX2
-# without VNNI (its byte products unpack a pair of chunks once for all the rows) and
-# scalar. Q6_K then takes its GGUF's 210 bytes per 256 weights of a row, not 274: on a
-# small Zen 3 machine, Q6_K products of 8B-sized matrices ran faster than from u8 for one
-# to a few rows (the stream: fewer bytes), and about as fast or a little slower from 16
-# rows and for a matrix that stays in cache. The VNNI paths run 6-bit storage through
-# that AVX2 product (qkernels.h), so their loads keep u8 until they have a 6-bit product
-# of their own. Q5_0/Q5_1 (a K-quant file's fallback where a row length is no multiple of
-# 256, as SmolLM2-360M's 960) too: in Gemma's QKV their q/k then form a 6-bit segment
-# beside the Q8_0 v (QuantizedWeight.concat keeps segments of different storage apart).
-# MXFP4 keeps its own storage on every path (its 4-bit codes and E8M0 bytes, the file's
-# 17 bytes per 32 weights; every kernel reads the codes through its table).
+# Loads store these in 6 bits where the kernel path reads 6-bit storage itself: scalar,
+# AVX2 without VNNI (its byte products unpack a pair of chunks once for all the rows) and
+# the VNNI paths (AVX-512 VNNI, AVX-VNNI and its EVEX form: each pair of chunks unpacked
+# into the u8 layout's vectors once per block of rows, then their u8 product). Q6_K then
+# takes its GGUF's 210 bytes per 256 weights of a row, not 274 (fewer bytes to stream
+# where a product reads its weights from memory: decode and verification), and Q5_K 212,
+# not 276. AMX keeps u8: its tiles read u8 and u4 only (6-bit storage there would take the
+# VNNI product, not the tiles); AVX-512 without VNNI too, whose u8 product is its own
+# (6-bit storage there would take AVX2's). Q5_0/Q5_1 (a K-quant file's fallback where a
+# row length is no multiple of 256, as SmolLM2-360M's 960) too: in Gemma's QKV their q/k
+# then form a 6-bit segment beside the Q8_0 v (QuantizedWeight.concat keeps segments of
+# different storage apart). MXFP4 keeps its own storage on every path (its 4-bit codes
+# and E8M0 bytes, the file's 17 bytes per 32 weights; every kernel reads the codes
+# through its table).
 _SIX_BIT = frozenset({T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K})
-_READS_SIX_BITS = (0, 1)  # the C++ codes (kernel_common.h) of scalar and AVX2 without VNNI
+# The C++ codes (kernel_common.h): scalar, AVX2 without VNNI, AVX-512 VNNI, AVX-VNNI and
+# AVX-VNNI as EVEX.
+_READS_SIX_BITS = (0, 1, 3, 4, 5)
 
 
 def default_bits(qtype: T) -> int:
@@ -184,6 +188,14 @@ def default_bits(qtype: T) -> int:
     if qtype in _SIX_BIT and _isa.code() in _READS_SIX_BITS:
         return 6
     return qf.LAYOUTS[qtype].bits
+
+
+def storage_policy() -> dict[str, int]:
+    """The storage (``default_bits``) a load on this path gives each type whose storage
+    depends on the path: what a repack cache written here holds, so that a cache written
+    under another policy (another path, or an older release's) is rebuilt rather than
+    loaded at another path's storage (its bits would be the same, its bytes not)."""
+    return {qt.name: default_bits(qt) for qt in sorted(_SIX_BIT)}
 
 
 def _ggml_type(t: int) -> T:

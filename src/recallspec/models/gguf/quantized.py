@@ -36,7 +36,7 @@ from recallspec.errors import ModelLoadError
 from recallspec.kernels import qformats as qf
 from recallspec.kernels import qrepack
 from recallspec.kernels.ggml_types import GGMLType, to_gguf, type_name
-from recallspec.kernels.qlinear import QuantizedWeight, default_bits
+from recallspec.kernels.qlinear import QuantizedWeight, default_bits, storage_policy
 from recallspec.models.config import ModelConfig
 from recallspec.models.gguf import arch as gguf_arch
 from recallspec.models.gguf.convert import norm_offset, qk_heads, tensor_target, unpermute_qk
@@ -265,7 +265,7 @@ def save_quantized(weights: Mapping[str, torch.Tensor | QuantizedWeight], path: 
             tensors[name] = w.contiguous()
             kinds[name] = "t"
     meta = {"format": "recallspec-quantized", "version": str(QUANT_FORMAT),
-            "kinds": json.dumps(kinds)}
+            "storage": json.dumps(storage_policy()), "kinds": json.dumps(kinds)}
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=path.parent)
     os.close(fd)
     try:
@@ -307,7 +307,8 @@ def save_in_background(weights: Mapping[str, torch.Tensor | QuantizedWeight], pa
 
 
 def load_quantized(path: Path) -> Weights | None:
-    """The cached weights, or None when the file is missing or of another format."""
+    """The cached weights, or None when the file is missing, of another format or
+    written under another storage policy than this path's (``storage_policy``)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -317,6 +318,8 @@ def load_quantized(path: Path) -> Weights | None:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
         if meta.get("version") != str(QUANT_FORMAT):
+            return None
+        if json.loads(meta.get("storage", "null")) != storage_policy():
             return None
         kinds: dict[str, str] = json.loads(meta["kinds"])
         tensors = load_file(str(path))
