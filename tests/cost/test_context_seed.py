@@ -86,23 +86,13 @@ def test_fill_context_passes_the_seed_fed_or_tiled() -> None:
         _drawn_before(97, cached + extra, 0))
 
 
-def test_per_seq_cost_feeds_every_sequence_the_seed_one_context(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_per_seq_cost_feeds_every_sequence_the_seed_one_context() -> None:
     """Each of ``per_seq_cost``'s sequences holds the same ``cached`` ids of seed 1, fed
     in one forward each (its cached tokens fit one FEED_CHUNK), before its two timed
     forwards (each once a round, after a warm-up round)."""
     model, seqs, cached = _model(), 4, 20
-    made: list[Any] = []
-    new_cache = model.new_cache
-
-    def kept(*args: Any, **kw: Any) -> Any:
-        made.append(new_cache(*args, **kw))
-        return made[-1]
-
-    monkeypatch.setattr(model, "new_cache", kept)
     assert cc.per_seq_cost(model, 1, seqs, cached, repeats=2) >= 0.0
-    (cache,) = made
+    (cache,) = model.caches
     want = _drawn_before(97, cached, 1)
     assert [_held(cache, s, cached) for s in range(seqs)] == [want] * seqs
     assert model.calls == seqs + 2 * (1 + 2)

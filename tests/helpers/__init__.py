@@ -38,10 +38,12 @@ class BigramModel:
         self.kv_dtype = torch.float32
         self.config = _Cfg(vocab_size=int(table.shape[0]), max_position=max_position)
         self.calls = 0
+        self.caches: list[KVCache] = []  # every cache made, in order (for tests to read)
 
     def new_cache(self, num_slots: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
-        return KVCache(num_layers=1, num_slots=num_slots, max_len=max_len, num_kv_heads=1,
-                       head_dim=1, dtype=self.kv_dtype)
+        self.caches.append(KVCache(num_layers=1, num_slots=num_slots, max_len=max_len,
+                                   num_kv_heads=1, head_dim=1, dtype=self.kv_dtype))
+        return self.caches[-1]
 
     def __call__(self, meta: BatchMetadata, cache: KVCache) -> torch.Tensor:
         self.calls += 1

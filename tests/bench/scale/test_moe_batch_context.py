@@ -6,9 +6,6 @@ asserted."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
 import torch
 from helpers import BigramModel
 
@@ -16,20 +13,12 @@ from recallspec.bench.scale.moe_batch import BatchPlan, batched_curve
 from recallspec.cost.calibration import random_ids
 
 
-def test_each_sequence_holds_its_own_seeds_context(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_sequence_holds_its_own_seeds_context() -> None:
     model = BigramModel(torch.eye(97), max_position=4096)
     plan = BatchPlan(seqs=(1, 2, 4), ks=(1, 2), cached=20, repeats=1, samples=2, warmup=0)
-    made: list[Any] = []
-    new_cache = model.new_cache
-
-    def kept(*args: Any, **kw: Any) -> Any:
-        made.append(new_cache(*args, **kw))
-        return made[-1]
-
-    monkeypatch.setattr(model, "new_cache", kept)
     out = batched_curve(model, 1, plan)
     assert [(p["seqs"], p["k"]) for p in out["points"]] == plan.points()
-    cache = made[0]  # (the batched forwards'; then per_seq_cost's own)
+    cache = model.caches[0]  # (the batched forwards'; then per_seq_cost's own)
     held = set()
     for slot in range(max(plan.seqs)):
         k, _ = cache.rows(slot, plan.cached)
