@@ -13,8 +13,9 @@ One greedy token after ``--cached`` tokens (random ids), on ``--threads`` cores:
   then the head), one row through ``qlinear`` over every layer's matrix in turn, so that
   each is read from memory as in a step: its GB/s beside the stream's.
 
-Floors: a part's bytes over the machine's measured streaming read (a sum over 1 GiB,
-``bench/common/machine.stream_bandwidth``; weights and the KV rows attention reads), and
+Floors: a part's bytes over the machine's measured streaming read (1 GiB read the way the
+products read, with prefetch: ``bench/common/machine.stream_bandwidth``; weights and the
+KV rows attention reads), and
 its multiply-adds over ``--peak-gmacs`` (the integer dot's measured peak of all cores,
 ``benchmarks/kernels/vnni_peak.cpp``; at one row this floor is far below the bytes').
 

@@ -15,10 +15,12 @@
 // add are fused behind our back.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -309,6 +311,39 @@ void bind_bf16(Mat<const int16_t> x, Mat<const int16_t> w, Mat<int16_t> out, uns
   });
 }
 
+// The machine's streaming read as the products read their weights (a benchmark's
+// ceiling, bench/common/machine.py): `threads` contiguous parts, each line of 64 bytes
+// loaded once, software prefetch kStreamAhead bytes ahead (a plain read without it stays
+// well below what the prefetching products reach on some CPUs). Returns the XOR of the
+// 64-bit words of the buffer's whole 64-byte lines (a tail shorter than a line is not
+// read), so that no load is optimized away.
+constexpr int64_t kStreamAhead = 8192;
+
+uint64_t stream_read(nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> buf,
+                     unsigned threads) {
+  const uint8_t* p = buf.data();
+  const int64_t lines = int64_t(buf.shape(0)) / 64;
+  const unsigned parts = std::max(1u, threads);
+  std::vector<uint64_t> acc(size_t(parts) * 8, 0);  // a cache line apart per part
+  {
+    nb::gil_scoped_release release;
+    rs::split_parts(lines, parts, [&](unsigned part, int64_t a, int64_t b) {
+      uint64_t x = 0;
+      for (int64_t l = a; l < b; ++l) {
+        const uint8_t* line = p + l * 64;
+        __builtin_prefetch(line + kStreamAhead);  // (past the end: a hint, never a fault)
+        uint64_t w[8];
+        std::memcpy(w, line, sizeof(w));
+        x ^= w[0] ^ w[1] ^ w[2] ^ w[3] ^ w[4] ^ w[5] ^ w[6] ^ w[7];
+      }
+      acc[size_t(part) * 8] = x;
+    });
+  }
+  uint64_t x = 0;
+  for (unsigned i = 0; i < parts; ++i) x ^= acc[size_t(i) * 8];
+  return x;
+}
+
 }  // namespace
 
 NB_MODULE(_kernels, m) {
@@ -321,6 +356,9 @@ NB_MODULE(_kernels, m) {
         "Whether this CPU can run path isa (0 scalar, 1 avx2, 2 avx512, 3 avx512+vnni, "
         "4 avx2+vnni, 5 avx2+vnni as EVEX)");
   m.def("max_threads", [] { return pool().parts(); });
+  m.def("stream_read", &stream_read, nb::arg("buf").noconvert(), nb::arg("threads"),
+        "Read a uint8 buffer once over `threads` parts with software prefetch (the "
+        "products' way); returns the XOR of the 64-bit words of its whole 64-byte lines");
   m.def("linear_f32", &bind_f32, nb::arg("x").noconvert(), nb::arg("w").noconvert(),
         nb::arg("out").noconvert(), nb::arg("threads"), nb::arg("isa"));
   m.def("linear_bf16", &bind_bf16, nb::arg("x").noconvert(), nb::arg("w").noconvert(),

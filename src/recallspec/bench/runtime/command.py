@@ -209,8 +209,8 @@ def render_runtime_markdown(res: dict[str, Any]) -> str:
         f"torch {res['machine']['torch']}; {res['machine'].get('kernels', '')}; "
         f"{res['date']}; 1-min load "
         f"{res['machine'].get('loadavg_1m')} before, {after.get('loadavg_1m')} after.",
-        f"Streaming bandwidth ({s['buffer_mib']:.0f} MiB buffer): read {s['read_gb_s']:.1f} GB/s, "
-        f"copy {s['copy_gb_s']:.1f} GB/s.",
+        f"Streaming bandwidth ({s['buffer_mib']:.0f} MiB buffer): read {s['read_gb_s']:.1f} GB/s "
+        f"(prefetching; torch's sum {s['sum_gb_s']:.1f}), copy {s['copy_gb_s']:.1f} GB/s.",
         "",
     ]
     rows: list[list[str]] = []

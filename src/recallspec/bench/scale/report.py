@@ -92,10 +92,16 @@ def render_scale_markdown(res: dict[str, Any]) -> str:
                           f"{num(p['max'], '.2f', 'x')})"
                           for e, p in paired) + "."]
     s = res.get("stream", {})
+    after = res.get("stream_after", {})
+    # (runs before 2026-12-04 have no sum_gb_s: their read_gb_s was torch's sum)
+    how = ("the products' way, prefetching; torch's sum "
+           f"{num(s.get('sum_gb_s'), '.1f')} / {num(after.get('sum_gb_s'), '.1f')}"
+           if "sum_gb_s" in s else "torch's sum")
     lines += ["", f"Streaming read bandwidth in the run: {num(s.get('read_gb_s'), '.1f')} GB/s "
-              f"at the start, {num(res.get('stream_after', {}).get('read_gb_s'), '.1f')} GB/s "
-              f"at the end ({num(s.get('buffer_mib'), '.0f')} MiB buffer). RSS: the whole process "
-              "(ours includes Python and torch: see baseline_rss_mb in scale.json)."]
+              f"at the start, {num(after.get('read_gb_s'), '.1f')} GB/s "
+              f"at the end ({how}; {num(s.get('buffer_mib'), '.0f')} MiB buffer). RSS: the "
+              "whole process (ours includes Python and torch: see baseline_rss_mb in "
+              "scale.json)."]
     lines += _curve_table(res)
     lines += _experts_table(res)
     lines += _batched_table(res)
