@@ -89,6 +89,16 @@ def fit_time_model(
                 "prompt_overhead_ms": tm.prompt_overhead * 1e3}
 
 
+def curve_time_model(curve: CostCurve) -> tuple[TimeModel, dict[str, Any]]:
+    """The time model of answers no run recorded here (another model's): the curve
+    alone, at scale 1 and without overheads, and ``fit_time_model``'s statistics of it
+    (``source`` "none")."""
+    tm = TimeModel(curve, count_policy_time=False)
+    return tm, {"source": "none", "turns": 0.0, "disturbed": 0.0,
+                "forward_scale": tm.forward_scale, "prefill_scale": tm.prefill_scale,
+                "step_overhead_ms": 0.0, "turn_overhead_ms": 0.0, "prompt_overhead_ms": 0.0}
+
+
 def _fit_split(base: TimeModel, turns: list[tuple[TurnSim, float, Any]]) -> TimeModel:
     decoding = [(s, t) for s, _, t in turns if s.steps and t["steps"] > 0]
     scale = statistics.median(t["forward_s"] / base.forwards(s.steps) for s, t in decoding) \

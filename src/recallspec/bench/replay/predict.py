@@ -4,8 +4,10 @@
 Each policy is replayed exactly (``bench/replay/exact.py``) and its turns priced by the
 time model (``bench/replay/time_model.py``), fitted on the recorded run
 (``bench/replay/fit.py``); where the policies' own answers were recorded too, the
-prediction's error is reported beside it. Tokens/s are reported as the bench report does:
-the mean over questions of each question's tokens / seconds.
+prediction's error is reported beside it. Another model's answers
+(``bench/replay/foreign.py``) are priced by the curve alone, nothing fitted or compared.
+Tokens/s are reported as the bench report does: the mean over questions of each
+question's tokens / seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from recallspec.bench.common.answers import answers_path, read_answers
 from recallspec.bench.replay.exact import ReplayConfig
-from recallspec.bench.replay.fit import fit_row_overhead, fit_time_model
+from recallspec.bench.replay.fit import curve_time_model, fit_row_overhead, fit_time_model
 from recallspec.bench.replay.logits import TurnTopk
 from recallspec.bench.replay.policies import make_policy
 from recallspec.bench.replay.time_model import TimeModel, TurnSim, simulate
@@ -77,7 +79,7 @@ def real_speeds(
 
 def predict_methods(
     records: Sequence[dict[str, Any]], cfg: ReplayConfig, curve: CostCurve,
-    methods: Sequence[str], answers_dir: Path, *, count_policy_time: bool = True,
+    methods: Sequence[str], answers_dir: Path | None, *, count_policy_time: bool = True,
     topk: dict[str, list[TurnTopk]] | None = None, vocab: int = 0,
     row_fit: str | None = "auto", warn: Callable[[str], None] = lambda msg: None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -87,8 +89,18 @@ def predict_methods(
     ``row_fit``: where ``row_overhead`` comes from: "auto" fits it, for each method, on
     the runs of the OTHER listed drafting methods that were recorded (all of them for a
     method that was not); a method name fits it on that one run (its own error is then
-    in-sample); None leaves it out."""
-    tm, fit_stats = fit_time_model(curve, records)
+    in-sample); None leaves it out. ``answers_dir`` None: ``records`` are another
+    model's answers (``bench/replay/foreign.py``), which no run here recorded: they are
+    priced by the curve alone (``fit.py: curve_time_model``), nothing is fitted and
+    nothing compared."""
+    if answers_dir is None:
+        if row_fit not in (None, "auto"):
+            raise DataError(f"--fit-rows-on {row_fit}: another model's answers have no "
+                            "recorded runs to fit on")
+        row_fit = None
+        tm, fit_stats = curve_time_model(curve)
+    else:
+        tm, fit_stats = fit_time_model(curve, records)
     tm = replace(tm, count_policy_time=count_policy_time)
     sims: dict[str, dict[str, list[TurnSim]]] = {}
     recorded: dict[str, list[dict[str, Any]]] = {}
@@ -99,6 +111,8 @@ def predict_methods(
                  + ("feeds it the committed rows only" if topk else "has none (--model-topk)")
                  + ": an approximation")
         sims[m] = simulate(records, spec.build(), cfg, topk=topk, vocab=vocab)
+        if answers_dir is None:
+            continue
         path = answers_path(answers_dir, "ar" if m in ("ar", "none") else m)
         if path.is_file():
             recorded[m] = read_answers(path)
@@ -124,11 +138,12 @@ def predict_methods(
 
 def render_prediction_markdown(
     pred: dict[str, dict[str, dict[str, Any]]], real: dict[str, dict[str, float]],
-    baseline: str | None = "ar", fitted: str | None = None,
+    baseline: str | None = "ar", fitted: str | None = None, curve_only: bool = False,
 ) -> str:
     """Per category: predicted tokens/s of each method (speedup over ``baseline`` where
     it was predicted too), and recorded tokens/s with the prediction's error;
-    ``fitted``: a method the row term was fitted on alone (marked: in-sample)."""
+    ``fitted``: a method the row term was fitted on alone (marked: in-sample);
+    ``curve_only``: the time model is the curve alone (another model's answers)."""
     methods = list(pred)
     if not methods:
         return ""
@@ -150,6 +165,12 @@ def render_prediction_markdown(
             cells.append(cell)
         rows.append(cells)
     lines = [*table_lines(["category", *heads], rows), ""]
+    if curve_only:
+        lines.append("Cells: predicted tokens/s (speedup over predicted ar), MAT = tokens "
+                     "per step, d = draft nodes per step. Another model's answers, "
+                     "retokenized: each step and prefill is priced by the cost curve alone "
+                     "(no run recorded here to fit overheads on, none to compare with).")
+        return "\n".join(lines) + "\n"
     lines.append("Cells: predicted tokens/s (speedup over predicted ar), MAT = tokens per "
                  "step, d = draft nodes per step, [recorded tokens/s, prediction error]. "
                  "The time model's scales, step and turn terms are fitted on ar; its "
