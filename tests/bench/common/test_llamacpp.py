@@ -166,7 +166,7 @@ def test_paired_rounds_with_the_native_peer() -> None:
     for measure in ("decode", "prefill"):
         rounds = paired_rounds(Path(gguf), cfg, THREADS, measure, 2, logs.append)
         assert [r["first"] for r in rounds] == ["ours", "llamacpp"], logs
-        assert all(r["ours"] > 0 and r["llamacpp"] > 0 for r in rounds)
+        assert all(r["ours"] > 0 and r["llamacpp"] > 0 and r["read_gb_s"] > 0 for r in rounds)
         summary = paired_summary(rounds)
         assert summary is not None and summary["rounds"] == 2
         assert summary["min"] <= summary["median"] <= summary["max"]

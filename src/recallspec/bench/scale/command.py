@@ -89,9 +89,14 @@ def _ours(gguf: Path, cfg: ScaleConfig, curve_out: Path | None, say: Callable[[s
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+# MiB the streaming read reads at each paired round's start (a quarter of the run's).
+STREAM_ROUND_MIB = 256
+
+
 def paired_rounds(gguf: Path, cfg: ScaleConfig, threads: int, measure: str, rounds: int,
                   say: Callable[[str], None], repeats: int = 1) -> list[dict[str, Any]]:
-    """``rounds`` rounds of {"ours", "llamacpp": tok/s, "first": which ran first}: ours in a
+    """``rounds`` rounds of {"ours", "llamacpp": tok/s, "first": which ran first,
+    "read_gb_s": the streaming read at the round's start}: ours in a
     fresh child and llama-bench, back to back, the order alternating by round, each after
     ``cfg.pair_idle_s`` idle. ``measure``: "decode" (``new_tokens``: AR decode and tg) or
     "prefill" (``prefill`` tokens: one prefill forward and pp), each side the median of
@@ -106,7 +111,10 @@ def paired_rounds(gguf: Path, cfg: ScaleConfig, threads: int, measure: str, roun
     done = []
     for r in range(rounds):
         first = "ours" if r % 2 == 0 else "llamacpp"
-        got: dict[str, Any] = {"first": first}
+        # The VM's bandwidth at the round's start: a decode bound by it moves with it (the
+        # ratio of a decode bound by it to one that is not moves too).
+        got: dict[str, Any] = {"first": first,
+                               "read_gb_s": stream_bandwidth(STREAM_ROUND_MIB, 3)["read_gb_s"]}
         for side in (first, "llamacpp" if first == "ours" else "ours"):
             # Memory the other side freed faults back slowly on a VM: an idle pause first.
             time.sleep(cfg.pair_idle_s)
@@ -122,7 +130,8 @@ def paired_rounds(gguf: Path, cfg: ScaleConfig, threads: int, measure: str, roun
         if got.get("ours") and got.get("llamacpp"):
             done.append(got)
             say(f"  {measure} round {r + 1}: ours {got['ours']:.2f}, llama.cpp "
-                f"{got['llamacpp']:.2f} tok/s ({got['ours'] / got['llamacpp']:.2f}x)")
+                f"{got['llamacpp']:.2f} tok/s ({got['ours'] / got['llamacpp']:.2f}x; stream "
+                f"{got['read_gb_s']:.1f} GB/s)")
     return done
 
 
