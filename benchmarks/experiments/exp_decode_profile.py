@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from _common import utc_now, write_outputs
 
 from recallspec.bench.common.decode import engine_ar, quantized_bytes_per_token
 from recallspec.bench.common.machine import busy_warning, machine_info, stream_bandwidth
-from recallspec.cost.calibration import random_ids, random_prefix, timed_forward
+from recallspec.cost.calibration import median_time, random_ids, random_prefix, timed_forward
 from recallspec.engine import Engine
 from recallspec.kernels.qlinear import qlinear
 from recallspec.markdown import table_lines
@@ -55,13 +54,7 @@ def forward_split(model: Any, cache: Any, meta: Any, threads: int, repeats: int,
     off, and each part's median with it on (clock reads between the parts)."""
     run = timed_forward(model, cache, meta, threads)
     native = model.native
-    for _ in range(3):  # warm-up
-        run()
-    walls = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        walls.append(time.perf_counter() - t0)
+    wall = median_time(run, repeats, warmup=3)
     native.set_profiling(True)
     parts: dict[str, list[float]] = {p: [] for p in (*PARTS, "total")}
     try:
@@ -74,7 +67,7 @@ def forward_split(model: Any, cache: Any, meta: Any, threads: int, repeats: int,
     finally:
         native.set_profiling(False)
     out = {p: 1e3 * statistics.median(v) for p, v in parts.items()}
-    out["wall"] = 1e3 * statistics.median(walls)
+    out["wall"] = 1e3 * wall
     return out
 
 
@@ -95,15 +88,9 @@ def group_products(model: Any, threads: int, repeats: int) -> dict[str, dict[str
                 for w, x in zip(ws, xs, strict=True):
                     qlinear(x, w, threads=threads)
 
-            one_pass()
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                one_pass()
-                times.append(time.perf_counter() - t0)
+            ms = 1e3 * median_time(one_pass, repeats)
             nbytes = sum(int(w.nbytes) for w in ws)
             macs = sum(int(w.n) * int(w.k) for w in ws)
-            ms = 1e3 * statistics.median(times)
             out[name] = {"ms": ms, "bytes": nbytes, "macs": macs,
                          "gb_s": nbytes / (ms / 1e3) / 1e9}
     return out

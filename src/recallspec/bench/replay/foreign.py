@@ -30,9 +30,8 @@ from typing import Any
 
 from recallspec.bench.common.method import SIZING_DEFAULT_KEY, method_spec
 from recallspec.bench.common.prompting import conversation_ids
-from recallspec.bench.replay.policies import ORACLE, ORACLE_DEFAULT
+from recallspec.bench.replay.policies import probe_drafters
 from recallspec.data.corpus_files import iter_jsonl
-from recallspec.drafters.registry import create_drafter
 from recallspec.errors import DataError
 from recallspec.models.loader import DEFAULT_MODEL
 from recallspec.params import DEFAULT_SIZING
@@ -222,16 +221,8 @@ def model_need(method: str) -> str | None:
     answers): its verification logits (``Drafter.needs_logits``: Token Recycling alone,
     in ``sam+recycling`` or in a portfolio with ``recycling=true``) or forwards to draft
     with (``costly_proposals``: a model forward per draft position, the draft model's).
-    An oracle needs what any of its drafters needs. (Building a drafter opens no index
-    or datastore: they open at its first request.)"""
-    spec = method_spec(method)
-    opts = spec.kwargs
-    if spec.name == ORACLE:
-        names = str(opts.pop("drafters", ORACLE_DEFAULT)).split("+")
-        drafters = [create_drafter(n) for n in names]
-    else:
-        drafters = [create_drafter(spec.name, **opts)]
-    for d in drafters:
+    An oracle needs what any of its drafters needs."""
+    for d in probe_drafters(method, method_spec(method)):
         if d.needs_logits:
             return f"{d.name} learns from the model's verification logits"
         if d.costly_proposals:

@@ -31,6 +31,7 @@ from recallspec.cost.curve import CostCurve
 from recallspec.decoding.tree import DraftTree, limit_depth
 from recallspec.drafters.base import Drafter
 from recallspec.drafters.registry import create_drafter
+from recallspec.drafters.spec import DrafterSpec
 from recallspec.errors import DataError
 from recallspec.params import MAX_DRAFT_NODES
 from recallspec.step.planner import DraftPlanner
@@ -119,6 +120,25 @@ class PolicySpec:
     approximate: bool  # a drafter learns from verification logits, which replay lacks
 
 
+def oracle_drafters(method: str, spec: DrafterSpec) -> list[str]:
+    """The drafter names of an oracle's spec (``drafters=a+b``, default ORACLE_DEFAULT);
+    DataError for any other option."""
+    opts = spec.kwargs
+    names = str(opts.pop("drafters", ORACLE_DEFAULT)).split("+")
+    if opts:
+        raise DataError(f"{method}: the oracle takes only drafters=a+b+...")
+    return names
+
+
+def probe_drafters(method: str, spec: DrafterSpec) -> list[Drafter]:
+    """Instances of the drafters ``method`` (parsed as ``spec``) builds, an oracle's each,
+    to read their flags (``needs_logits``, ``costly_proposals``); a bad option raises here.
+    (Building a drafter opens no index or datastore: they open at its first request.)"""
+    if spec.name == ORACLE:
+        return [create_drafter(n) for n in oracle_drafters(method, spec)]
+    return [create_drafter(spec.name, **spec.kwargs)]
+
+
 def make_policy(
     method: str, cfg: ReplayConfig, curve: CostCurve, step_overhead: float = 0.0,
     options: dict[str, object] | None = None,
@@ -130,18 +150,15 @@ def make_policy(
     drafter's (e.g. a corpus index's fingerprint)."""
     spec = method_spec(method, cfg.sizing_default).with_options(options)
     name, opts = spec.name, spec.kwargs
+    needs_logits = any(d.needs_logits for d in probe_drafters(method, spec))
     if name == ORACLE:
-        names = str(opts.pop("drafters", ORACLE_DEFAULT)).split("+")
-        if opts:
-            raise DataError(f"{method}: the oracle takes only drafters=a+b+...")
-        probe = [create_drafter(n) for n in names]
+        names = oracle_drafters(method, spec)
 
         def oracle() -> Policy:
             return OraclePolicy(method, [create_drafter(n) for n in names],
                                 lambda rows, ctx: curve(rows, 1, ctx) + step_overhead)
 
-        return PolicySpec(method, oracle, any(d.needs_logits for d in probe))
-    probe_d = create_drafter(name, **opts)
+        return PolicySpec(method, oracle, needs_logits)
 
     if spec.sizing == "adaptive":  # (stated by method_spec; "none", i.e. ar, states fixed)
         def adaptive() -> Policy:
@@ -149,9 +166,9 @@ def make_policy(
             planner.step_overhead = step_overhead
             return AdaptivePolicy(method, create_drafter(name, **opts), planner)
 
-        return PolicySpec(method, adaptive, probe_d.needs_logits)
+        return PolicySpec(method, adaptive, needs_logits)
 
     def fixed() -> Policy:
         return FixedPolicy(create_drafter(name, **opts), method)
 
-    return PolicySpec(method, fixed, probe_d.needs_logits)
+    return PolicySpec(method, fixed, needs_logits)
