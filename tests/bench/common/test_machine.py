@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from recallspec import _kernels
-from recallspec.bench.common.machine import stream_bandwidth
+from recallspec.bench.common.machine import read_bandwidth, stream_bandwidth
 
 
 def test_stream_bandwidth_is_sane() -> None:
     bw = stream_bandwidth(64, 2)
     assert all(0.1 < bw[k] < 1000 for k in ("read_gb_s", "sum_gb_s", "copy_gb_s"))
+    assert 0.1 < read_bandwidth(64, 2) < 1000
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

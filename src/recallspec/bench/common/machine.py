@@ -41,6 +41,19 @@ def busy_warning(machine: dict[str, Any]) -> str | None:
     return None
 
 
+def _read_time(buf: torch.Tensor, repeats: int, threads: int) -> float:
+    """Seconds of one prefetching read of ``buf`` (``_kernels.stream_read``), the median."""
+    raw = buf.view(torch.uint8).numpy()
+    return median_time(lambda: _kernels.stream_read(raw, threads), repeats)
+
+
+def read_bandwidth(mib: int, repeats: int, threads: int | None = None) -> float:
+    """``stream_bandwidth``'s ``read_gb_s`` alone (a paired round's, at its start)."""
+    buf = torch.empty(mib * (1 << 20), dtype=torch.uint8)
+    buf.fill_(1)  # (untouched pages would all map one zero page)
+    return buf.numel() / _read_time(buf, repeats, threads or torch.get_num_threads()) / 1e9
+
+
 def stream_bandwidth(mib: int, repeats: int, threads: int | None = None) -> dict[str, float]:
     """GB/s over ``mib`` MiB, each the median of ``repeats``: ``read_gb_s``, a full read the
     way the weight products read (``threads`` contiguous parts, default torch's thread
@@ -57,8 +70,7 @@ def stream_bandwidth(mib: int, repeats: int, threads: int | None = None) -> dict
     dst = torch.empty_like(src)
     dst.fill_(0.0)
     parts = threads or torch.get_num_threads()
-    raw = src.view(torch.uint8).numpy()
-    t_read = median_time(lambda: _kernels.stream_read(raw, parts), repeats)
+    t_read = _read_time(src, repeats, parts)
     t_sum = median_time(lambda: src.sum(), repeats)
     t_copy = median_time(lambda: dst.copy_(src), repeats)
     nbytes = n * 4

@@ -44,7 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from recallspec.bench.common import llamacpp as lc
-from recallspec.bench.common.machine import busy_warning, machine_info, stream_bandwidth
+from recallspec.bench.common.machine import (
+    busy_warning,
+    machine_info,
+    read_bandwidth,
+    stream_bandwidth,
+)
 from recallspec.bench.common.method import recorded_sizing_default
 from recallspec.bench.common.shapes import get_shape
 from recallspec.bench.common.shapes_gguf import ensure_shape_gguf
@@ -114,7 +119,7 @@ def paired_rounds(gguf: Path, cfg: ScaleConfig, threads: int, measure: str, roun
         # The VM's bandwidth at the round's start: a decode bound by it moves with it (the
         # ratio of a decode bound by it to one that is not moves too).
         got: dict[str, Any] = {"first": first,
-                               "read_gb_s": stream_bandwidth(STREAM_ROUND_MIB, 3)["read_gb_s"]}
+                               "read_gb_s": read_bandwidth(STREAM_ROUND_MIB, 3)}
         for side in (first, "llamacpp" if first == "ours" else "ours"):
             # Memory the other side freed faults back slowly on a VM: an idle pause first.
             time.sleep(cfg.pair_idle_s)
