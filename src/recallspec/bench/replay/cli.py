@@ -162,15 +162,14 @@ def _load_foreign(
         default_questions,
         load_foreign_answers,
         refuse_model_drafters,
+        refuse_row_fit,
     )
 
     answers = Path(args.foreign_answers)
     if args.model_topk:
         raise DataError(f"--model-topk: another model's answers ({answers}) come without "
                         "its logits")
-    if args.fit_rows_on not in ("auto", "none"):
-        raise DataError(f"--fit-rows-on {args.fit_rows_on}: another model's answers have "
-                        "no recorded runs to fit on")
+    refuse_row_fit(None if args.fit_rows_on == "none" else args.fit_rows_on)
     refuse_model_drafters(methods, answers)
     questions = Path(args.questions) if args.questions else default_questions(answers)
     if questions is None:

@@ -230,6 +230,14 @@ def model_need(method: str) -> str | None:
     return None
 
 
+def refuse_row_fit(row_fit: str | None) -> None:
+    """DataError for a time model's row term fitted on a named run (``--fit-rows-on``):
+    another model's answers have none ("auto" and None fit nothing on them)."""
+    if row_fit not in (None, "auto"):
+        raise DataError(f"--fit-rows-on {row_fit}: another model's answers have no "
+                        "recorded runs to fit on")
+
+
 def refuse_model_drafters(methods: Sequence[str], answers: Path) -> None:
     """DataError for the first of ``methods`` that needs the model (``model_need``)."""
     for m in methods:

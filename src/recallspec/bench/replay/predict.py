@@ -21,6 +21,7 @@ from typing import Any
 from recallspec.bench.common.answers import answers_path, read_answers
 from recallspec.bench.replay.exact import ReplayConfig
 from recallspec.bench.replay.fit import curve_time_model, fit_row_overhead, fit_time_model
+from recallspec.bench.replay.foreign import refuse_row_fit
 from recallspec.bench.replay.logits import TurnTopk
 from recallspec.bench.replay.policies import make_policy
 from recallspec.bench.replay.time_model import TimeModel, TurnSim, simulate
@@ -94,9 +95,7 @@ def predict_methods(
     priced by the curve alone (``fit.py: curve_time_model``), nothing is fitted and
     nothing compared."""
     if answers_dir is None:
-        if row_fit not in (None, "auto"):
-            raise DataError(f"--fit-rows-on {row_fit}: another model's answers have no "
-                            "recorded runs to fit on")
+        refuse_row_fit(row_fit)
         row_fit = None
         tm, fit_stats = curve_time_model(curve)
     else:
